@@ -1,0 +1,232 @@
+"""slurm-grpo: GRPO on SLURM with one vLLM server per node.
+
+  slurm-grpo dry-run CONFIG [--set a.b=c ...]   print the plan, the sbatch text and every node's commands
+  slurm-grpo submit CONFIG [--dry-run]          write the job folder and sbatch it (via submitit)
+  slurm-grpo local CONFIG                       run the same bootstrap here as a one-node job (no SLURM)
+  slurm-grpo status|logs|cancel JOB_DIR|JOB_ID  look after a job
+  slurm-grpo make-tiny-model DIR                build a tiny Qwen2 + tokenizer locally (tests, CPU smoke run)
+  slurm-grpo simulate CONFIG --nodes 1,2,...    predicted step time, per-node design vs one global server
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import shlex
+import sys
+import threading
+import time
+from pathlib import Path
+
+from launcher import config as config_mod
+from launcher.commands import trainer_command, vllm_command
+from launcher.config import ConfigError, JobConfig
+from launcher.jobs import cancel, find_job_dir, format_summary, log_files, read_jsonl, status, summarize
+from launcher.topology import Plan
+
+
+def _add_config_args(p: argparse.ArgumentParser) -> None:
+    p.add_argument("config", help="YAML job config, e.g. configs/smoke_cpu.yaml")
+    p.add_argument("--set", dest="overrides", action="append", default=[], metavar="SECTION.KEY=VALUE",
+                   help="override a config value (YAML syntax), e.g. --set slurm.nodes=4; may be repeated")
+
+
+def _load(a: argparse.Namespace, **force: object) -> JobConfig:
+    overrides = list(a.overrides) + [f"{k}={json.dumps(v)}" for k, v in force.items()]
+    return config_mod.load(a.config, overrides)
+
+
+def node_table(p: Plan) -> str:
+    rows = [("node", "vLLM GPUs", "trainer GPUs", "global ranks", "server", "weight port")]
+    for n in p.nodes:
+        ranks = [r.global_rank for r in n.ranks]
+        rows.append((str(n.node), ",".join(map(str, n.vllm_gpus)), ",".join(map(str, n.trainer_gpus)),
+                     f"{ranks[0]}-{ranks[-1]}" if len(ranks) > 1 else str(ranks[0]), n.server_url, str(n.weight_transfer_port)))
+    if len(rows) > 12:  # 256 nodes: show the pattern, not a wall
+        rows = rows[:6] + [("...",) * 6] + rows[-3:]
+    widths = [max(len(r[i]) for r in rows) for i in range(6)]
+    return "\n".join("  ".join(c.ljust(w) for c, w in zip(r, widths)).rstrip() for r in rows)
+
+
+def _env_prefix(env: dict[str, str]) -> str:
+    return " ".join(f"{k}={shlex.quote(v)}" for k, v in sorted(env.items()))
+
+
+def render_dry_run(cfg: JobConfig, p: Plan) -> str:
+    from launcher.submit import sbatch_text
+
+    out = ["# resolved config", config_mod.to_yaml(cfg).rstrip(), "", "# plan"]
+    out += [f"  {d}" for d in p.derivation]
+    out += ["", node_table(p), "", "# sbatch text (what `submit` hands to sbatch)", sbatch_text(cfg, p).rstrip(), "",
+            "# per-node commands (run by launcher.bootstrap on each node)"]
+    shown = list(range(p.num_nodes)) if p.num_nodes <= 4 else [0, 1, p.num_nodes - 1]
+    for n in shown:
+        host = "$FIRST_NODE" if p.num_nodes > 1 else "127.0.0.1"
+        for cmd in (vllm_command(p, n, cfg.job.python), trainer_command(p, n, host, cfg.job.python)):
+            out.append(f"node {n} {cmd.name} (log {cmd.log}):")
+            out.append(f"  {_env_prefix(cmd.env)} {shlex.join(cmd.argv)}")
+    if len(shown) < p.num_nodes:
+        out.append(f"(nodes 2..{p.num_nodes - 2} differ only in --node-rank)")
+    return "\n".join(out)
+
+
+def cmd_dry_run(a: argparse.Namespace) -> int:
+    from launcher.jobdir import make_plan
+
+    cfg = _load(a)
+    print(render_dry_run(cfg, make_plan(cfg)))
+    return 0
+
+
+def cmd_submit(a: argparse.Namespace) -> int:
+    from launcher.jobdir import make_plan, write_job_dir
+    from launcher.submit import submit
+
+    cfg = _load(a)
+    p = make_plan(cfg)
+    if a.dry_run:
+        print(render_dry_run(cfg, p))
+        return 0
+    write_job_dir(cfg, p)
+    s = submit(cfg, p)
+    print(f"submitted job {s.job_id}\njob folder: {s.job_dir}\nsbatch text: {s.sbatch_path}\n"
+          f"watch it: slurm-grpo status {s.job_dir}")
+    return 0
+
+
+class Progress(threading.Thread):
+    """Follows metrics.jsonl and prints one progress line per step: step, reward, push, ETA."""
+
+    def __init__(self, job_dir: Path, total: int):
+        super().__init__(daemon=True)
+        self.path, self.total, self.done = job_dir / "metrics.jsonl", total, threading.Event()
+
+    def run(self) -> None:
+        seen, t0 = 0, None
+        while not self.done.wait(1.0):
+            rows = [r for r in read_jsonl(self.path) if "reward" in r]
+            for r in rows[seen:]:
+                t0 = t0 or time.time() - r.get("step_s", 0)
+                per = (time.time() - t0) / max(1, len(rows))
+                eta = per * (self.total - r["step"])
+                bar = "#" * int(20 * r["step"] / self.total)
+                push = max((r.get("push_s") or {"": 0}).values())
+                print(f"[{bar:<20}] step {r['step']}/{self.total} reward {r['reward']:.3f} "
+                      f"push {push:.2f}s parity {r.get('parity_max')} ETA {eta:.0f}s", flush=True)
+            seen = len(rows)
+
+
+def cmd_local(a: argparse.Namespace) -> int:
+    from launcher.bootstrap import run_node
+    from launcher.jobdir import make_plan, write_job_dir
+
+    cfg = _load(a)
+    if cfg.slurm.nodes != 1:
+        print(f"local: running as one node (the config asks for {cfg.slurm.nodes}; slurm.nodes is ignored here)")
+        cfg = _load(a, **{"slurm.nodes": 1})
+    p = make_plan(cfg)
+    d = write_job_dir(cfg, p)
+    print(f"job folder: {d}\n" + node_table(p) + f"\nlogs: {d}/logs/ (vLLM start takes about a minute on CPU)", flush=True)
+    prog = Progress(d, cfg.trainer.max_steps)
+    prog.start()
+    t0 = time.time()
+    rc = run_node(p, 0)
+    prog.done.set()
+    prog.join(2)
+    print(f"local run finished with code {rc} after {time.time() - t0:.0f} s")
+    print("summary: " + format_summary(summarize(read_jsonl(d / "metrics.jsonl"))))
+    for f in ("summary.json", "metrics.png", "metrics.jsonl"):
+        if (d / f).exists():
+            print(f"  {d / f}")
+    return rc
+
+
+def cmd_status(a: argparse.Namespace) -> int:
+    print(status(find_job_dir(a.job)))
+    return 0
+
+
+def cmd_logs(a: argparse.Namespace) -> int:
+    from launcher.bootstrap import tail
+
+    d = find_job_dir(a.job)
+    files = log_files(d, a.node)
+    if not files:
+        print(f"no logs yet in {d}/logs")
+    for f in files:
+        print(f"==> {f} <==\n{tail(f, a.lines)}")
+    return 0
+
+
+def cmd_cancel(a: argparse.Namespace) -> int:
+    print(cancel(find_job_dir(a.job)))
+    return 0
+
+
+def cmd_make_tiny_model(a: argparse.Namespace) -> int:
+    from trainer.tiny_model import make_tiny_model
+
+    info = make_tiny_model(a.dir, hidden=a.hidden, layers=a.layers, seed=a.seed)
+    print(f"tiny model in {a.dir}: {info}")
+    return 0
+
+
+def cmd_simulate(a: argparse.Namespace) -> int:
+    from launcher.simulate import main as simulate_main
+
+    return simulate_main(a)
+
+
+def build_parser() -> argparse.ArgumentParser:
+    ap = argparse.ArgumentParser(prog="slurm-grpo", description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    sub = ap.add_subparsers(dest="command", required=True, metavar="COMMAND")
+    p = sub.add_parser("dry-run", help="print the plan, sbatch text and per-node commands; submit nothing")
+    _add_config_args(p)
+    p.set_defaults(fn=cmd_dry_run)
+    p = sub.add_parser("submit", help="write the job folder and submit it with sbatch (through submitit)")
+    _add_config_args(p)
+    p.add_argument("--dry-run", action="store_true", help="print what would be submitted and stop")
+    p.set_defaults(fn=cmd_submit)
+    p = sub.add_parser("local", help="run the job on this machine as one node (vLLM + trainer ranks), no SLURM")
+    _add_config_args(p)
+    p.set_defaults(fn=cmd_local)
+    for name, fn, text in (("status", cmd_status, "SLURM state per node, server health, last metrics, summary"),
+                           ("logs", cmd_logs, "last lines of every node's logs"),
+                           ("cancel", cmd_cancel, "scancel the job")):
+        p = sub.add_parser(name, help=text)
+        p.add_argument("job", help="job folder (runs/NAME-STAMP) or SLURM job id")
+        if name == "logs":
+            p.add_argument("--node", type=int, default=None, help="only this node's logs")
+            p.add_argument("-n", "--lines", type=int, default=30, help="lines per log (default 30)")
+        p.set_defaults(fn=fn)
+    p = sub.add_parser("make-tiny-model", help="build a tiny Qwen2 (head_dim 64) and a locally trained tokenizer")
+    p.add_argument("dir", help="output folder")
+    p.add_argument("--hidden", type=int, default=128, help="hidden size (multiple of 64; default 128)")
+    p.add_argument("--layers", type=int, default=2, help="decoder layers (default 2)")
+    p.add_argument("--seed", type=int, default=0, help="init seed (default 0)")
+    p.set_defaults(fn=cmd_make_tiny_model)
+    p = sub.add_parser("simulate", help="predict step time vs node count: per-node servers vs one global server")
+    p.add_argument("config", help="YAML job config (model size from vllm.model's config.json, or --params-b)")
+    p.add_argument("--nodes", default="1,2,4,8,16,32,64,128,256", help="comma-separated node counts")
+    p.add_argument("--params-b", type=float, default=0.0, help="model parameters in billions (default: from the config)")
+    p.add_argument("--calibration", default="", help="JSON from `bench` to take this machine's measured figures from")
+    p.add_argument("--plot", default="", help="write a PNG plot here")
+    p.add_argument("--set", dest="overrides", action="append", default=[], metavar="SECTION.KEY=VALUE")
+    p.set_defaults(fn=cmd_simulate)
+    return ap
+
+
+def main(argv: list[str] | None = None) -> int:
+    a = build_parser().parse_args(argv)
+    try:
+        return a.fn(a)
+    except ConfigError as e:
+        print(f"slurm-grpo {a.command}: error: {e}", file=sys.stderr)
+        return 2
+    except RuntimeError as e:
+        print(f"slurm-grpo {a.command}: {e}", file=sys.stderr)
+        return 1
+
+
+if __name__ == "__main__":
+    sys.exit(main())

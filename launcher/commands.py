@@ -1,0 +1,77 @@
+"""The per-node processes as argv lists plus their environment: one source for dry-run and bootstrap.
+
+Commands are lists, never shell strings: the bootstrap runs them without a shell, and dry-run shows
+them with shlex.join, so a config value with spaces, quotes or `$()` is an argument, not shell code.
+"""
+
+from __future__ import annotations
+
+import json
+from dataclasses import dataclass
+
+from launcher.topology import Plan
+
+PLUGIN_ENV = "SLURM_GRPO_CPU_PLAIN_LINEAR"
+"""Set for CPU servers: our vLLM plugin then keeps linear weights unpacked so pushed weights take effect."""
+
+
+@dataclass(frozen=True)
+class NodeCommand:
+    name: str
+    argv: list[str]
+    env: dict[str, str]
+    log: str
+    """Log file, relative to the job folder."""
+
+
+def gpu_list(gpus: list[int]) -> str:
+    return ",".join(str(g) for g in gpus)
+
+
+def vllm_command(plan: Plan, node: int, python: str = "python") -> NodeCommand:
+    n = plan.nodes[node]
+    v = plan.config["vllm"]
+    argv = [python, "-m", "vllm.entrypoints.openai.api_server",
+            "--model", v["model"],
+            # loopback only: the dev-mode routes (weight updates, collective_rpc) must not be reachable from other hosts
+            "--host", "127.0.0.1", "--port", str(plan.vllm_port),
+            "--tensor-parallel-size", str(plan.tensor_parallel_size),
+            "--gpu-memory-utilization", str(v["gpu_memory_utilization"]),
+            "--dtype", v["dtype"],
+            # trainer parity checks and TRL's importance sampling want logprobs after temperature
+            "--logprobs-mode", "processed_logprobs",
+            "--weight-transfer-config", json.dumps({"backend": plan.weight_transfer_backend}),
+            "--seed", str(plan.config["trainer"]["seed"])]
+    if v["max_model_len"]:
+        argv += ["--max-model-len", str(v["max_model_len"])]
+    argv += list(v["extra_args"])
+    env = {"VLLM_SERVER_DEV_MODE": "1", "CUDA_VISIBLE_DEVICES": gpu_list(n.vllm_gpus),
+           "VLLM_NO_USAGE_STATS": "1", "DO_NOT_TRACK": "1"}
+    if plan.device == "cpu":
+        env.update({"VLLM_CPU_KVCACHE_SPACE": str(v["cpu_kvcache_gib"]), PLUGIN_ENV: "1",
+                    "CUDA_VISIBLE_DEVICES": ""})
+    return NodeCommand(name="vllm", argv=argv, env=env, log=f"logs/node{node}-vllm.log")
+
+
+def trainer_command(plan: Plan, node: int, rendezvous_host: str, python: str = "python") -> NodeCommand:
+    n = plan.nodes[node]
+    # Static rendezvous (a TCPStore on the first node) rather than torchrun's c10d backend: c10d assigns
+    # node ranks in arrival order, which would break the plan's rank table (rank = node x ranks_per_node + local).
+    argv = [python, "-m", "torch.distributed.run",
+            "--nnodes", str(plan.num_nodes), "--nproc-per-node", str(plan.ranks_per_node),
+            "--node-rank", str(node), "--master-addr", rendezvous_host, "--master-port", str(plan.rendezvous_port),
+            "--max-restarts", "0",
+            # pass preemption signals on to the ranks (which checkpoint at the next step) instead of dying
+            # of them, and give the ranks time for that checkpoint before torchrun kills them
+            "--signals-to-handle", "SIGTERM,SIGINT,SIGHUP,SIGQUIT,SIGUSR1,SIGUSR2",
+            "--shutdown-timeout", str(max(30, int(plan.config["slurm"]["signal_seconds"]) - 30)),
+            "-m", "trainer.main", f"{plan.job_dir}/plan.json"]
+    env = {"SLURM_GRPO_NODE": str(node), "CUDA_VISIBLE_DEVICES": gpu_list(n.trainer_gpus),
+           "TORCH_NCCL_ASYNC_ERROR_HANDLING": "1", "PYTHONUNBUFFERED": "1"}
+    if plan.device == "cpu":
+        env.update({"CUDA_VISIBLE_DEVICES": "", "OMP_NUM_THREADS": "1"})
+    return NodeCommand(name="trainer", argv=argv, env=env, log=f"logs/node{node}-trainer.log")
+
+
+def bootstrap_argv(plan_path: str, python: str = "python") -> list[str]:
+    return [python, "-u", "-m", "launcher.bootstrap", plan_path]

@@ -1,0 +1,432 @@
+"""The job configuration: YAML -> nested frozen dataclasses, strictly validated.
+
+Precedence is defaults < YAML < ``--set section.key=value``. Every field carries a docstring (the
+string literal under it) that the README's config reference is generated from, so docs cannot drift.
+Errors are ``ConfigError`` (a ``ValueError``) and say what is wrong, why, and how to fix it.
+
+This module must stay free of torch/vLLM imports: it runs on login nodes and in dry-runs.
+"""
+
+from __future__ import annotations
+
+import ast
+import dataclasses
+import importlib.util
+import inspect
+import re
+import typing
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import yaml
+
+
+class ConfigError(ValueError):
+    """A user mistake in the config or the command line; the message holds the fix."""
+
+
+@dataclass(frozen=True)
+class SlurmConfig:
+    partition: str = ""
+    """SLURM partition (sbatch --partition); empty = the cluster's default partition."""
+    account: str = ""
+    """SLURM account to charge (sbatch --account); empty = your default account."""
+    qos: str = ""
+    """Quality of service (sbatch --qos); empty = none."""
+    time: str = "01:00:00"
+    """Wall-clock limit, SLURM format: MM, HH:MM:SS or D-HH:MM:SS."""
+    nodes: int = 1
+    """Number of nodes; each runs one vLLM server and the trainer ranks on its other GPUs."""
+    gpus_per_node: int = 8
+    """GPUs (GRES gpu) per node. On a CPU-only cluster they are slots: one per vLLM TP rank and one per trainer rank."""
+    cpus_per_task: int = 0
+    """CPUs for the one task per node (sbatch --cpus-per-task); 0 = not set."""
+    mem: str = ""
+    """Memory per node (sbatch --mem), e.g. 200G; empty = not set; '0' = all of it."""
+    exclusive: bool = False
+    """Ask for whole nodes (sbatch --exclusive)."""
+    constraint: str = ""
+    """Node features (sbatch --constraint), e.g. h100; empty = none."""
+    extra_sbatch: dict[str, str] = field(default_factory=dict)
+    """More sbatch flags, name -> value without the leading dashes, e.g. {reservation: big}."""
+    setup_profile: str = "generic"
+    """Cluster profile under slurm_templates/ (<name>.sh.j2) whose lines run before the job starts."""
+    setup_vars: dict[str, str] = field(default_factory=dict)
+    """Values the setup profile may use, e.g. {venv: /path/to/venv, modules: 'cuda/12.4 nccl'}."""
+    signal_seconds: int = 120
+    """Seconds before the time limit at which SLURM warns the job (USR2) so it can checkpoint and requeue."""
+    requeue: bool = True
+    """On preemption or the time-limit warning, checkpoint and requeue the job."""
+
+
+@dataclass(frozen=True)
+class VllmConfig:
+    model: str = ""
+    """Model to serve and train: a local directory or a hub name (required)."""
+    tensor_parallel_size: int = 1
+    """GPUs per node given to the vLLM server (the first ones); the rest run trainer ranks."""
+    port: int = 8000
+    """HTTP port of each node's server; it listens on 127.0.0.1 only."""
+    gpu_memory_utilization: float = 0.9
+    """Fraction of its GPUs' memory vLLM may use (on CPU builds: kept small, see the README)."""
+    max_model_len: int = 0
+    """Context length; 0 = the model's own."""
+    dtype: str = "auto"
+    """Serving dtype: auto, bfloat16, float16 or float32; must match the trainer's dtype for parity."""
+    extra_args: list[str] = field(default_factory=list)
+    """More api_server arguments, as a list, e.g. ['--enforce-eager']."""
+    health_timeout_s: int = 900
+    """Deadline for a server to answer /health after start; past it the node fails naming its log."""
+    weight_transfer_backend: str = "auto"
+    """Weight push transport: auto (nccl on GPU, gloo on CPU), nccl, gloo or ipc."""
+    cpu_kvcache_gib: int = 1
+    """CPU builds only: KV cache size in GiB (VLLM_CPU_KVCACHE_SPACE)."""
+
+
+@dataclass(frozen=True)
+class TrainerConfig:
+    dataset: str = "data/letters.jsonl"
+    """Training prompts: a JSONL/Parquet file or a saved `datasets` folder with a 'prompt' column."""
+    reward_funcs: list[str] = field(default_factory=lambda: ["letter_a_fraction"])
+    """Rewards: built-in names (see trainer/rewards.py) or dotted paths 'pkg.module:function'."""
+    max_steps: int = 20
+    """Optimizer steps to run."""
+    per_device_train_batch_size: int = 8
+    """Completions per rank per step (prompts x generations)."""
+    num_generations: int = 8
+    """Completions sampled per prompt (the GRPO group size)."""
+    max_completion_length: int = 16
+    """Tokens generated per completion."""
+    learning_rate: float = 1e-5
+    """AdamW learning rate."""
+    beta: float = 0.0
+    """KL coefficient; 0 = no reference model."""
+    temperature: float = 1.0
+    """Sampling temperature."""
+    seed: int = 0
+    """Random seed (data order, sampling)."""
+    dtype: str = "bfloat16"
+    """Trainer dtype: bfloat16 or float32 (CPU: use float32)."""
+    fsdp: str = "hsdp"
+    """Sharding: hsdp (shard within a node, replicate across nodes; the push gather stays in the node) or fsdp (shard over all ranks)."""
+    save_steps: int = 10
+    """Write a checkpoint every N steps (and at the end); 0 = only at the end."""
+    resume: bool = True
+    """Resume from the newest complete checkpoint in the job folder if there is one."""
+    request_timeout_s: float = 300.0
+    """Deadline for every HTTP request to the node's vLLM server (generation, weight routes)."""
+    push_timeout_s: float = 600.0
+    """Deadline for one whole weight push (all parameters) to the node's server."""
+    bucket_mb: int = 64
+    """Largest gathered bucket of parameters during a push, in MB (bounds the push's extra memory)."""
+    parity_tolerance: float = 0.0
+    """Largest allowed |logprob(vLLM) - logprob(trainer)| after a push; 0 = by dtype (float32 1e-3, bf16 0.5)."""
+    parity_action: str = "fail"
+    """What a failed parity check does: fail or warn."""
+    rendezvous_port: int = 29500
+    """torchrun c10d rendezvous port on the first node."""
+    weight_transfer_port: int = 29600
+    """Port of each node leader's weight-transfer store (127.0.0.1, node-local)."""
+    stall_timeout_s: int = 900
+    """The bootstrap stops the node if the trainer writes no metrics for this long after its first step; 0 = off."""
+    grpo: dict[str, Any] = field(default_factory=dict)
+    """Any other trl.GRPOConfig field, passed through as is (e.g. {loss_type: dapo})."""
+
+
+@dataclass(frozen=True)
+class JobSection:
+    name: str = "grpo"
+    """Job name (sbatch --job-name); letters, digits, '-', '_' and '.' only."""
+    job_dir: str = ""
+    """Job folder; empty = runs/<name>-<YYYYmmdd-HHMMSS> under the current directory."""
+    device: str = "cuda"
+    """cuda (vLLM CUDA build, NCCL) or cpu (vLLM CPU build, gloo; for tests and the smoke run)."""
+    python: str = "python"
+    """Python interpreter the job runs on the nodes (after the setup profile ran)."""
+
+
+@dataclass(frozen=True)
+class JobConfig:
+    slurm: SlurmConfig = field(default_factory=SlurmConfig)
+    vllm: VllmConfig = field(default_factory=VllmConfig)
+    trainer: TrainerConfig = field(default_factory=TrainerConfig)
+    job: JobSection = field(default_factory=JobSection)
+
+
+SECTIONS: dict[str, type] = {"slurm": SlurmConfig, "vllm": VllmConfig, "trainer": TrainerConfig, "job": JobSection}
+
+
+def field_docs(cls: type) -> dict[str, str]:
+    """The docstring under each field of a config dataclass, read from its source."""
+    tree = ast.parse(inspect.getsource(cls))
+    body = tree.body[0].body  # type: ignore[attr-defined]
+    docs: dict[str, str] = {}
+    for prev, node in zip(body, body[1:]):
+        if isinstance(prev, ast.AnnAssign) and isinstance(node, ast.Expr) and isinstance(node.value, ast.Constant):
+            docs[prev.target.id] = str(node.value.value)  # type: ignore[attr-defined]
+    return docs
+
+
+def _default(f: dataclasses.Field) -> Any:
+    if f.default is not dataclasses.MISSING:
+        return f.default
+    return f.default_factory()  # type: ignore[misc]
+
+
+def _menu(cls: type) -> str:
+    return ", ".join(f"{f.name} (default {_default(f)!r})" for f in dataclasses.fields(cls))
+
+
+def _coerce(where: str, value: Any, annotation: Any) -> Any:
+    """Check a YAML value against a field's type; ints are accepted for floats, nothing else is guessed."""
+    origin = typing.get_origin(annotation)
+    if annotation is Any:
+        return value
+    if annotation is bool:
+        if isinstance(value, bool):
+            return value
+        raise ConfigError(f"{where} must be true or false, got {value!r}")
+    if annotation is int:
+        if isinstance(value, int) and not isinstance(value, bool):
+            return value
+        raise ConfigError(f"{where} must be an integer, got {value!r}")
+    if annotation is float:
+        if isinstance(value, (int, float)) and not isinstance(value, bool):
+            return float(value)
+        raise ConfigError(f"{where} must be a number, got {value!r}")
+    if annotation is str:
+        if isinstance(value, (str, int, float)) and not isinstance(value, bool):
+            return str(value)
+        raise ConfigError(f"{where} must be a string, got {value!r}")
+    if origin is list:
+        if isinstance(value, str):
+            value = [value]
+        if not isinstance(value, list):
+            raise ConfigError(f"{where} must be a list, got {value!r}")
+        (item,) = typing.get_args(annotation)
+        return [_coerce(f"{where}[{i}]", v, item) for i, v in enumerate(value)]
+    if origin is dict:
+        if not isinstance(value, dict):
+            raise ConfigError(f"{where} must be a mapping (key: value), got {value!r}")
+        _, item = typing.get_args(annotation)
+        return {str(k): _coerce(f"{where}.{k}", v, item) for k, v in value.items()}
+    raise AssertionError(f"unsupported annotation {annotation!r} for {where}")
+
+
+def _build(cls: type, section: str, raw: Any) -> Any:
+    if raw is None:
+        raw = {}
+    if not isinstance(raw, dict):
+        raise ConfigError(f"section '{section}' must be a mapping, got {raw!r}")
+    hints = typing.get_type_hints(cls)
+    names = {f.name for f in dataclasses.fields(cls)}
+    unknown = sorted(set(raw) - names)
+    if unknown:
+        raise ConfigError(f"unknown key '{section}.{unknown[0]}'; valid keys of '{section}': {_menu(cls)}")
+    kwargs = {k: _coerce(f"{section}.{k}", v, hints[k]) for k, v in raw.items()}
+    return cls(**kwargs)
+
+
+def parse_override(text: str) -> tuple[list[str], Any]:
+    """'trainer.max_steps=5' -> (['trainer', 'max_steps'], 5); the value is read as YAML."""
+    if "=" not in text:
+        raise ConfigError(f"--set {text!r} is not of the form section.key=value, e.g. --set slurm.nodes=4")
+    key, _, value = text.partition("=")
+    parts = key.strip().split(".")
+    if len(parts) != 2 or not all(parts):
+        raise ConfigError(f"--set key {key!r} must be section.key, e.g. trainer.max_steps; sections: {', '.join(SECTIONS)}")
+    try:
+        parsed = yaml.safe_load(value) if value.strip() else ""
+    except yaml.YAMLError as e:
+        raise ConfigError(f"--set {text!r}: the value is not valid YAML ({e.__class__.__name__})") from None
+    return parts, parsed
+
+
+def merge_raw(raw: dict[str, Any], overrides: list[str]) -> dict[str, Any]:
+    merged = {k: dict(v) if isinstance(v, dict) else v for k, v in raw.items()}
+    for text in overrides:
+        (section, key), value = parse_override(text)
+        if section not in SECTIONS:
+            raise ConfigError(f"--set {text!r}: unknown section '{section}'; sections: {', '.join(SECTIONS)}")
+        merged.setdefault(section, {})
+        if not isinstance(merged[section], dict):
+            raise ConfigError(f"section '{section}' must be a mapping")
+        merged[section][key] = value
+    return merged
+
+
+def from_dict(raw: dict[str, Any]) -> JobConfig:
+    if not isinstance(raw, dict):
+        raise ConfigError(f"the config must be a mapping of sections ({', '.join(SECTIONS)}), got {type(raw).__name__}")
+    unknown = sorted(set(raw) - set(SECTIONS))
+    if unknown:
+        raise ConfigError(f"unknown section '{unknown[0]}'; valid sections: {', '.join(SECTIONS)}")
+    cfg = JobConfig(**{name: _build(cls, name, raw.get(name)) for name, cls in SECTIONS.items()})
+    validate(cfg)
+    return cfg
+
+
+def load(path: str | Path | None, overrides: list[str] | None = None) -> JobConfig:
+    """Read a YAML config, apply --set overrides, validate. path=None starts from the defaults."""
+    raw: Any = {}
+    if path is not None:
+        p = Path(path)
+        if not p.is_file():
+            raise ConfigError(f"config file {str(p)!r} not found; pass a YAML file such as configs/smoke_cpu.yaml")
+        try:
+            raw = yaml.safe_load(p.read_text()) or {}
+        except yaml.YAMLError as e:
+            raise ConfigError(f"config file {str(p)!r} is not valid YAML: {e}") from None
+    if not isinstance(raw, dict):
+        raise ConfigError(f"config file {path!s} must hold a mapping of sections ({', '.join(SECTIONS)})")
+    return from_dict(merge_raw(raw, overrides or []))
+
+
+def to_dict(cfg: JobConfig) -> dict[str, Any]:
+    return dataclasses.asdict(cfg)
+
+
+def to_yaml(cfg: JobConfig) -> str:
+    return yaml.safe_dump(to_dict(cfg), sort_keys=False, default_flow_style=False)
+
+
+# ----------------------------------------------------------------------------- validation
+
+_TIME = re.compile(r"^(\d+|\d+:\d{2}|\d+:\d{2}:\d{2}|\d+-\d+|\d+-\d+:\d{2}|\d+-\d+:\d{2}:\d{2})$")
+_NAME = re.compile(r"^[A-Za-z0-9._-]{1,64}$")
+_PROFILE = re.compile(r"^[A-Za-z0-9_-]+$")
+_FLAG = re.compile(r"^[a-z][a-z0-9-]*$")
+
+
+def _positive(where: str, value: int | float, fix: str) -> None:
+    if value <= 0:
+        raise ConfigError(f"{where} must be positive, got {value}; {fix}")
+
+
+def grpo_config_fields() -> set[str] | None:
+    """Field names of trl.GRPOConfig and its parents, read from TRL's source without importing it
+    (importing TRL imports torch, which a login node may not have). None when TRL is not installed."""
+    spec = importlib.util.find_spec("trl")
+    if spec is None or not spec.submodule_search_locations:
+        return None
+    root = Path(next(iter(spec.submodule_search_locations)))
+    names: set[str] = set()
+    for rel in ("trainer/grpo_config.py", "trainer/base_config.py"):
+        p = root / rel
+        if p.is_file():
+            for node in ast.walk(ast.parse(p.read_text())):
+                if isinstance(node, ast.AnnAssign) and isinstance(node.target, ast.Name):
+                    names.add(node.target.id)
+    spec_tf = importlib.util.find_spec("transformers")
+    if spec_tf is not None and spec_tf.submodule_search_locations:
+        p = Path(next(iter(spec_tf.submodule_search_locations))) / "training_args.py"
+        if p.is_file():
+            for node in ast.walk(ast.parse(p.read_text())):
+                if isinstance(node, ast.AnnAssign) and isinstance(node.target, ast.Name):
+                    names.add(node.target.id)
+    return names or None
+
+
+# trainer fields the project sets itself; passing them through grpo would fight the plan
+_OWNED_GRPO = {"use_vllm", "vllm_mode", "vllm_server_base_url", "vllm_server_host", "vllm_server_port",
+               "output_dir", "use_cpu", "fsdp", "fsdp_config", "save_strategy", "report_to"}
+
+
+def validate(cfg: JobConfig) -> None:
+    s, v, t, j = cfg.slurm, cfg.vllm, cfg.trainer, cfg.job
+    _positive("slurm.nodes", s.nodes, "ask for at least one node")
+    _positive("slurm.gpus_per_node", s.gpus_per_node, "every node needs GPUs (or CPU slots) for vLLM and the trainer")
+    if s.cpus_per_task < 0:
+        raise ConfigError(f"slurm.cpus_per_task must be 0 (not set) or positive, got {s.cpus_per_task}")
+    if not _TIME.match(s.time):
+        raise ConfigError(f"slurm.time {s.time!r} is not a SLURM time; use MM, HH:MM:SS or D-HH:MM:SS, e.g. 04:00:00")
+    if s.signal_seconds < 0 or s.signal_seconds > 3600:
+        raise ConfigError(f"slurm.signal_seconds must be between 0 and 3600, got {s.signal_seconds}")
+    if not _PROFILE.match(s.setup_profile):
+        raise ConfigError(f"slurm.setup_profile {s.setup_profile!r} must be the name of a file in slurm_templates/ without .sh.j2")
+    for k in s.extra_sbatch:
+        if not _FLAG.match(k):
+            raise ConfigError(f"slurm.extra_sbatch key {k!r} must be an sbatch flag name without dashes, e.g. reservation")
+    if not v.model:
+        raise ConfigError("vllm.model is required: a local model folder (e.g. one made by `slurm-grpo make-tiny-model DIR`) or a hub name")
+    _positive("vllm.tensor_parallel_size", v.tensor_parallel_size, "vLLM needs at least one GPU")
+    if v.tensor_parallel_size >= s.gpus_per_node and not (s.gpus_per_node == 1 and v.tensor_parallel_size == 1):
+        raise ConfigError(
+            f"vllm.tensor_parallel_size ({v.tensor_parallel_size}) leaves no trainer GPU on a {s.gpus_per_node}-GPU node; "
+            f"lower it or ask for more GPUs per node (slurm.gpus_per_node)")
+    if not 0 < v.gpu_memory_utilization <= 1:
+        raise ConfigError(f"vllm.gpu_memory_utilization must be in (0, 1], got {v.gpu_memory_utilization}")
+    if v.max_model_len < 0:
+        raise ConfigError(f"vllm.max_model_len must be 0 (the model's own) or positive, got {v.max_model_len}")
+    if v.dtype not in ("auto", "bfloat16", "float16", "float32"):
+        raise ConfigError(f"vllm.dtype {v.dtype!r} must be one of auto, bfloat16, float16, float32")
+    _positive("vllm.health_timeout_s", v.health_timeout_s, "servers need time to load the model")
+    if v.weight_transfer_backend not in ("auto", "nccl", "gloo", "ipc"):
+        raise ConfigError(f"vllm.weight_transfer_backend {v.weight_transfer_backend!r} must be auto, nccl, gloo or ipc")
+    for port_name in ("vllm.port", "trainer.rendezvous_port", "trainer.weight_transfer_port"):
+        sec, key = port_name.split(".")
+        port = getattr(getattr(cfg, sec), key)
+        if not 1024 <= port <= 65535:
+            raise ConfigError(f"{port_name} ({port}) must be between 1024 and 65535 (ports below 1024 need root)")
+    ports = {"vllm.port": v.port, "trainer.rendezvous_port": t.rendezvous_port,
+             "trainer.weight_transfer_port": t.weight_transfer_port}
+    seen: dict[int, str] = {}
+    for name, port in ports.items():
+        if port in seen:
+            raise ConfigError(f"{name} and {seen[port]} are both {port}; every service on a node needs its own port")
+        seen[port] = name
+    if not t.dataset:
+        raise ConfigError("trainer.dataset is required: a JSONL/Parquet file or a `datasets` folder with a 'prompt' column")
+    if not t.reward_funcs:
+        raise ConfigError("trainer.reward_funcs is empty; name at least one reward, e.g. [letter_a_fraction] or pkg.module:function")
+    for r in t.reward_funcs:
+        if ":" in r:
+            mod, _, fn = r.partition(":")
+            if not re.match(r"^[A-Za-z_][\w.]*$", mod) or not fn.isidentifier():
+                raise ConfigError(f"trainer.reward_funcs entry {r!r} is not a dotted path 'pkg.module:function'")
+        elif not r.isidentifier():
+            raise ConfigError(f"trainer.reward_funcs entry {r!r} is neither a built-in reward name nor 'pkg.module:function'")
+    for name in ("max_steps", "per_device_train_batch_size", "num_generations", "max_completion_length", "bucket_mb"):
+        _positive(f"trainer.{name}", getattr(t, name), "it counts something that must exist")
+    for name in ("request_timeout_s", "push_timeout_s"):
+        _positive(f"trainer.{name}", getattr(t, name), "every wait needs a deadline")
+    if t.num_generations < 2:
+        raise ConfigError(f"trainer.num_generations ({t.num_generations}) must be at least 2: GRPO compares completions within a group")
+    if t.learning_rate <= 0:
+        raise ConfigError(f"trainer.learning_rate must be positive, got {t.learning_rate}")
+    if t.beta < 0:
+        raise ConfigError(f"trainer.beta must be >= 0, got {t.beta}")
+    if t.temperature <= 0:
+        raise ConfigError(f"trainer.temperature must be positive, got {t.temperature}")
+    if t.save_steps < 0 or t.stall_timeout_s < 0 or t.parity_tolerance < 0:
+        raise ConfigError("trainer.save_steps, trainer.stall_timeout_s and trainer.parity_tolerance must be >= 0")
+    if t.dtype not in ("bfloat16", "float32"):
+        raise ConfigError(f"trainer.dtype {t.dtype!r} must be bfloat16 or float32")
+    if t.fsdp not in ("hsdp", "fsdp"):
+        raise ConfigError(f"trainer.fsdp {t.fsdp!r} must be hsdp (shard in a node, replicate across nodes) or fsdp")
+    if t.parity_action not in ("fail", "warn"):
+        raise ConfigError(f"trainer.parity_action {t.parity_action!r} must be fail or warn")
+    owned = sorted(set(t.grpo) & (_OWNED_GRPO | {f.name for f in dataclasses.fields(TrainerConfig)}))
+    if owned:
+        raise ConfigError(f"trainer.grpo.{owned[0]} is set by slurm-grpo itself (or is a trainer.* key); "
+                          f"remove it from trainer.grpo (use trainer.{owned[0]} if that key exists)")
+    known = grpo_config_fields()
+    if known is not None:
+        bad = sorted(set(t.grpo) - known)
+        if bad:
+            near = sorted(k for k in known if k.startswith(bad[0][:4]))[:8]
+            raise ConfigError(f"trainer.grpo.{bad[0]} is not a trl.GRPOConfig field"
+                              + (f"; similar fields: {', '.join(near)}" if near else "; see trl's GRPOConfig docs"))
+    if not _NAME.match(j.name):
+        raise ConfigError(f"job.name {j.name!r} may use letters, digits, '-', '_' and '.' only (1-64 characters), e.g. grpo-7b")
+    if "\n" in j.job_dir or "\x00" in j.job_dir:
+        raise ConfigError("job.job_dir must not contain a newline or NUL character")
+    if j.device not in ("cuda", "cpu"):
+        raise ConfigError(f"job.device {j.device!r} must be cuda or cpu")
+    if j.device == "cpu" and v.weight_transfer_backend in ("nccl", "ipc"):
+        raise ConfigError(f"vllm.weight_transfer_backend {v.weight_transfer_backend} needs GPUs; with job.device cpu use gloo (or auto)")
+    if j.device == "cpu" and t.dtype != "float32":
+        raise ConfigError("trainer.dtype must be float32 with job.device cpu (vLLM's CPU build and gloo run float32 here); set trainer.dtype: float32")
+    if not j.python or any(c in j.python for c in "\n\x00"):
+        raise ConfigError("job.python must be a path or name of a Python interpreter")

@@ -1,0 +1,45 @@
+"""The job folder: created owner-only, holding config.yaml, plan.json, logs/, checkpoints/, metrics."""
+
+from __future__ import annotations
+
+import os
+import time
+from pathlib import Path
+
+from launcher.config import JobConfig, to_yaml
+from launcher.topology import Plan, plan
+
+# Secrets that must never be written into the job folder, the sbatch text or the logs. The job
+# inherits them from the submitting environment through SLURM (sbatch exports the environment).
+SECRET_ENV_MARKERS = ("TOKEN", "SECRET", "PASSWORD", "API_KEY", "CREDENTIAL")
+
+
+def resolve_job_dir(cfg: JobConfig, now: float | None = None) -> Path:
+    if cfg.job.job_dir:
+        return Path(cfg.job.job_dir).expanduser().absolute()
+    stamp = time.strftime("%Y%m%d-%H%M%S", time.localtime(now))
+    return (Path("runs") / f"{cfg.job.name}-{stamp}").absolute()
+
+
+def make_plan(cfg: JobConfig, now: float | None = None) -> Plan:
+    return plan(cfg, str(resolve_job_dir(cfg, now)))
+
+
+def write_job_dir(cfg: JobConfig, p: Plan) -> Path:
+    """Create the job folder (mode 0700: logs and checkpoints are the owner's only) and write the inputs."""
+    d = Path(p.job_dir)
+    old = os.umask(0o077)
+    try:
+        for sub in ("", "logs", "checkpoints", "submitit"):
+            (d / sub).mkdir(parents=True, exist_ok=True)
+        os.chmod(d, 0o700)
+        (d / "config.yaml").write_text(to_yaml(cfg))
+        (d / "plan.json").write_text(p.to_json())
+    finally:
+        os.umask(old)
+    return d
+
+
+def is_secret(name: str) -> bool:
+    up = name.upper()
+    return any(m in up for m in SECRET_ENV_MARKERS)

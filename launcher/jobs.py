@@ -1,0 +1,121 @@
+"""Job commands on an existing job folder: status, logs, cancel; and the run summary they print."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+from pathlib import Path
+from typing import Any
+
+from launcher.config import ConfigError
+
+
+def find_job_dir(ref: str, root: str = "runs") -> Path:
+    """A job folder, or a SLURM job id looked up in runs/*/job_id."""
+    p = Path(ref)
+    if (p / "plan.json").is_file():
+        return p
+    if ref.isdigit():
+        for f in sorted(Path(root).glob("*/job_id")):
+            if f.read_text().strip() == ref:
+                return f.parent
+        raise ConfigError(f"no job folder under {root}/ has job id {ref}; pass the job folder instead")
+    raise ConfigError(f"{ref!r} is neither a job folder (with plan.json) nor a job id")
+
+
+def read_jsonl(path: Path) -> list[dict[str, Any]]:
+    if not path.is_file():
+        return []
+    rows = []
+    for line in path.read_text().splitlines():
+        try:
+            rows.append(json.loads(line))
+        except ValueError:
+            continue  # a line being written right now
+    return rows
+
+
+def summarize(rows: list[dict[str, Any]], k: int = 0) -> dict[str, Any]:
+    """Reward first vs last steps, push seconds per node, parity, tokens/s: from metrics.jsonl rows."""
+    steps = [r for r in rows if "step" in r and "reward" in r]
+    if not steps:
+        return {}
+    k = k or max(1, min(5, len(steps) // 4))
+    first = sum(r["reward"] for r in steps[:k]) / k
+    last = sum(r["reward"] for r in steps[-k:]) / k
+    push: dict[str, list[float]] = {}
+    for r in steps:
+        for node, s in (r.get("push_s") or {}).items():
+            push.setdefault(node, []).append(s)
+    parity = [r["parity_max"] for r in steps if r.get("parity_max") is not None]
+    tps = [r["gen_tokens_per_s"] for r in steps if r.get("gen_tokens_per_s")]
+    return {
+        "steps": len(steps), "last_step": steps[-1]["step"], "window": k,
+        "reward_first": round(first, 4), "reward_last": round(last, 4),
+        "push_s_median": {n: round(sorted(v)[len(v) // 2], 4) for n, v in sorted(push.items())},
+        "parity_max": round(max(parity), 6) if parity else None,
+        "gen_tokens_per_s_median": round(sorted(tps)[len(tps) // 2], 1) if tps else None,
+        "step_s_median": round(sorted(r["step_s"] for r in steps)[len(steps) // 2], 3) if all("step_s" in r for r in steps) else None,
+    }
+
+
+def format_summary(s: dict[str, Any]) -> str:
+    if not s:
+        return "no training steps recorded yet"
+    push = ", ".join(f"node {n}: {v:.3f} s" for n, v in s["push_s_median"].items()) or "none"
+    return (f"steps {s['steps']} (last {s['last_step']}); reward first {s['window']} steps {s['reward_first']:.4f} -> "
+            f"last {s['window']} {s['reward_last']:.4f}; push median {push}; parity max {s['parity_max']}; "
+            f"generation {s['gen_tokens_per_s_median']} tokens/s; step {s['step_s_median']} s")
+
+
+def slurm_state(job_id: str) -> list[str]:
+    try:
+        out = subprocess.run(["sacct", "-j", job_id, "-n", "-P", "-o", "JobID,State,NodeList,Elapsed,ExitCode"],
+                             capture_output=True, text=True, timeout=30)
+    except (OSError, subprocess.TimeoutExpired) as e:
+        return [f"(sacct not available: {e})"]
+    if out.returncode != 0:
+        return [f"(sacct failed: {out.stderr.strip()})"]
+    return [ln for ln in out.stdout.splitlines() if ln.strip()]
+
+
+def status(job_dir: Path) -> str:
+    lines = [f"job folder: {job_dir}"]
+    plan = json.loads((job_dir / "plan.json").read_text())
+    jid = (job_dir / "job_id").read_text().strip() if (job_dir / "job_id").is_file() else None
+    if jid:
+        lines.append(f"SLURM job {jid}:")
+        lines += ["  " + ln.replace("|", "  ") for ln in slurm_state(jid)]
+    else:
+        lines.append("local run (no SLURM job id)")
+    for n in range(plan["num_nodes"]):
+        ev = read_jsonl(job_dir / "logs" / f"node{n}-events.jsonl")
+        names = [e["event"] for e in ev]
+        host = next((e.get("host") for e in ev if e["event"] == "bootstrap_start"), "?")
+        health = next((f"healthy after {e['seconds']:.0f} s" for e in reversed(ev) if e["event"] == "vllm_healthy"), "not healthy yet")
+        if "vllm_exit" in names or "failed" in names:
+            health += "; " + next(e.get("error", f"vllm exited {e.get('code')}") for e in reversed(ev) if e["event"] in ("failed", "vllm_exit"))
+        lines.append(f"node {n} ({host}): vLLM {health}; last event: {names[-1] if names else 'none'}")
+    rows = read_jsonl(job_dir / "metrics.jsonl")
+    if rows:
+        lines.append("last metrics: " + json.dumps(rows[-1]))
+    lines.append("summary: " + format_summary(summarize(rows)))
+    return "\n".join(lines)
+
+
+def log_files(job_dir: Path, node: int | None) -> list[Path]:
+    files = sorted((job_dir / "logs").glob("node*-*.log"))
+    if node is not None:
+        files = [f for f in files if f.name.startswith(f"node{node}-")]
+    return files + sorted((job_dir / "submitit").glob("*/*.out"))
+
+
+def cancel(job_dir: Path) -> str:
+    jf = job_dir / "job_id"
+    if not jf.is_file():
+        raise ConfigError(f"{job_dir} has no job_id (a local run); stop it with Ctrl-C")
+    jid = jf.read_text().strip()
+    out = subprocess.run(["scancel", jid], capture_output=True, text=True, timeout=60)
+    if out.returncode != 0:
+        raise RuntimeError(f"scancel {jid} failed: {out.stderr.strip()}")
+    return f"cancelled job {jid}"

@@ -1,0 +1,105 @@
+"""Plan -> submitit SlurmExecutor -> sbatch text (dry-run) or a submitted job (submit).
+
+submitit stays the one writer of the sbatch script: dry-run asks the same executor for the text it
+would submit, so the two cannot drift. The job runs a readable command,
+`python -u -m launcher.bootstrap <job_dir>/plan.json`, one srun task per node; submitit's pickled
+function path is not used (nothing opaque runs on the nodes).
+"""
+
+from __future__ import annotations
+
+import shlex
+from dataclasses import dataclass
+from pathlib import Path
+
+import jinja2
+
+from launcher.commands import bootstrap_argv
+from launcher.config import ConfigError, JobConfig
+from launcher.topology import Plan
+
+TEMPLATES = Path(__file__).resolve().parent.parent / "slurm_templates"
+
+
+def render_setup(cfg: JobConfig) -> list[str]:
+    """The cluster profile's setup lines, rendered with StrictUndefined (a missing variable is an error)."""
+    path = TEMPLATES / f"{cfg.slurm.setup_profile}.sh.j2"
+    if not path.is_file():
+        have = sorted(p.name.removesuffix(".sh.j2") for p in TEMPLATES.glob("*.sh.j2"))
+        raise ConfigError(f"slurm.setup_profile {cfg.slurm.setup_profile!r} has no template {path}; "
+                          f"profiles: {', '.join(have)}")
+    env = jinja2.Environment(undefined=jinja2.StrictUndefined, keep_trailing_newline=True, autoescape=False)
+    env.filters["q"] = lambda v: shlex.quote(str(v))
+    known = {"venv": "", "conda_env": "", "pythonpath": "", "modules": "", "nccl_ifname": "", "ib_hca": ""}
+    try:
+        text = env.from_string(path.read_text()).render({**known, **cfg.slurm.setup_vars})
+    except jinja2.UndefinedError as e:
+        raise ConfigError(f"setup profile {path.name}: {e}; set it under slurm.setup_vars") from None
+    return [line for line in text.splitlines() if line.strip()]
+
+
+def executor_parameters(cfg: JobConfig, p: Plan) -> dict:
+    s = cfg.slurm
+    extra: dict[str, object] = {"time": s.time}
+    if s.requeue:
+        extra["requeue"] = True
+    for k, v in sorted(s.extra_sbatch.items()):
+        extra[k] = v
+    params: dict[str, object] = dict(
+        job_name=cfg.job.name, nodes=s.nodes, ntasks_per_node=1, gpus_per_node=s.gpus_per_node,
+        signal_delay_s=s.signal_seconds, setup=render_setup(cfg), additional_parameters=extra,
+        stderr_to_stdout=True,
+        # one task per node must see all of the node's GPUs and CPUs; the bootstrap splits them
+        srun_args=["--kill-on-bad-exit=1", "--cpu-bind=none"],
+    )
+    for key, value in (("partition", s.partition), ("account", s.account), ("qos", s.qos),
+                       ("constraint", s.constraint), ("mem", s.mem)):
+        if value:
+            params[key] = value
+    if s.cpus_per_task:
+        params["cpus_per_task"] = s.cpus_per_task
+    if s.exclusive:
+        params["exclusive"] = True
+    return params
+
+
+def make_executor(cfg: JobConfig, p: Plan, render_only: bool = False):
+    import submitit  # imported here: `slurm-grpo --help` must not pay for it
+
+    cls = submitit.SlurmExecutor
+    if render_only:
+        # submitit refuses to build an executor where there is no `srun` (a laptop doing a dry-run);
+        # rendering does not need it, so the dry-run uses the same class with that check answered.
+        cls = type("RenderOnlySlurmExecutor", (submitit.SlurmExecutor,), {"affinity": classmethod(lambda c: 2)})
+    ex = cls(folder=Path(p.job_dir) / "submitit" / "%j", max_num_timeout=0)
+    ex.update_parameters(**executor_parameters(cfg, p))
+    return ex
+
+
+def job_command(cfg: JobConfig, p: Plan) -> str:
+    return shlex.join(bootstrap_argv(f"{p.job_dir}/plan.json", cfg.job.python))
+
+
+def sbatch_text(cfg: JobConfig, p: Plan) -> str:
+    """Exactly what submit hands to sbatch (submitit's own renderer, same executor, same parameters)."""
+    return make_executor(cfg, p, render_only=True)._make_submission_file_text(job_command(cfg, p), "dry-run")
+
+
+@dataclass(frozen=True)
+class Submitted:
+    job_id: str
+    job_dir: str
+    sbatch_path: str
+
+
+def submit(cfg: JobConfig, p: Plan) -> Submitted:
+    ex = make_executor(cfg, p)
+    text = ex._make_submission_file_text(job_command(cfg, p), "submitted")
+    try:
+        job = ex._submit_command(job_command(cfg, p))
+    except Exception as e:  # submitit raises its own FailedJobError/OSError with sbatch's stderr
+        raise RuntimeError(f"sbatch refused the job: {e}\nThe sbatch text is in {p.job_dir}/job.sbatch") from None
+    finally:
+        (Path(p.job_dir) / "job.sbatch").write_text(text)
+    (Path(p.job_dir) / "job_id").write_text(str(job.job_id) + "\n")
+    return Submitted(job_id=str(job.job_id), job_dir=p.job_dir, sbatch_path=f"{p.job_dir}/job.sbatch")

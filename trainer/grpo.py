@@ -1,0 +1,170 @@
+"""TRL's GRPOTrainer, wired for one vLLM server per node.
+
+The TRL internals this depends on (checked by tests/test_pinned_internals.py, which fails with a clear
+message if a TRL upgrade moves them):
+  - trl.trainer.grpo_trainer.VLLMGeneration: the module-level name GRPOTrainer instantiates in server
+    mode; we bind it to trainer.generation.NodeLocalGeneration for the trainer's construction.
+  - its use: `.generate(prompts=, images=, num_generations=, profiler=)` -> (prompt_ids, completion_ids,
+    logprobs[seq][tok][k], logprob_token_ids) and `.sync_weights()` when global_step changed;
+    `.vllm_client.get_server_info()` on the main process.
+  - transformers' Trainer honours `model._is_distributed_loading_by_transformers` (no DDP/FSDP wrap of a
+    model that shards itself).
+"""
+
+from __future__ import annotations
+
+import signal
+import time
+from contextlib import contextmanager
+from pathlib import Path
+from typing import Any
+
+import torch
+import torch.distributed as dist
+from transformers import TrainerCallback
+
+from trainer import checkpoint
+from trainer.generation import NodeLocalGeneration
+from trainer.metrics import MetricsWriter
+from trainer.parallel import Parallel
+
+PREEMPT = {"requested": False, "signal": None}
+
+
+def _on_preempt(signum, _frame) -> None:
+    PREEMPT["requested"], PREEMPT["signal"] = True, signum
+
+
+def install_preemption_handlers() -> None:
+    # torchrun forwards these (--signals-to-handle); we checkpoint at the next step boundary and exit 3
+    for sig in (signal.SIGUSR2, signal.SIGTERM, signal.SIGUSR1):
+        signal.signal(sig, _on_preempt)
+
+
+@contextmanager
+def trl_generation_backend(cls):
+    import trl.trainer.grpo_trainer as gt
+
+    if not hasattr(gt, "VLLMGeneration"):
+        raise RuntimeError("trl.trainer.grpo_trainer.VLLMGeneration is gone: this TRL is not the pinned 1.16.0; "
+                           "install the version in pyproject.toml")
+    old = gt.VLLMGeneration
+    gt.VLLMGeneration = cls
+    try:
+        yield
+    finally:
+        gt.VLLMGeneration = old
+
+
+class NodeStats:
+    """Per-node generation/push/parity figures, gathered to rank 0 once per generation (all ranks call)."""
+
+    def __init__(self, par: Parallel):
+        self.par = par
+        self.by_node: dict[int, dict[str, Any]] = {}
+
+    def __call__(self, stats: dict[str, Any]) -> None:
+        mine = {"node": self.par.node, **stats} if self.par.is_leader else None
+        out: list[Any] = [None] * self.par.world
+        dist.all_gather_object(out, mine)
+        for s in out:
+            if s is not None:
+                self.by_node[s["node"]] = dict(s)
+
+
+class SlurmGrpoCallback(TrainerCallback):
+    def __init__(self, job_dir: Path, par: Parallel, t: dict, stats: NodeStats):
+        self.job_dir, self.par, self.t, self.stats = job_dir, par, t, stats
+        self.metrics = MetricsWriter(job_dir)
+        self.trainer = None
+        self.step_t0 = time.time()
+        self.resumed_from: int | None = None
+        self.last_saved = -1
+        self.preempted = False
+
+    # -------------------------------------------------------------- resume
+    def on_train_begin(self, args, state, control, model=None, optimizer=None, lr_scheduler=None, **kw):
+        if not self.t["resume"]:
+            return
+        found = checkpoint.latest(self.job_dir / "checkpoints")
+        if found is None:
+            return
+        step, path = found
+        got = checkpoint.load(path, self.trainer.model, optimizer, lr_scheduler)
+        state.global_step = got
+        self.resumed_from = self.last_saved = got
+        if self.par.rank == 0:
+            print(f"resumed from {path} at step {got}", flush=True)
+            self.metrics.write({"event": "resumed", "from_step": got, "checkpoint": str(path)})
+
+    def on_step_begin(self, args, state, control, **kw):
+        self.step_t0 = time.time()
+        self.trainer.vllm_generation.step = state.global_step
+
+    # -------------------------------------------------------------- metrics
+    def on_log(self, args, state, control, logs=None, **kw):
+        if self.par.rank != 0 or not logs or "reward" not in logs:
+            return
+        by = self.stats.by_node
+        row = {
+            "step": state.global_step, "reward": logs.get("reward"), "reward_std": logs.get("reward_std"),
+            "loss": logs.get("loss"), "kl": logs.get("kl"), "step_s": round(time.time() - self.step_t0, 3),
+            "push_s": {str(n): round(s.get("push_s", 0.0), 4) for n, s in sorted(by.items()) if "push_s" in s},
+            "parity": {str(n): s.get("parity") for n, s in sorted(by.items())},
+            "parity_stale": {str(n): s.get("parity_stale") for n, s in sorted(by.items())},
+            "parity_max": max((s["parity"] for s in by.values() if s.get("parity") is not None), default=None),
+            "gen_tokens_per_s_node": {str(n): round(s["gen_tokens"] / max(s["gen_s"], 1e-9), 1)
+                                      for n, s in sorted(by.items()) if s.get("gen_s")},
+            "server_requests": {str(n): s.get("server_requests") for n, s in sorted(by.items())},
+        }
+        tps = row["gen_tokens_per_s_node"]
+        row["gen_tokens_per_s"] = round(sum(tps.values()), 1) if tps else None
+        self.metrics.write(row)
+        print(f"step {row['step']}/{state.max_steps} reward {row['reward']:.4f} push {row['push_s']} "
+              f"parity {row['parity_max']} step {row['step_s']:.2f}s", flush=True)
+
+    # -------------------------------------------------------------- checkpoints, preemption
+    def on_step_end(self, args, state, control, **kw):
+        flag = torch.tensor([1 if PREEMPT["requested"] else 0], dtype=torch.int32)
+        dist.all_reduce(flag, op=dist.ReduceOp.MAX)  # every rank must stop at the same step
+        every = self.t["save_steps"]
+        if flag.item():
+            self.save(state)
+            self.preempted = True
+            control.should_training_stop = True
+            if self.par.rank == 0:
+                print(f"preemption signal: checkpointed step {state.global_step}, stopping", flush=True)
+        elif every and state.global_step % every == 0:
+            self.save(state)
+
+    def save(self, state) -> None:
+        if self.last_saved == state.global_step:
+            return
+        tr = self.trainer
+        checkpoint.save(self.job_dir / "checkpoints", state.global_step, tr.model, tr.optimizer, tr.lr_scheduler,
+                        {"reward_last": (tr.state.log_history[-1] if tr.state.log_history else {}).get("reward")})
+        self.last_saved = state.global_step
+
+def grpo_config(job_dir: Path, t: dict, device: str, num_nodes: int):
+    from trl import GRPOConfig
+
+    bf16 = t["dtype"] == "bfloat16" and device == "cuda"
+    return GRPOConfig(
+        output_dir=str(job_dir / "hf"), max_steps=t["max_steps"], per_device_train_batch_size=t["per_device_train_batch_size"],
+        num_generations=t["num_generations"], max_completion_length=t["max_completion_length"],
+        learning_rate=t["learning_rate"], beta=t["beta"], temperature=t["temperature"], seed=t["seed"],
+        logging_steps=1, save_strategy="no", report_to=[], use_cpu=device == "cpu", bf16=bf16,
+        use_vllm=True, vllm_mode="server", disable_tqdm=True, dataloader_num_workers=0,
+        **t["grpo"])
+
+
+def build_trainer(model, tokenizer, dataset, rewards, args, callback: SlurmGrpoCallback):
+    from trl import GRPOTrainer
+
+    with trl_generation_backend(NodeLocalGeneration):
+        tr = GRPOTrainer(model=model, reward_funcs=rewards, args=args, train_dataset=dataset, processing_class=tokenizer,
+                         callbacks=[callback])
+    if not isinstance(tr.vllm_generation, NodeLocalGeneration):
+        raise RuntimeError("GRPOTrainer did not use the node-local generation backend; TRL changed how it builds it")
+    callback.trainer = tr
+    return tr

@@ -1,0 +1,75 @@
+"""torch.distributed set-up from the plan: the world, one process group per node, the FSDP2 mesh
+(HSDP: replicate across nodes x shard within a node), and the model sharded on it."""
+
+from __future__ import annotations
+
+import os
+from dataclasses import dataclass
+from datetime import timedelta
+
+import torch
+import torch.distributed as dist
+from torch.distributed.device_mesh import DeviceMesh, init_device_mesh
+from torch.distributed.fsdp import MixedPrecisionPolicy, fully_shard
+
+from launcher.topology import Plan
+
+
+@dataclass
+class Parallel:
+    rank: int
+    local_rank: int
+    world: int
+    node: int
+    node_group: dist.ProcessGroup
+    node_ranks: list[int]
+    leader: int
+    """Global rank of this node's leader (local rank 0): the only rank that talks to the node's server."""
+    mesh: DeviceMesh
+    device: torch.device
+
+    @property
+    def is_leader(self) -> bool:
+        return self.rank == self.leader
+
+
+def init(plan: Plan, timeout_s: float) -> Parallel:
+    rank, world, local = int(os.environ["RANK"]), int(os.environ["WORLD_SIZE"]), int(os.environ["LOCAL_RANK"])
+    node = int(os.environ.get("SLURM_GRPO_NODE", rank // plan.ranks_per_node))
+    expect = plan.rank(rank)
+    if world != plan.world_size or expect.node != node or expect.local_rank != local:
+        raise RuntimeError(f"torchrun gave rank {rank}/{world} local {local} on node {node}, but the plan says "
+                           f"world {plan.world_size}, rank {rank} is local {expect.local_rank} on node {expect.node}")
+    if plan.device == "cuda":
+        device = torch.device("cuda", 0 if len(plan.nodes[node].trainer_gpus) == 1 else local)
+        torch.cuda.set_device(device)
+        backend = "cpu:gloo,cuda:nccl"  # gloo for object collectives on CPU tensors, NCCL for the model
+    else:
+        device, backend = torch.device("cpu"), "gloo"
+    dist.init_process_group(backend, rank=rank, world_size=world, timeout=timedelta(seconds=timeout_s),
+                            device_id=device if plan.device == "cuda" else None)
+    groups = {}
+    for n in plan.nodes:  # every rank creates every group, in the same order (new_group is collective)
+        groups[n.node] = dist.new_group([r.global_rank for r in n.ranks], backend="gloo")
+    node_ranks = [r.global_rank for r in plan.nodes[node].ranks]
+    fsdp = plan.config["trainer"]["fsdp"]
+    if fsdp == "hsdp" and plan.num_nodes > 1:
+        mesh = init_device_mesh(device.type, (plan.num_nodes, plan.ranks_per_node), mesh_dim_names=("replicate", "shard"))
+    else:
+        mesh = init_device_mesh(device.type, (world,), mesh_dim_names=("shard",))
+    return Parallel(rank=rank, local_rank=local, world=world, node=node, node_group=groups[node], node_ranks=node_ranks,
+                    leader=node_ranks[0], mesh=mesh, device=device)
+
+
+def shard_model(model: torch.nn.Module, par: Parallel, param_dtype: torch.dtype) -> torch.nn.Module:
+    """FSDP2 on every decoder layer and the root. A 2-D mesh makes it HSDP: parameters are sharded over
+    the node's ranks and replicated across nodes, so the all-gather before a push stays in the node."""
+    mp = MixedPrecisionPolicy(param_dtype=param_dtype, reduce_dtype=torch.float32)
+    layers = getattr(getattr(model, "model", model), "layers", [])
+    for layer in layers:
+        fully_shard(layer, mesh=par.mesh, mp_policy=mp)
+    fully_shard(model, mesh=par.mesh, mp_policy=mp)
+    # transformers' Trainer then leaves the model alone (no DDP/accelerate FSDP wrap on top of ours):
+    # the same flag `from_pretrained(distributed_config=...)` sets. Pinned in tests/test_pinned_internals.py.
+    model._is_distributed_loading_by_transformers = True
+    return model

@@ -1,0 +1,69 @@
+"""Parity check: does the node's server now hold the trainer's weights?
+
+The node leader asks its server for the prompt logprobs of a fixed probe sequence (`prompt_logprobs`,
+so the tokens are the same every time, no sampling involved); every rank of the node runs the FSDP
+model on the same tokens (the forward is a collective over the mesh); the leader compares. After a
+push the largest difference must be within the tolerance (by dtype unless set), else it fails or
+warns as configured. Before a push (`stale`) it measures how far the server's weights lag behind.
+"""
+
+from __future__ import annotations
+
+import torch
+
+from trainer.parallel import Parallel
+from trainer.server_client import ServerClient
+
+DEFAULT_TOLERANCE = {torch.float32: 1e-3, torch.bfloat16: 0.25, torch.float16: 0.1}
+
+
+class ParityError(RuntimeError):
+    pass
+
+
+def server_prompt_logprobs(client: ServerClient, ids: list[int]) -> list[float]:
+    out = client.post("/v1/completions", {"model": client.model, "prompt": [ids], "max_tokens": 1, "temperature": 1.0,
+                                          "prompt_logprobs": 0})
+    rows = out["choices"][0]["prompt_logprobs"][1:]
+    return [float(row[str(tok)]["logprob"]) for row, tok in zip(rows, ids[1:], strict=True)]
+
+
+@torch.no_grad()
+def trainer_prompt_logprobs(model: torch.nn.Module, ids: list[int], device) -> list[float]:
+    x = torch.tensor([ids], device=device)
+    logits = model(input_ids=x).logits[0, :-1].float()
+    lp = torch.log_softmax(logits, -1)
+    return lp[torch.arange(len(ids) - 1, device=device), x[0, 1:]].tolist()
+
+
+class ParityChecker:
+    def __init__(self, model, client: ServerClient | None, par: Parallel, tokenizer, tolerance: float, action: str,
+                 probe_text: str, compute_dtype: torch.dtype):
+        self.model, self.client, self.par, self.action = model, client, par, action
+        self.ids = tokenizer(probe_text)["input_ids"][:48]
+        assert len(self.ids) >= 2, "parity probe text tokenizes to fewer than 2 tokens"
+        dtype = compute_dtype
+        self.tolerance = tolerance or DEFAULT_TOLERANCE.get(dtype, 0.5)
+        self.history: list[dict] = []
+
+    def check(self, step: int, kind: str) -> float | None:
+        """Collective over every rank (the FSDP forward). Returns max |diff| on the node leader, None elsewhere."""
+        was_training = self.model.training
+        self.model.eval()
+        mine = trainer_prompt_logprobs(self.model, self.ids, self.par.device)
+        if was_training:
+            self.model.train()
+        if not self.par.is_leader:
+            return None
+        self.client.step = step
+        theirs = server_prompt_logprobs(self.client, self.ids)
+        diff = max(abs(a - b) for a, b in zip(mine, theirs, strict=True))
+        self.history.append({"step": step, "kind": kind, "max_diff": diff, "server": theirs, "trainer": mine})
+        if kind == "after_push" and diff > self.tolerance:
+            msg = (f"node {self.par.node}: parity check failed at step {step}: the server at {self.client.base_url} "
+                   f"disagrees with the trainer by {diff:.3g} in logprob (tolerance {self.tolerance:g}); the weight push "
+                   f"did not land. Set trainer.parity_action: warn to go on anyway.")
+            if self.action == "fail":
+                raise ParityError(msg)
+            print("WARNING: " + msg, flush=True)
+        return diff

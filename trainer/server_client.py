@@ -1,0 +1,65 @@
+"""HTTP client of one node's vLLM server (127.0.0.1 only). Every request has a deadline, and every
+failure raises ServerError naming the node, the URL, the route and the training step: no silent hang."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import requests
+
+
+class ServerError(RuntimeError):
+    pass
+
+
+class ServerClient:
+    def __init__(self, base_url: str, model: str, node: int, timeout_s: float):
+        self.base_url, self.model, self.node, self.timeout_s = base_url.rstrip("/"), model, node, timeout_s
+        self.step = 0  # set by the trainer so that errors say when they happened
+        self.session = requests.Session()
+        self.requests_sent = 0
+
+    def _fail(self, route: str, why: str) -> ServerError:
+        return ServerError(f"node {self.node}: vLLM server {self.base_url}{route} failed at step {self.step}: {why} "
+                           f"(deadline trainer.request_timeout_s={self.timeout_s:.0f} s; see logs/node{self.node}-vllm.log)")
+
+    def request(self, method: str, route: str, body: dict | None = None, timeout_s: float | None = None) -> Any:
+        timeout = timeout_s or self.timeout_s
+        try:
+            r = self.session.request(method, self.base_url + route, json=body, timeout=(min(10.0, timeout), timeout))
+        except requests.Timeout:
+            raise self._fail(route, f"no answer within {timeout:.0f} s") from None
+        except requests.ConnectionError as e:
+            raise self._fail(route, f"connection failed ({e.__class__.__name__}); is the server still running?") from None
+        self.requests_sent += 1
+        if r.status_code != 200:
+            raise self._fail(route, f"HTTP {r.status_code}: {r.text[:500]}")
+        try:
+            return r.json()
+        except ValueError:
+            return r.text
+
+    def post(self, route: str, body: dict | None = None, timeout_s: float | None = None) -> Any:
+        return self.request("POST", route, body or {}, timeout_s)
+
+    def get_server_info(self) -> dict:
+        """What TRL's trainer asks of its client (`["model_config"]["logprobs_mode"]`); we start servers with it."""
+        return {"model_config": {"logprobs_mode": "processed_logprobs"}}
+
+    def complete(self, prompts: list[list[int]], *, max_tokens: int, temperature: float, top_p: float = 1.0,
+                 top_k: int = 0, min_p: float = 0.0, repetition_penalty: float = 1.0, seed: int | None = None,
+                 extra: dict | None = None) -> list[tuple[list[int], list[float]]]:
+        """One completion per prompt entry (n=1, no dedup: identical prompts get their own samples), in order."""
+        if not prompts:
+            return []
+        body: dict[str, Any] = {"model": self.model, "prompt": prompts, "n": 1, "max_tokens": max_tokens,
+                                "temperature": temperature, "top_p": top_p, "top_k": top_k if top_k > 0 else -1,
+                                "min_p": min_p, "repetition_penalty": repetition_penalty, "logprobs": 0,
+                                "return_token_ids": True, **(extra or {})}
+        if seed is not None:
+            body["seed"] = seed
+        out = self.post("/v1/completions", body)
+        choices = sorted(out["choices"], key=lambda c: c["index"])
+        if len(choices) != len(prompts):
+            raise self._fail("/v1/completions", f"asked for {len(prompts)} completions, got {len(choices)}")
+        return [(list(c["token_ids"]), [float(x) for x in c["logprobs"]["token_logprobs"]]) for c in choices]

@@ -1,0 +1,51 @@
+"""A tiny Qwen2 (head_dim 64, which vLLM's CPU attention needs) with a byte-level BPE tokenizer
+trained here and a chat template. No hub access: tests and the CPU smoke run build it in ~1 s.
+
+    slurm-grpo make-tiny-model /tmp/tiny-model
+"""
+
+from __future__ import annotations
+
+import os
+from pathlib import Path
+
+CHAT_TEMPLATE = (
+    "{% for m in messages %}<|im_start|>{{ m['role'] }}\n{{ m['content'] }}<|im_end|>\n{% endfor %}"
+    "{% if add_generation_prompt %}<|im_start|>assistant\n{% endif %}"
+)
+
+
+def _corpus() -> list[str]:
+    words = "the quick brown fox jumps over a lazy dog and a cat sat on a mat banana apple".split()
+    lines = [" ".join(words[(i + j) % len(words)] for j in range(8)) + f" {i}" for i in range(200)]
+    return lines + ["1 + 2 = 3", "a b c d e f g h i j k l m n o p q r s t u v w x y z", "aaaa aa a"]
+
+
+def make_tiny_model(out: str | os.PathLike, hidden: int = 128, layers: int = 2, vocab: int = 300,
+                    seed: int = 0, dtype: str = "float32") -> dict:
+    import torch
+    from tokenizers import Tokenizer, decoders, models, pre_tokenizers, trainers
+    from transformers import PreTrainedTokenizerFast, Qwen2Config, Qwen2ForCausalLM
+
+    if hidden % 64:
+        raise ValueError(f"hidden ({hidden}) must be a multiple of 64: vLLM's CPU attention needs head_dim 64")
+    path = Path(out)
+    path.mkdir(parents=True, exist_ok=True)
+    tok = Tokenizer(models.BPE(unk_token=None))
+    tok.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False)
+    tok.decoder = decoders.ByteLevel()
+    bpe = trainers.BpeTrainer(vocab_size=vocab, special_tokens=["<|endoftext|>", "<|im_start|>", "<|im_end|>"],
+                              initial_alphabet=pre_tokenizers.ByteLevel.alphabet())
+    tok.train_from_iterator(_corpus(), bpe)
+    hf = PreTrainedTokenizerFast(tokenizer_object=tok, eos_token="<|endoftext|>", pad_token="<|endoftext|>", bos_token=None)
+    hf.chat_template = CHAT_TEMPLATE
+    hf.save_pretrained(path)
+    heads = hidden // 64
+    cfg = Qwen2Config(vocab_size=len(hf), hidden_size=hidden, intermediate_size=2 * hidden, num_hidden_layers=layers,
+                      num_attention_heads=heads, num_key_value_heads=1, head_dim=64, max_position_embeddings=512,
+                      eos_token_id=hf.eos_token_id, bos_token_id=hf.eos_token_id, pad_token_id=hf.pad_token_id,
+                      tie_word_embeddings=True, torch_dtype=dtype)
+    torch.manual_seed(seed)
+    model = Qwen2ForCausalLM(cfg).to(getattr(torch, dtype))
+    model.save_pretrained(path)
+    return {"vocab": len(hf), "params": sum(p.numel() for p in model.parameters()), "hidden": hidden, "layers": layers}
