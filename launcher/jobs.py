@@ -53,7 +53,7 @@ def summarize(rows: list[dict[str, Any]], k: int = 0) -> dict[str, Any]:
         "steps": len(steps), "last_step": steps[-1]["step"], "window": k,
         "reward_first": round(first, 4), "reward_last": round(last, 4),
         "push_s_median": {n: round(sorted(v)[len(v) // 2], 4) for n, v in sorted(push.items())},
-        "parity_max": round(max(parity), 6) if parity else None,
+        "parity_max": float(f"{max(parity):.3g}") if parity else None,
         "gen_tokens_per_s_median": round(sorted(tps)[len(tps) // 2], 1) if tps else None,
         "step_s_median": round(sorted(r["step_s"] for r in steps)[len(steps) // 2], 3) if all("step_s" in r for r in steps) else None,
     }

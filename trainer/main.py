@@ -35,6 +35,12 @@ def main(plan_path: str) -> int:
     par = parallel.init(plan, timeout_s=t["push_timeout_s"] + t["request_timeout_s"])
     log = (lambda *a: print(f"[trainer rank {par.rank} node {par.node}]", *a, flush=True))
     log(f"world {par.world}, node ranks {par.node_ranks}, leader {par.leader}, mesh {par.mesh}, device {par.device}")
+    # an all-reduce across every rank of every node, checked: the cheapest proof the world is wired right
+    probe = torch.tensor([float(par.rank + 1)], device=par.device)
+    dist.all_reduce(probe)
+    allreduce = {"got": probe.item(), "expected": par.world * (par.world + 1) / 2}
+    if allreduce["got"] != allreduce["expected"]:
+        raise RuntimeError(f"all-reduce over {par.world} ranks gave {allreduce['got']}, expected {allreduce['expected']}")
     set_seed(t["seed"])
 
     dtype = getattr(torch, t["dtype"])
@@ -60,6 +66,11 @@ def main(plan_path: str) -> int:
     t0 = time.time()
     trainer.train()
     train_s = time.time() - t0
+    # the trained parameters must still be FSDP2 shards (DTensors), not a silent DDP fallback
+    from torch.distributed.tensor import DTensor
+
+    n_dt = sum(isinstance(p, DTensor) for p in trainer.model.parameters())
+    dtensor_params = {"dtensor": n_dt, "total": sum(1 for _ in trainer.model.parameters())}
     step = trainer.state.global_step
     if callback.preempted:
         log(f"preempted at step {step}: checkpoint written, exiting {PREEMPTED_EXIT} for requeue")
@@ -81,6 +92,7 @@ def main(plan_path: str) -> int:
         MetricsWriter(job_dir).write({"event": "final", "step": step, "nodes": per_node})
         write_summary_and_plot(job_dir, {"train_s": round(train_s, 2), "final_step": step,
                                          "resumed_from": callback.resumed_from, "nodes": per_node,
+                                         "allreduce_check": allreduce, "dtensor_params": dtensor_params,
                                          "final_checkpoint": str(checkpoint.latest(job_dir / "checkpoints")[1])})
     dist.barrier()
     dist.destroy_process_group()

@@ -1,0 +1,26 @@
+#!/usr/bin/env bash
+# test.sh - the whole test suite on a fresh machine: install, lint, then the three tiers:
+#   unit (fast, no servers) -> integration (real vLLM CPU servers, real torch.distributed)
+#   -> cluster (a real 2-node SLURM cluster started here by scripts/start_cluster.sh; needs root).
+# TIERS="unit integration" bash scripts/test.sh   runs a subset.
+set -euo pipefail
+cd "$(dirname "$0")/.."
+TIERS=${TIERS:-unit integration cluster}
+bash scripts/install.sh
+. .venv/bin/activate
+ruff check launcher trainer tests
+rc=0
+for tier in $TIERS; do
+  echo "===== tier: $tier ($(date +%T))"
+  case $tier in
+    unit) pytest -q -m "not integration and not cluster" || rc=1;;
+    integration) pytest -q -m integration || rc=1;;
+    cluster)
+      # the cluster's apt installs (slurm-wlm, munge, mariadb) happen inside start_cluster.sh
+      bash scripts/start_cluster.sh 2 3 --cpus 4 --mem 12000 --base /tmp/slurm-grpo-cluster > /tmp/slurm-grpo-cluster.env
+      trap 'bash scripts/stop_cluster.sh --base /tmp/slurm-grpo-cluster' EXIT
+      SLURM_GRPO_CLUSTER_ENV=/tmp/slurm-grpo-cluster/env.sh pytest -q -m cluster || rc=1
+      ;;
+  esac
+done
+exit $rc
