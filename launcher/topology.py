@@ -152,7 +152,7 @@ def plan(cfg: JobConfig, job_dir: str) -> Plan:
         f"= {batch * world // t.num_generations} prompts x {t.num_generations} generations",
         f"weight push backend = {backend} ({'set' if v.weight_transfer_backend != 'auto' else 'auto: ' + cfg.job.device + (', shared GPU' if shared else '')})",
         f"sharding = {t.fsdp}: " + ("shard over the node's ranks, replicate across nodes" if t.fsdp == "hsdp" else "shard over all ranks"),
-        f"rendezvous = {rdzv_host}:{t.rendezvous_port} (c10d, on the first node)",
+        f"rendezvous = {rdzv_host}:{t.rendezvous_port} (torchrun static rendezvous: a TCPStore on the first node, so ranks follow the plan)",
     ]
     return Plan(job_name=cfg.job.name, job_dir=job_dir, device=cfg.job.device, num_nodes=s.nodes, gpus_per_node=g,
                 ranks_per_node=per_node, world_size=world, tensor_parallel_size=tp, weight_transfer_backend=backend,

@@ -17,6 +17,7 @@ trainer.grpo); the constructor takes TRL's keyword arguments and uses the genera
 from __future__ import annotations
 
 import time
+from collections.abc import Callable
 from typing import Any
 
 import torch.distributed as dist
@@ -25,6 +26,33 @@ from trainer.parallel import Parallel
 from trainer.parity import ParityChecker
 from trainer.server_client import ServerClient
 from trainer.weight_push import NodePusher
+
+
+def node_generate(par: Parallel, prompts: list[list[int]], ask_server: Callable[[list[list[int]]], list]):
+    """Gather the node's prompts on its leader (node group only), ask the node's server once for one
+    completion per entry, scatter each rank its own completions in its own order. Collective over
+    the node's ranks. Returns (this rank's completions, tokens generated on the node: leader only)."""
+    gathered: list[Any] | None = [None] * len(par.node_ranks) if par.is_leader else None
+    dist.gather_object(prompts, gathered, dst=par.leader, group=par.node_group)
+    out: list[Any] | None = None
+    tokens = 0
+    if par.is_leader:
+        flat = [p for rank_prompts in gathered for p in rank_prompts]
+        try:
+            comps = ask_server(flat)
+            assert len(comps) == len(flat), (len(comps), len(flat))
+            out, i = [], 0
+            for rank_prompts in gathered:
+                out.append(comps[i:i + len(rank_prompts)])
+                i += len(rank_prompts)
+            tokens = sum(len(c) for c, _ in comps)
+        except Exception as e:  # hand the error to every rank of the node, so none waits forever
+            out = [RuntimeError(str(e))] * len(par.node_ranks)
+    mine: list[Any] = [None]
+    dist.scatter_object_list(mine, out, src=par.leader, group=par.node_group)
+    if isinstance(mine[0], Exception):
+        raise mine[0]
+    return mine[0], tokens
 
 
 class NodeLocalGeneration:
@@ -58,37 +86,21 @@ class NodeLocalGeneration:
     def generate(self, prompts: list[list[int]], images, num_generations: int, profiler=None):
         if images is not None and any(i is not None for i in images):
             raise NotImplementedError("node-local generation serves text prompts only")
-        par = self.par
-        gathered: list[Any] | None = [None] * len(par.node_ranks) if par.is_leader else None
-        dist.gather_object(prompts, gathered, dst=par.leader, group=par.node_group)
         t0 = time.time()
-        out: list[Any] = [None] * len(par.node_ranks) if par.is_leader else None
-        if par.is_leader:
-            flat = [p for rank_prompts in gathered for p in rank_prompts]
-            try:
-                comps = self.vllm_client.complete(
-                    flat, max_tokens=self.max_completion_length, temperature=self.temperature, top_p=self.top_p,
-                    top_k=self.top_k, min_p=self.min_p, repetition_penalty=self.repetition_penalty,
-                    extra=self.generation_kwargs)
-                i = 0
-                for r, rank_prompts in enumerate(gathered):
-                    out[r] = comps[i:i + len(rank_prompts)]
-                    i += len(rank_prompts)
-            except Exception as e:  # send the error to every rank of the node, so none waits forever
-                out = [RuntimeError(str(e))] * len(par.node_ranks)
-        mine: list[Any] = [None]
-        dist.scatter_object_list(mine, out, src=par.leader, group=par.node_group)
-        if isinstance(mine[0], Exception):
-            raise mine[0]
-        took = time.time() - t0
-        completion_ids = [c for c, _ in mine[0]]
-        logprobs = [[[lp] for lp in lps] for _, lps in mine[0]]
-        if par.is_leader:
-            tokens = sum(len(c) for rank_out in out for c, _ in rank_out)
-            self.stats["gen_tokens"] = tokens
-            self.stats["gen_s"] = took
-            self.stats["server_requests"] = self.vllm_client.requests_sent
+
+        def ask_server(flat: list[list[int]]):
+            return self.vllm_client.complete(
+                flat, max_tokens=self.max_completion_length, temperature=self.temperature, top_p=self.top_p,
+                top_k=self.top_k, min_p=self.min_p, repetition_penalty=self.repetition_penalty,
+                extra=self.generation_kwargs)
+
+        mine, node_tokens = node_generate(self.par, prompts, ask_server)
+        if self.par.is_leader:
+            self.stats.update(gen_tokens=node_tokens, gen_s=time.time() - t0,
+                              server_requests=self.vllm_client.requests_sent)
         self.on_stats(self.stats)
+        completion_ids = [c for c, _ in mine]
+        logprobs = [[[lp] for lp in lps] for _, lps in mine]
         return prompts, completion_ids, logprobs, None
 
     # ------------------------------------------------------------------ weights

@@ -30,7 +30,7 @@ def main(plan_path: str) -> int:
 
     grpo.install_preemption_handlers()
     plan = Plan.load(plan_path)
-    cfg, t, v = plan.config, plan.config["trainer"], plan.config["vllm"]
+    t, v = plan.config["trainer"], plan.config["vllm"]
     job_dir = Path(plan.job_dir)
     par = parallel.init(plan, timeout_s=t["push_timeout_s"] + t["request_timeout_s"])
     log = (lambda *a: print(f"[trainer rank {par.rank} node {par.node}]", *a, flush=True))

@@ -1,0 +1,147 @@
+"""Config: precedence, strict keys, and a table of bad configs, each a one-line error with the fix."""
+
+from __future__ import annotations
+
+import pytest
+import yaml
+
+from launcher import config as C
+from launcher.config import ConfigError
+from launcher.jobdir import make_plan
+
+from .conftest import cli
+
+BASE = {"vllm": {"model": "/models/m"}, "slurm": {"gpus_per_node": 4}}
+
+
+def test_defaults_yaml_then_set_precedence(tmp_path):
+    f = tmp_path / "c.yaml"
+    f.write_text(yaml.safe_dump({**BASE, "trainer": {"max_steps": 7, "learning_rate": 1e-4}}))
+    cfg = C.load(f, ["trainer.max_steps=9", "slurm.nodes=3"])
+    assert cfg.trainer.max_steps == 9  # --set beats YAML
+    assert cfg.trainer.learning_rate == 1e-4  # YAML beats default
+    assert cfg.trainer.beta == 0.0  # default
+    assert cfg.slurm.nodes == 3
+
+
+def test_unknown_key_lists_the_menu():
+    with pytest.raises(ConfigError) as e:
+        C.from_dict({**BASE, "vllm": {"model": "m", "tp": 2}})
+    msg = str(e.value)
+    assert "unknown key 'vllm.tp'" in msg and "tensor_parallel_size (default 1)" in msg and "port (default 8000)" in msg
+
+
+def test_every_field_documented():
+    for cls in C.SECTIONS.values():
+        docs = C.field_docs(cls)
+        missing = [f for f in cls.__dataclass_fields__ if f not in docs]
+        assert not missing, f"{cls.__name__} fields without a docstring: {missing}"
+
+
+def _with(section: str, **kw):
+    raw = {k: dict(v) for k, v in BASE.items()}
+    raw.setdefault(section, {}).update(kw)
+    return raw
+
+
+BAD = [
+    ({"vllm": {}}, "vllm.model is required"),
+    ({"nope": {}}, "unknown section 'nope'"),
+    (_with("slurm", node=2), "unknown key 'slurm.node'"),
+    (_with("slurm", nodes=0), "slurm.nodes must be positive"),
+    (_with("slurm", nodes=-3), "slurm.nodes must be positive"),
+    (_with("slurm", nodes="two"), "slurm.nodes must be an integer"),
+    (_with("slurm", nodes=2.5), "slurm.nodes must be an integer"),
+    (_with("slurm", gpus_per_node=0), "slurm.gpus_per_node must be positive"),
+    (_with("slurm", time="1 hour"), "not a SLURM time"),
+    (_with("slurm", time="10:7"), "not a SLURM time"),
+    (_with("slurm", exclusive="yes"), "slurm.exclusive must be true or false"),
+    (_with("slurm", setup_profile="../etc/passwd"), "slurm.setup_profile"),
+    (_with("slurm", extra_sbatch={"--mail": "x"}), "sbatch flag name without dashes"),
+    (_with("slurm", extra_sbatch=["a"]), "must be a mapping"),
+    (_with("slurm", cpus_per_task=-1), "slurm.cpus_per_task"),
+    (_with("slurm", signal_seconds=99999), "slurm.signal_seconds"),
+    (_with("vllm", tensor_parallel_size=4), "leaves no trainer GPU on a 4-GPU node"),
+    (_with("vllm", tensor_parallel_size=0), "vllm.tensor_parallel_size must be positive"),
+    (_with("vllm", gpu_memory_utilization=1.5), "gpu_memory_utilization must be in (0, 1]"),
+    (_with("vllm", dtype="fp8"), "vllm.dtype"),
+    (_with("vllm", port=80), "ports below 1024 need root"),
+    (_with("vllm", port=29500), "both 29500"),
+    (_with("vllm", weight_transfer_backend="rdma"), "weight_transfer_backend"),
+    (_with("vllm", health_timeout_s=0), "health_timeout_s must be positive"),
+    (_with("vllm", extra_args="--x"), None),  # a string is accepted as a one-item list: not an error
+    (_with("trainer", num_generations=1), "at least 2"),
+    (_with("trainer", max_steps=0), "trainer.max_steps must be positive"),
+    (_with("trainer", learning_rate=-1.0), "learning_rate must be positive"),
+    (_with("trainer", reward_funcs=[]), "reward_funcs is empty"),
+    (_with("trainer", reward_funcs=["pkg.mod:"]), "not a dotted path"),
+    (_with("trainer", reward_funcs=["not a name"]), "neither a built-in"),
+    (_with("trainer", dtype="int8"), "trainer.dtype"),
+    (_with("trainer", fsdp="ddp"), "trainer.fsdp"),
+    (_with("trainer", parity_action="ignore"), "parity_action"),
+    (_with("trainer", request_timeout_s=0), "every wait needs a deadline"),
+    (_with("trainer", grpo={"use_vllm": False}), "set by slurm-grpo itself"),
+    (_with("trainer", grpo={"learning_rat": 1}), "not a trl.GRPOConfig field"),
+    (_with("trainer", dataset=""), "trainer.dataset is required"),
+    (_with("job", name="my job"), "job.name"),
+    (_with("job", name="x$(rm -rf ~)"), "job.name"),
+    (_with("job", name="a\nb"), "job.name"),
+    (_with("job", name="it's"), "job.name"),
+    (_with("job", job_dir="/tmp/a\nb"), "newline"),
+    (_with("job", device="tpu"), "job.device"),
+    ({**_with("job", device="cpu"), "trainer": {"dtype": "bfloat16"}}, "float32 with job.device cpu"),
+]
+
+
+@pytest.mark.parametrize("raw,needle", BAD, ids=[f"bad{i}" for i in range(len(BAD))])
+def test_bad_config(raw, needle):
+    if needle is None:
+        C.from_dict(raw)
+        return
+    with pytest.raises(ConfigError) as e:
+        C.from_dict(raw)
+    msg = str(e.value)
+    assert needle in msg, msg
+    assert "\n" not in msg, "errors must be one line"
+
+
+def test_at_least_30_bad_inputs():
+    assert sum(1 for _, n in BAD if n) >= 30
+
+
+PLAN_BAD = [
+    (_with("trainer", per_device_train_batch_size=3, num_generations=8), "not a multiple of trainer.num_generations"),
+    ({**_with("slurm", gpus_per_node=1), "job": {"device": "cpu"}, "trainer": {"dtype": "float32"}}, "leaves no slot"),
+    ({**_with("slurm", gpus_per_node=1), "vllm": {"model": "m", "weight_transfer_backend": "nccl"}}, "NCCL refuses"),
+    (_with("vllm", weight_transfer_backend="ipc"), "ipc needs vLLM and the trainer on the same GPU"),
+]
+
+
+@pytest.mark.parametrize("raw,needle", PLAN_BAD)
+def test_bad_plan(raw, needle):
+    with pytest.raises(ConfigError) as e:
+        make_plan(C.from_dict(raw))
+    assert needle in str(e.value)
+
+
+def test_tp_must_divide_heads(tmp_path):
+    (tmp_path / "config.json").write_text('{"num_attention_heads": 6, "num_key_value_heads": 2}')
+    cfg = C.from_dict({"vllm": {"model": str(tmp_path), "tensor_parallel_size": 4}, "slurm": {"gpus_per_node": 8}})
+    with pytest.raises(ConfigError, match="does not divide the model's 6 attention heads"):
+        make_plan(cfg)
+
+
+@pytest.mark.parametrize("args,needle", [
+    (["dry-run", "configs/does-not-exist.yaml"], "not found"),
+    (["dry-run", "configs/smoke_cpu.yaml", "--set", "slurm.nodes=0"], "slurm.nodes must be positive"),
+    (["dry-run", "configs/smoke_cpu.yaml", "--set", "trainer.maxsteps=3"], "unknown key 'trainer.maxsteps'"),
+    (["dry-run", "configs/smoke_cpu.yaml", "--set", "noequals"], "not of the form"),
+    (["submit", "configs/smoke_cpu.yaml", "--set", "job.name=a b"], "job.name"),
+    (["status", "/nonexistent/job"], "neither a job folder"),
+])
+def test_cli_errors_are_one_line_and_submit_nothing(args, needle):
+    r = cli(*args, env={"PATH": "/nonexistent-no-sbatch:" + __import__("os").environ["PATH"]})
+    assert r.returncode != 0
+    err = r.stderr.strip()
+    assert needle in err and len(err.splitlines()) == 1, err
+    assert "Traceback" not in r.stderr

@@ -1,0 +1,57 @@
+"""plan(): the per-node arithmetic for 1, 2 and 8 nodes with TP 1/2/4, and its JSON round trip."""
+
+from __future__ import annotations
+
+import pytest
+
+from launcher import config as C
+from launcher.topology import FIRST_NODE, Plan, plan
+
+
+def make(nodes: int, gpus: int, tp: int, **trainer):
+    cfg = C.from_dict({"vllm": {"model": "/m", "tensor_parallel_size": tp},
+                       "slurm": {"nodes": nodes, "gpus_per_node": gpus}, "trainer": trainer})
+    return plan(cfg, "/jobs/x")
+
+
+@pytest.mark.parametrize("nodes", [1, 2, 8])
+@pytest.mark.parametrize("tp", [1, 2, 4])
+def test_rank_table(nodes, tp):
+    p = make(nodes, 8, tp)
+    per = 8 - tp
+    assert p.ranks_per_node == per and p.world_size == per * nodes
+    seen = []
+    for n in p.nodes:
+        assert n.vllm_gpus == list(range(tp))
+        assert n.trainer_gpus == list(range(tp, 8))
+        assert set(n.vllm_gpus).isdisjoint(n.trainer_gpus)
+        assert n.server_url == "http://127.0.0.1:8000"  # every node's own loopback server
+        for i, r in enumerate(n.ranks):
+            assert (r.node, r.local_rank, r.gpu) == (n.node, i, tp + i)
+            assert r.global_rank == n.node * per + i
+            seen.append(r.global_rank)
+    assert seen == list(range(p.world_size))
+    assert p.rendezvous_host == ("127.0.0.1" if nodes == 1 else FIRST_NODE)
+    assert p.weight_transfer_backend == "nccl"
+
+
+def test_one_gpu_node_shares_the_gpu_with_ipc():
+    p = make(1, 1, 1, per_device_train_batch_size=8)
+    n = p.nodes[0]
+    assert n.shared_gpu and n.vllm_gpus == [0] and n.trainer_gpus == [0] and p.world_size == 1
+    assert p.weight_transfer_backend == "ipc"
+    # the same config still plans for SLURM nodes
+    assert make(4, 1, 1).world_size == 4
+
+
+def test_cpu_backend_is_gloo():
+    cfg = C.from_dict({"vllm": {"model": "/m"}, "slurm": {"gpus_per_node": 3}, "job": {"device": "cpu"},
+                       "trainer": {"dtype": "float32"}})
+    assert plan(cfg, "/j").weight_transfer_backend == "gloo"
+
+
+def test_json_round_trip():
+    p = make(2, 4, 2)
+    q = Plan.from_dict(__import__("json").loads(p.to_json()))
+    assert q == p
+    assert q.rank(3).node == 1 and q.rank(3).local_rank == 1
