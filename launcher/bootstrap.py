@@ -225,6 +225,12 @@ def supervise(p: Plan, node: int, host: str, vllm: Proc, trainer: Proc, stop_req
             ev("preempt_signal", signum=stop_requested[0])
             trainer.signal(signal.SIGUSR2)
             forwarded = True
+        # the server first: when it dies the trainer dies of it a moment later; name the cause
+        rc = vllm.poll()
+        if rc is not None:
+            ev("vllm_exit", code=rc)
+            raise NodeFailure(f"node {node} ({host}): vLLM server {vllm.describe()} died with code {rc} during training; "
+                              f"stopping the node's trainer ranks\n  last lines of {vllm.log_path}:\n{tail(vllm.log_path)}")
         rc = trainer.poll()
         if rc is not None:
             ev("trainer_exit", code=rc)
@@ -236,11 +242,6 @@ def supervise(p: Plan, node: int, host: str, vllm: Proc, trainer: Proc, stop_req
                 return PREEMPTED_EXIT
             raise NodeFailure(f"node {node} ({host}): trainer {trainer.describe()} exited with code {rc}\n"
                               f"  last lines of {trainer.log_path}:\n{tail(trainer.log_path)}")
-        rc = vllm.poll()
-        if rc is not None:
-            ev("vllm_exit", code=rc)
-            raise NodeFailure(f"node {node} ({host}): vLLM server {vllm.describe()} died with code {rc} during training; "
-                              f"stopping the node's trainer ranks\n  last lines of {vllm.log_path}:\n{tail(vllm.log_path)}")
         if stall:
             m = _metrics_mtime(job_dir)
             if m is not None and time.time() - max(m, trainer.started) > stall:
