@@ -430,3 +430,16 @@ def validate(cfg: JobConfig) -> None:
         raise ConfigError("trainer.dtype must be float32 with job.device cpu (vLLM's CPU build and gloo run float32 here); set trainer.dtype: float32")
     if not j.python or any(c in j.python for c in "\n\x00"):
         raise ConfigError("job.python must be a path or name of a Python interpreter")
+
+
+def reference_markdown() -> str:
+    """The README's config reference, generated from the dataclasses (tests check the README holds it)."""
+    out = []
+    for name, cls in SECTIONS.items():
+        docs = field_docs(cls)
+        out.append(f"**`{name}`**\n\n| key | default | meaning |\n|---|---|---|")
+        for f in dataclasses.fields(cls):
+            default = repr(_default(f)).replace("|", "\\|")
+            out.append(f"| `{f.name}` | `{default}` | {docs.get(f.name, '').replace('|', '/')} |")
+        out.append("")
+    return "\n".join(out).strip()

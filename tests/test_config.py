@@ -145,3 +145,11 @@ def test_cli_errors_are_one_line_and_submit_nothing(args, needle):
     err = r.stderr.strip()
     assert needle in err and len(err.splitlines()) == 1, err
     assert "Traceback" not in r.stderr
+
+
+def test_readme_config_reference_is_current():
+    from pathlib import Path
+
+    readme = (Path(__file__).parent.parent / "README.md").read_text()
+    assert C.reference_markdown() in readme, ("README's config reference is stale; regenerate it with "
+                                              "python -c 'from launcher.config import reference_markdown as r; print(r())'")
