@@ -137,6 +137,8 @@ def wait_healthy(proc: Proc, url: str, deadline_s: float, node: int, host: str) 
 
 def check_port_free(port: int, what: str, node: int, host: str) -> None:
     s = socket.socket()
+    # SO_REUSEADDR as the servers themselves use it: a port in TIME_WAIT after the last run is free, a listener is not
+    s.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
     try:
         s.bind(("127.0.0.1", port))
     except OSError:
