@@ -80,7 +80,7 @@ def test_node_generation_mapping_and_gather_memory():
     for p in procs:
         p.join(30)
         assert p.exitcode == 0
-    for rank, (ok, positions, calls, peak, full_ok) in res.items():
+    for rank, (ok, positions, _calls, peak, full_ok) in res.items():
         assert ok, f"rank {rank} got completions of other prompts or another node"
         assert positions == [3 * (rank % 2) + i for i in range(3)], positions  # its own slice, in order
         assert full_ok, "gathered tensors are not full-size"
