@@ -3,14 +3,19 @@ wait for /health with a deadline, start torchrun for the node's trainer ranks, s
 
     python -m launcher.bootstrap <job_dir>/plan.json [--node N]
 
-If either side dies, the node's processes are stopped and the bootstrap exits non-zero with a message
-naming the node, the process and the log, with its last lines. SIGTERM/SIGUSR2 (preemption, the time
-limit warning) are passed to the trainer, which checkpoints; then node 0 requeues the job.
+Before anything starts, the node checks its ports, its model folder and its dataset (launcher.preflight).
+If either process dies or misses its deadline, the node's processes (and every descendant, even one that
+left their process group) are stopped and the bootstrap exits non-zero with a message naming the node,
+the process and the log, with its last lines; it also writes logs/abort-<attempt>.json, which the other
+nodes' bootstraps watch, so the whole job stops, not only the failed node. SIGTERM/SIGUSR2 (preemption,
+the time-limit warning) are passed to the trainer, which checkpoints at the step boundary; once that
+checkpoint is on disk the job is requeued (under SLURM with slurm.requeue) and resumes from it.
 """
 
 from __future__ import annotations
 
 import argparse
+import ctypes
 import json
 import os
 import signal
@@ -23,8 +28,10 @@ import urllib.request
 from pathlib import Path
 from typing import IO
 
-from launcher.commands import NodeCommand, trainer_command, vllm_command
+from launcher.commands import NodeCommand, redact_argv, trainer_command, vllm_command
 from launcher.config import ConfigError
+from launcher.jobdir import checkpoint_meta, complete_checkpoints
+from launcher.preflight import PreflightError, check_node_inputs
 from launcher.topology import FIRST_NODE, Plan
 
 PREEMPTED_EXIT = 3
@@ -33,7 +40,12 @@ POLL_S = 0.5
 
 
 class NodeFailure(RuntimeError):
-    """A process of this node died or missed its deadline; the message names node, process and log."""
+    """A process of this node died or missed its deadline; the message names node, process and log.
+    remote: this node stops because another node failed first (it writes no abort file of its own)."""
+
+    def __init__(self, message: str, remote: bool = False):
+        super().__init__(message)
+        self.remote = remote
 
 
 def tail(path: Path, lines: int = 25) -> str:
@@ -68,19 +80,64 @@ def rendezvous_host(p: Plan) -> str:
     return out.stdout.split()[0]
 
 
-class Proc:
-    """A child in its own process group (so stopping it stops its whole tree), logging to a file."""
+def descendants(pid: int) -> list[int]:
+    """Every live descendant of pid (from /proc), so that a grandchild which started its own session
+    (torchrun's workers, vLLM's engine core) is still found and stopped."""
+    children: dict[int, list[int]] = {}
+    for d in Path("/proc").iterdir():
+        if not d.name.isdigit():
+            continue
+        try:
+            stat = (d / "stat").read_text()
+        except OSError:
+            continue
+        ppid = int(stat[stat.rindex(")") + 2:].split()[1])
+        children.setdefault(ppid, []).append(int(d.name))
+    out, todo = [], [pid]
+    while todo:
+        for c in children.get(todo.pop(), []):
+            out.append(c)
+            todo.append(c)
+    return out
 
-    def __init__(self, cmd: NodeCommand, job_dir: Path, node: int):
-        self.cmd, self.node = cmd, node
+
+def become_subreaper() -> None:
+    """Orphaned descendants are re-parented to us instead of init, so the final sweep still finds them."""
+    try:
+        ctypes.CDLL(None, use_errno=True).prctl(36, 1, 0, 0, 0)  # PR_SET_CHILD_SUBREAPER
+    except (OSError, AttributeError):
+        pass
+
+
+def kill_all(pids: list[int]) -> None:
+    for pid in pids:
+        try:
+            os.kill(pid, signal.SIGKILL)
+        except (ProcessLookupError, PermissionError):
+            pass
+
+
+class Proc:
+    """A child in its own process group, logging to a file. Signals in ignore_signals are set to SIG_IGN
+    for the child (dispositions set to ignore survive exec): the server must outlive the time-limit
+    warning that SLURM sends to every process of the step, so that the trainer can finish its step."""
+
+    def __init__(self, cmd: NodeCommand, job_dir: Path, node: int, grace_s: float = 20.0,
+                 ignore_signals: tuple[int, ...] = ()):
+        self.cmd, self.node, self.grace_s = cmd, node, grace_s
         self.log_path = job_dir / cmd.log
         env = {k: v for k, v in os.environ.items()}
         env.update(cmd.env)
         self._log: IO[bytes] = open(self.log_path, "ab")
-        self._log.write(f"\n===== {time.strftime('%F %T')} node {node} {cmd.name}: {' '.join(cmd.argv)}\n".encode())
+        self._log.write(f"\n===== {time.strftime('%F %T')} node {node} {cmd.name}: {' '.join(redact_argv(cmd.argv))}\n".encode())
         self._log.flush()
-        self.popen = subprocess.Popen(cmd.argv, env=env, stdout=self._log, stderr=subprocess.STDOUT,
-                                      stdin=subprocess.DEVNULL, start_new_session=True)
+        saved = {sig: signal.signal(sig, signal.SIG_IGN) for sig in ignore_signals}
+        try:
+            self.popen = subprocess.Popen(cmd.argv, env=env, stdout=self._log, stderr=subprocess.STDOUT,
+                                          stdin=subprocess.DEVNULL, start_new_session=True)
+        finally:
+            for sig, old in saved.items():
+                signal.signal(sig, old)
         self.started = time.time()
 
     def poll(self) -> int | None:
@@ -92,15 +149,19 @@ class Proc:
         except ProcessLookupError:
             pass
 
-    def stop(self, grace_s: float = 20.0) -> None:
-        """SIGTERM the group, SIGKILL what is left after grace_s; always reaps."""
+    def stop(self) -> None:
+        """SIGTERM (and SIGCONT, for a stopped process) the group, SIGKILL the group and every descendant
+        found before the stop once grace_s has passed; always reaps."""
+        tree = descendants(self.popen.pid)
         if self.popen.poll() is None:
             self.signal(signal.SIGTERM)
+            self.signal(signal.SIGCONT)
             try:
-                self.popen.wait(grace_s)
+                self.popen.wait(self.grace_s)
             except subprocess.TimeoutExpired:
                 pass
-        self.signal(signal.SIGKILL)  # stragglers of the group (vLLM's engine core, torchrun's workers)
+        self.signal(signal.SIGKILL)
+        kill_all(tree + descendants(self.popen.pid))
         try:
             self.popen.wait(10)
         except subprocess.TimeoutExpired:
@@ -111,9 +172,46 @@ class Proc:
         return f"{self.cmd.name} (pid {self.popen.pid}, log {self.log_path})"
 
 
-def wait_healthy(proc: Proc, url: str, deadline_s: float, node: int, host: str) -> float:
+class JobAbort:
+    """logs/abort-<attempt>.json in the shared job folder: the first node that fails writes it, every other
+    node's bootstrap sees it within POLL_S and stops its own processes. SLURM's --kill-on-bad-exit does the
+    same from outside, but only under srun and without saying why; this names the node that failed first."""
+
+    def __init__(self, job_dir: Path, attempt: str, node: int, num_nodes: int):
+        self.path = job_dir / "logs" / f"abort-{attempt}.json"
+        self.node, self.watch = node, num_nodes > 1
+
+    def write(self, host: str, error: str) -> None:
+        try:
+            fd = os.open(self.path, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600)  # the first failure wins
+        except FileExistsError:
+            return
+        with os.fdopen(fd, "w") as f:
+            json.dump({"node": self.node, "host": host, "error": error, "t": time.time()}, f)
+
+    def check(self) -> None:
+        if not self.watch or not self.path.exists():
+            return
+        try:
+            a = json.loads(self.path.read_text())
+        except (OSError, ValueError):
+            return  # being written; next poll
+        if a["node"] != self.node:
+            raise NodeFailure(f"node {self.node}: stopping, because node {a['node']} ({a['host']}) failed: {a['error']}\n"
+                              f"  see logs/node{a['node']}-*.log in the job folder", remote=True)
+
+
+def attempt_id() -> str:
+    """Names one start of the job, the same on every node: SLURM job id and restart count (requeues)."""
+    if os.environ.get("SLURM_JOB_ID"):
+        return f"{os.environ['SLURM_JOB_ID']}.{os.environ.get('SLURM_RESTART_COUNT', '0')}"
+    return f"local.{os.getpid()}.{int(time.time())}"
+
+
+def wait_healthy(proc: Proc, url: str, deadline_s: float, node: int, host: str, abort: JobAbort) -> float:
     t0 = time.time()
     while True:
+        abort.check()
         rc = proc.poll()
         if rc is not None:
             hint = ""
@@ -148,6 +246,18 @@ def check_port_free(port: int, what: str, node: int, host: str) -> None:
         s.close()
 
 
+def preflight(p: Plan, node: int, host: str) -> None:
+    """Everything that can be checked before a process starts, so a bad input costs seconds, not a minute."""
+    for port, what in ((p.vllm_port, "vllm.port"), (p.nodes[node].weight_transfer_port, "trainer.weight_transfer_port")):
+        check_port_free(port, what, node, host)
+    if node == 0:
+        check_port_free(p.rendezvous_port, "trainer.rendezvous_port", node, host)
+    try:
+        check_node_inputs(p.config)
+    except PreflightError as e:
+        raise NodeFailure(f"node {node} ({host}): {e}") from None
+
+
 class Events:
     """logs/node{i}-events.jsonl: phase timestamps (server start, healthy, trainer start, exits)."""
 
@@ -165,15 +275,12 @@ def run_node(p: Plan, node: int) -> int:
     (job_dir / "logs").mkdir(parents=True, exist_ok=True)
     host = socket.gethostname()
     python = sys.executable
+    attempt = attempt_id()
     ev = Events(job_dir, node)
-    ev("bootstrap_start", host=host, slurm_job=os.environ.get("SLURM_JOB_ID"),
+    ev("bootstrap_start", host=host, slurm_job=os.environ.get("SLURM_JOB_ID"), attempt=attempt,
        restart=int(os.environ.get("SLURM_RESTART_COUNT", "0")))
-    deadline = float(p.config["vllm"]["health_timeout_s"])
-    stall = float(p.config["trainer"]["stall_timeout_s"])
-    for port, what in ((p.vllm_port, "vllm.port"), (p.nodes[node].weight_transfer_port, "trainer.weight_transfer_port")):
-        check_port_free(port, what, node, host)
-    if node == 0:
-        check_port_free(p.rendezvous_port, "trainer.rendezvous_port", node, host)
+    abort = JobAbort(job_dir, attempt, node, p.num_nodes)
+    become_subreaper()
 
     stop_requested: list[int] = []
 
@@ -185,28 +292,36 @@ def run_node(p: Plan, node: int) -> int:
 
     procs: list[Proc] = []
     try:
-        vllm = Proc(vllm_command(p, node, python), job_dir, node)
+        preflight(p, node, host)
+        vllm = Proc(vllm_command(p, node, python), job_dir, node, ignore_signals=(signal.SIGUSR1, signal.SIGUSR2))
         procs.append(vllm)
         ev("vllm_start", pid=vllm.popen.pid)
         url = p.nodes[node].server_url
         print(f"[bootstrap node {node} {host}] vLLM starting: {vllm.describe()}", flush=True)
-        took = wait_healthy(vllm, url, deadline, node, host)
+        took = wait_healthy(vllm, url, float(p.config["vllm"]["health_timeout_s"]), node, host, abort)
         ev("vllm_healthy", seconds=took)
         print(f"[bootstrap node {node} {host}] vLLM healthy at {url} after {took:.1f} s", flush=True)
         if stop_requested:
             raise NodeFailure(f"node {node}: stopped by signal {stop_requested[0]} before training started")
-        trainer = Proc(trainer_command(p, node, rendezvous_host(p), python), job_dir, node)
+        cmd = trainer_command(p, node, rendezvous_host(p), python)
+        cmd.env["SLURM_GRPO_ATTEMPT"] = attempt
+        # torchrun's own shutdown waits up to its --shutdown-timeout for the ranks' checkpoint: outwait it
+        trainer = Proc(cmd, job_dir, node, grace_s=max(30, int(p.config["slurm"]["signal_seconds"]) - 30) + 10)
         procs.append(trainer)
         ev("trainer_start", pid=trainer.popen.pid)
         print(f"[bootstrap node {node} {host}] trainer started: {trainer.describe()}", flush=True)
-        return supervise(p, node, host, vllm, trainer, stop_requested, ev, stall)
+        return supervise(p, node, host, vllm, trainer, stop_requested, ev, abort, attempt)
     except NodeFailure as e:
-        ev("failed", error=str(e).splitlines()[0])
+        first = str(e).splitlines()[0]
+        ev("failed", error=first, remote=e.remote)
+        if not e.remote:
+            abort.write(host, first)
         print(f"[bootstrap node {node} {host}] FAILED: {e}", file=sys.stderr, flush=True)
         return 1
     finally:
         for pr in reversed(procs):
             pr.stop()
+        kill_all(descendants(os.getpid()))  # anything re-parented to us (subreaper) that outlived its parent
         ev("bootstrap_end")
 
 
@@ -217,19 +332,32 @@ def _metrics_mtime(job_dir: Path) -> float | None:
         return None
 
 
-def supervise(p: Plan, node: int, host: str, vllm: Proc, trainer: Proc, stop_requested: list[int], ev, stall: float) -> int:
+def preempt_checkpoint(job_dir: Path, attempt: str) -> tuple[int, Path] | None:
+    """The checkpoint this attempt wrote on a preemption signal, if it is complete on disk."""
+    done = complete_checkpoints(job_dir / "checkpoints")
+    if not done:
+        return None
+    meta = checkpoint_meta(done[-1][1])
+    return done[-1] if meta.get("reason") == "preempt" and meta.get("attempt") == attempt else None
+
+
+def supervise(p: Plan, node: int, host: str, vllm: Proc, trainer: Proc, stop_requested: list[int], ev,
+              abort: JobAbort, attempt: str) -> int:
     forwarded = False
     job_dir = Path(p.job_dir)
+    stall = float(p.config["trainer"]["stall_timeout_s"])
     while True:
+        abort.check()
         if stop_requested and not forwarded:
-            # preemption or time-limit warning: the trainer checkpoints at its next step boundary and exits 3
+            # preemption or time-limit warning: the trainer checkpoints at its next step boundary and exits
             print(f"[bootstrap node {node} {host}] signal {stop_requested[0]}: asking the trainer to checkpoint", flush=True)
             ev("preempt_signal", signum=stop_requested[0])
             trainer.signal(signal.SIGUSR2)
             forwarded = True
-        # the server first: when it dies the trainer dies of it a moment later; name the cause
+        # the server first: when it dies the trainer dies of it a moment later, but name the cause. During
+        # a preemption SLURM may have stopped the server itself; the trainer's checkpoint does not need it.
         rc = vllm.poll()
-        if rc is not None:
+        if rc is not None and not stop_requested:
             ev("vllm_exit", code=rc)
             raise NodeFailure(f"node {node} ({host}): vLLM server {vllm.describe()} died with code {rc} during training; "
                               f"stopping the node's trainer ranks\n  last lines of {vllm.log_path}:\n{tail(vllm.log_path)}")
@@ -239,10 +367,14 @@ def supervise(p: Plan, node: int, host: str, vllm: Proc, trainer: Proc, stop_req
             if rc == 0:
                 print(f"[bootstrap node {node} {host}] trainer finished", flush=True)
                 return 0
-            if rc == PREEMPTED_EXIT or forwarded:
+            # torchrun reports any failed rank as 1, so the checkpoint on disk, not the code, says "preempted"
+            ck = preempt_checkpoint(job_dir, attempt)
+            if ck is not None:
+                print(f"[bootstrap node {node} {host}] checkpointed step {ck[0]} on a preemption signal ({ck[1]})", flush=True)
                 requeue(p, node, host, ev)
                 return PREEMPTED_EXIT
-            raise NodeFailure(f"node {node} ({host}): trainer {trainer.describe()} exited with code {rc}\n"
+            why = f" after signal {stop_requested[0]} (no preemption checkpoint was written)" if stop_requested else ""
+            raise NodeFailure(f"node {node} ({host}): trainer {trainer.describe()} exited with code {rc}{why}\n"
                               f"  last lines of {trainer.log_path}:\n{tail(trainer.log_path)}")
         if stall:
             m = _metrics_mtime(job_dir)
@@ -253,12 +385,18 @@ def supervise(p: Plan, node: int, host: str, vllm: Proc, trainer: Proc, stop_req
 
 
 def requeue(p: Plan, node: int, host: str, ev) -> None:
+    """Every node asks (the first request wins, the others get a harmless error): with --kill-on-bad-exit the
+    first node to exit may take the others down before they could ask."""
     job = os.environ.get("SLURM_JOB_ID")
-    if node != 0 or not job or not p.config["slurm"]["requeue"]:
+    if not job:
+        print(f"[bootstrap node {node} {host}] preempted outside SLURM: run the same command again to resume", flush=True)
+        return
+    if not p.config["slurm"]["requeue"]:
+        print(f"[bootstrap node {node} {host}] slurm.requeue is off: resubmit the config to resume", flush=True)
         return
     out = subprocess.run(["scontrol", "requeue", job], capture_output=True, text=True, timeout=60)
     ev("requeue", job=job, code=out.returncode, stderr=out.stderr.strip())
-    print(f"[bootstrap node {node} {host}] requeued job {job}: rc={out.returncode} {out.stderr.strip()}", flush=True)
+    print(f"[bootstrap node {node} {host}] requeue job {job}: rc={out.returncode} {out.stderr.strip()}", flush=True)
 
 
 def main(argv: list[str] | None = None) -> int:

@@ -19,7 +19,7 @@ import time
 from pathlib import Path
 
 from launcher import config as config_mod
-from launcher.commands import trainer_command, vllm_command
+from launcher.commands import redact_argv, trainer_command, vllm_command
 from launcher.config import ConfigError, JobConfig
 from launcher.jobs import cancel, find_job_dir, format_summary, log_files, read_jsonl, status, summarize
 from launcher.topology import Plan
@@ -64,7 +64,7 @@ def render_dry_run(cfg: JobConfig, p: Plan) -> str:
         host = "$FIRST_NODE" if p.num_nodes > 1 else "127.0.0.1"
         for cmd in (vllm_command(p, n, cfg.job.python), trainer_command(p, n, host, cfg.job.python)):
             out.append(f"node {n} {cmd.name} (log {cmd.log}):")
-            out.append(f"  {_env_prefix(cmd.env)} {shlex.join(cmd.argv)}")
+            out.append(f"  {_env_prefix(cmd.env)} {shlex.join(redact_argv(cmd.argv))}")
     if len(shown) < p.num_nodes:
         out.append(f"(nodes 2..{p.num_nodes - 2} differ only in --node-rank)")
     return "\n".join(out)

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import json
 import os
 import time
 from pathlib import Path
@@ -43,3 +44,20 @@ def write_job_dir(cfg: JobConfig, p: Plan) -> Path:
 def is_secret(name: str) -> bool:
     up = name.upper()
     return any(m in up for m in SECRET_ENV_MARKERS)
+
+
+def complete_checkpoints(root: Path) -> list[tuple[int, Path]]:
+    """(step, folder) of every complete checkpoint under root, oldest first. A folder counts only once
+    its meta.json exists (written last); step-N.tmp folders of an interrupted write never count."""
+    out = []
+    for d in Path(root).glob("step-*"):
+        if d.is_dir() and not d.name.endswith(".tmp") and (d / "meta.json").is_file():
+            try:
+                out.append((int(d.name.split("-")[1]), d))
+            except ValueError:
+                continue
+    return sorted(out)
+
+
+def checkpoint_meta(folder: Path) -> dict:
+    return json.loads((folder / "meta.json").read_text())

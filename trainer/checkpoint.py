@@ -16,18 +16,9 @@ import torch.distributed as dist
 import torch.distributed.checkpoint as dcp
 from torch.distributed.checkpoint.state_dict import get_state_dict, set_state_dict
 
+from launcher.jobdir import complete_checkpoints as step_dirs
+
 KEEP = 2
-
-
-def step_dirs(root: Path) -> list[tuple[int, Path]]:
-    out = []
-    for d in root.glob("step-*"):
-        if d.is_dir() and not d.name.endswith(".tmp") and (d / "meta.json").is_file():
-            try:
-                out.append((int(d.name.split("-")[1]), d))
-            except ValueError:
-                continue
-    return sorted(out)
 
 
 def latest(root: Path) -> tuple[int, Path] | None:
@@ -40,7 +31,8 @@ def save(root: Path, step: int, model, optimizer, scheduler, extra: dict) -> Pat
     final = root / f"step-{step:06d}"
     tmp = root / f"step-{step:06d}.tmp"
     if dist.get_rank() == 0:
-        shutil.rmtree(tmp, ignore_errors=True)
+        for stale in root.glob("step-*.tmp"):  # left by a write that was interrupted (it never counted)
+            shutil.rmtree(stale, ignore_errors=True)
         tmp.mkdir(parents=True)
     dist.barrier()
     msd, osd = get_state_dict(model, optimizer)

@@ -24,7 +24,7 @@ import torch.distributed as dist
 
 from trainer.parallel import Parallel
 from trainer.parity import ParityChecker
-from trainer.server_client import ServerClient
+from trainer.server_client import ServerClient, ServerError
 from trainer.weight_push import NodePusher
 
 
@@ -47,7 +47,7 @@ def node_generate(par: Parallel, prompts: list[list[int]], ask_server: Callable[
                 i += len(rank_prompts)
             tokens = sum(len(c) for c, _ in comps)
         except Exception as e:  # hand the error to every rank of the node, so none waits forever
-            out = [RuntimeError(str(e))] * len(par.node_ranks)
+            out = [RuntimeError(f"generation of {len(flat)} completions on node {par.node} failed: {e}")] * len(par.node_ranks)
     mine: list[Any] = [None]
     dist.scatter_object_list(mine, out, src=par.leader, group=par.node_group)
     if isinstance(mine[0], Exception):
@@ -89,6 +89,7 @@ class NodeLocalGeneration:
         t0 = time.time()
 
         def ask_server(flat: list[list[int]]):
+            self.vllm_client.step = self.step
             return self.vllm_client.complete(
                 flat, max_tokens=self.max_completion_length, temperature=self.temperature, top_p=self.top_p,
                 top_k=self.top_k, min_p=self.min_p, repetition_penalty=self.repetition_penalty,
@@ -106,8 +107,11 @@ class NodeLocalGeneration:
     # ------------------------------------------------------------------ weights
     def sync_weights(self) -> None:
         step = self.step
-        stale = self.parity.check(step, kind="stale") if step > 0 else None
-        push_s = self.pusher.push(step)
-        after = self.parity.check(step, kind="after_push")
+        try:
+            stale = self.parity.check(step, kind="stale") if step > 0 else None
+            push_s = self.pusher.push(step)
+            after = self.parity.check(step, kind="after_push")
+        except ServerError as e:
+            raise ServerError(f"weight push at step {step} (node {self.par.node}) failed: {e}") from None
         if self.par.is_leader:
             self.stats.update(push_s=push_s, parity=after, parity_stale=stale)

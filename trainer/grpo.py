@@ -13,6 +13,7 @@ message if a TRL upgrade moves them):
 
 from __future__ import annotations
 
+import os
 import signal
 import time
 from contextlib import contextmanager
@@ -129,7 +130,7 @@ class SlurmGrpoCallback(TrainerCallback):
         dist.all_reduce(flag, op=dist.ReduceOp.MAX)  # every rank must stop at the same step
         every = self.t["save_steps"]
         if flag.item():
-            self.save(state)
+            self.save(state, reason="preempt")
             self.preempted = True
             control.should_training_stop = True
             if self.par.rank == 0:
@@ -137,12 +138,14 @@ class SlurmGrpoCallback(TrainerCallback):
         elif every and state.global_step % every == 0:
             self.save(state)
 
-    def save(self, state) -> None:
+    def save(self, state, reason: str = "periodic") -> None:
         if self.last_saved == state.global_step:
             return
         tr = self.trainer
+        # reason "preempt" is what the bootstrap looks for before it requeues the job
         checkpoint.save(self.job_dir / "checkpoints", state.global_step, tr.model, tr.optimizer, tr.lr_scheduler,
-                        {"reward_last": (tr.state.log_history[-1] if tr.state.log_history else {}).get("reward")})
+                        {"reason": reason, "attempt": os.environ.get("SLURM_GRPO_ATTEMPT", ""),
+                         "reward_last": (tr.state.log_history[-1] if tr.state.log_history else {}).get("reward")})
         self.last_saved = state.global_step
 
 def grpo_config(job_dir: Path, t: dict, device: str, num_nodes: int):

@@ -52,7 +52,7 @@ class GlooSender:
         timeout = timedelta(seconds=timeout_s)
         world = 1 + server_world
         # wait_for_workers=False: the workers join later, from inside the init request below
-        self.store = dist.TCPStore("127.0.0.1", port, world, is_master=True, timeout=timeout, wait_for_workers=False)
+        self.store = loopback_store(port, world, timeout)
         err: list[BaseException] = []
 
         def init() -> None:
@@ -75,7 +75,25 @@ class GlooSender:
     def send(self, tensor: torch.Tensor) -> None:
         opts = dist.BroadcastOptions()
         opts.rootRank = 0
-        self.group.broadcast([tensor], opts).wait()
+        try:
+            self.group.broadcast([tensor], opts).wait()
+        except RuntimeError as e:  # gloo's own timeout/peer-closed errors name neither the node nor the server
+            raise ServerError(f"node {self.client.node}: sending weights to the vLLM server {self.client.base_url} failed "
+                              f"at step {self.client.step}: {str(e).splitlines()[0]} (see logs/node{self.client.node}-vllm.log)") from None
+
+
+def loopback_store(port: int, world: int, timeout: timedelta) -> dist.TCPStore:
+    """A TCPStore master that listens on 127.0.0.1 only. TCPStore("127.0.0.1", ...) alone would listen on
+    every interface; handing it a socket we bound to loopback keeps the push port off the network."""
+    import socket
+
+    sock = socket.socket()
+    sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+    sock.bind(("127.0.0.1", port))
+    sock.listen(128)
+    # the store owns the descriptor from here on (it closes it); detach so Python does not close it too
+    return dist.TCPStore("127.0.0.1", port, world, is_master=True, timeout=timeout, wait_for_workers=False,
+                         master_listen_fd=sock.detach(), use_libuv=True)
 
 
 def make_sender(backend: str, client: ServerClient, port: int, server_world: int, timeout_s: float, device):
