@@ -18,6 +18,7 @@ import argparse
 import ctypes
 import json
 import os
+import re
 import signal
 import socket
 import subprocess
@@ -48,15 +49,31 @@ class NodeFailure(RuntimeError):
         self.remote = remote
 
 
-def tail(path: Path, lines: int = 25) -> str:
+def tail(path: Path, lines: int = 25, max_bytes: int = 64_000) -> str:
     try:
         with open(path, "rb") as f:
             f.seek(0, os.SEEK_END)
-            f.seek(max(0, f.tell() - 64_000))
+            f.seek(max(0, f.tell() - max_bytes))
             text = f.read().decode(errors="replace")
     except OSError:
         return f"(no log at {path})"
     return "\n".join("    " + ln for ln in text.splitlines()[-lines:])
+
+
+CAUSE_RE = re.compile(r"^(?:\[rank\d+\]:\s*)?((?:[A-Za-z_][\w.]*\.)?\w*(?:Error|Exception|Interrupt)): (.+)$")
+NOT_CAUSES = ("ChildFailedError", "SignalException")
+
+
+def root_cause(path: Path) -> str:
+    """The first exception line a rank printed in the latest start (not torchrun's own summary): ranks
+    that die of the first one's death (peer closed, SIGTERM) print theirs after it."""
+    text = tail(path, 100_000, max_bytes=4_000_000)
+    text = text[max(0, text.rfind("===== ")):]  # Proc writes this header at each start
+    for line in text.splitlines():
+        m = CAUSE_RE.match(line.strip())
+        if m and not m.group(1).endswith(NOT_CAUSES):
+            return f"{m.group(1).rsplit('.', 1)[-1]}: {m.group(2)}"[:600]
+    return ""
 
 
 def node_index(arg: int | None) -> int:
@@ -109,12 +126,32 @@ def become_subreaper() -> None:
         pass
 
 
-def kill_all(pids: list[int]) -> None:
+def alive(pid: int) -> bool:
+    """Running or stopped; a zombie (dead, not yet reaped) is not alive."""
+    try:
+        stat = Path(f"/proc/{pid}/stat").read_text()
+    except OSError:
+        return False
+    return stat[stat.rindex(")") + 2] not in "ZX"
+
+
+def kill_all(pids: list[int], wait_s: float = 10.0) -> None:
+    """SIGKILL each pid and wait until none is alive, reaping those that are our own children."""
     for pid in pids:
         try:
             os.kill(pid, signal.SIGKILL)
         except (ProcessLookupError, PermissionError):
             pass
+    pending, deadline = set(pids), time.time() + wait_s
+    while pending and time.time() < deadline:
+        for pid in list(pending):
+            try:
+                os.waitpid(pid, os.WNOHANG)
+            except ChildProcessError:
+                pass  # not our child: its own parent (or init) reaps it
+            if not alive(pid):
+                pending.discard(pid)
+        time.sleep(0.05)
 
 
 class Proc:
@@ -188,6 +225,13 @@ class JobAbort:
             return
         with os.fdopen(fd, "w") as f:
             json.dump({"node": self.node, "host": host, "error": error, "t": time.time()}, f)
+
+    def settle(self, seconds: float = 3.0) -> None:
+        """Wait briefly for another node's abort before claiming to be the first failure."""
+        end = time.time() + (seconds if self.watch else 0)
+        while time.time() < end:
+            self.check()
+            time.sleep(0.2)
 
     def check(self) -> None:
         if not self.watch or not self.path.exists():
@@ -374,7 +418,10 @@ def supervise(p: Plan, node: int, host: str, vllm: Proc, trainer: Proc, stop_req
                 requeue(p, node, host, ev)
                 return PREEMPTED_EXIT
             why = f" after signal {stop_requested[0]} (no preemption checkpoint was written)" if stop_requested else ""
-            raise NodeFailure(f"node {node} ({host}): trainer {trainer.describe()} exited with code {rc}{why}\n"
+            cause = root_cause(trainer.log_path)
+            abort.settle()  # a rank that died of another node's failure: let that node's abort name the cause
+            raise NodeFailure(f"node {node} ({host}): trainer {trainer.describe()} exited with code {rc}{why}"
+                              f"{': ' + cause if cause else ''}\n"
                               f"  last lines of {trainer.log_path}:\n{tail(trainer.log_path)}")
         if stall:
             m = _metrics_mtime(job_dir)

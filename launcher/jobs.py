@@ -79,6 +79,24 @@ def slurm_state(job_id: str) -> list[str]:
     return [ln for ln in out.stdout.splitlines() if ln.strip()]
 
 
+PHASES = (("server start", "vllm_start", "vllm_healthy"), ("trainer launch + rendezvous", "trainer_start", "rendezvous_done"),
+          ("model load + shard", "rendezvous_done", "model_loaded"), ("trainer build + first step", "model_loaded", "first_step"))
+
+
+def startup_phases(job_dir: Path, node: int) -> dict[str, float]:
+    """Seconds of each start-up phase of the node's latest attempt, from its events file (the bootstrap
+    and the node's trainer leader both append to it), plus the total from bootstrap start to step 1."""
+    ev = read_jsonl(job_dir / "logs" / f"node{node}-events.jsonl")
+    starts = [i for i, e in enumerate(ev) if e["event"] == "bootstrap_start"]
+    t = {}
+    for e in ev[starts[-1]:] if starts else []:
+        t.setdefault(e["event"], e["t"])
+    out = {name: round(t[b] - t[a], 2) for name, a, b in PHASES if a in t and b in t}
+    if "bootstrap_start" in t and "first_step" in t:
+        out["total to step 1"] = round(t["first_step"] - t["bootstrap_start"], 2)
+    return out
+
+
 def status(job_dir: Path) -> str:
     lines = [f"job folder: {job_dir}"]
     plan = json.loads((job_dir / "plan.json").read_text())
@@ -96,6 +114,9 @@ def status(job_dir: Path) -> str:
         if "vllm_exit" in names or "failed" in names:
             health += "; " + next(e.get("error", f"vllm exited {e.get('code')}") for e in reversed(ev) if e["event"] in ("failed", "vllm_exit"))
         lines.append(f"node {n} ({host}): vLLM {health}; last event: {names[-1] if names else 'none'}")
+        phases = startup_phases(job_dir, n)
+        if phases:
+            lines.append("  start-up: " + ", ".join(f"{k} {v:.1f} s" for k, v in phases.items()))
     rows = read_jsonl(job_dir / "metrics.jsonl")
     if rows:
         lines.append("last metrics: " + json.dumps(rows[-1]))

@@ -7,11 +7,14 @@ from __future__ import annotations
 import json
 import os
 import re
+import signal
 import subprocess
 import time
 from pathlib import Path
 
 import pytest
+
+from launcher.topology import Plan
 
 from .conftest import PY, REPO
 
@@ -39,55 +42,197 @@ def sacct_state(job_id: str, env: dict) -> str:
     return out.stdout.strip().split("\n")[0] if out.stdout.strip() else ""
 
 
-def test_two_node_grpo_job(tmp_path, tiny_model):
-    env = cluster_env()
-    job = tmp_path / "cluster job"
-    r = subprocess.run([PY, "-m", "launcher", "submit", "configs/cluster_cpu.yaml", "--set", f"vllm.model={tiny_model}",
+PLANTED = {"HF_TOKEN": "hf_PLANTED_fake_token_314159", "WANDB_API_KEY": "PLANTED_wandb_key_271828"}
+
+
+def submit(job: Path, model: str, env: dict, *sets: str) -> str:
+    r = subprocess.run([PY, "-m", "launcher", "submit", "configs/cluster_cpu.yaml", "--set", f"vllm.model={model}",
                         "--set", f"job.job_dir={job}", "--set", f"job.python={PY}",
-                        "--set", f"trainer.dataset={REPO}/data/letters.jsonl"],
+                        "--set", f"trainer.dataset={REPO}/data/letters.jsonl", *[x for s in sets for x in ("--set", s)]],
                        capture_output=True, text=True, env=env, cwd=REPO, timeout=60)
     assert r.returncode == 0, r.stderr
-    job_id = re.search(r"submitted job (\d+)", r.stdout).group(1)
+    return re.search(r"submitted job (\d+)", r.stdout).group(1)
 
-    # while both servers are up: a server bound to loopback on n1 is not reachable from n2 (dev routes stay private)
-    deadline = time.time() + 600
-    checked = False
+
+def events(job: Path, node: int) -> list[dict]:
+    return read(job / "logs" / f"node{node}-events.jsonl")
+
+
+def last_pid(job: Path, node: int, event: str) -> int:
+    return [e["pid"] for e in events(job, node) if e["event"] == event][-1]
+
+
+def steps_done(job: Path) -> int:
+    return max((x["step"] for x in read(job / "metrics.jsonl") if "reward" in x), default=0)
+
+
+def job_processes(job_id: str) -> list[str]:
+    """Every process, on any node, that belongs to the job (nodes share this host's process table: each
+    slurmd is only in its own network namespace), found by the SLURM_JOB_ID its environment carries."""
+    mark = f"SLURM_JOB_ID={job_id}".encode()
+    out = []
+    for d in Path("/proc").iterdir():
+        if d.name.isdigit():
+            try:
+                if mark in (d / "environ").read_bytes().split(b"\0"):
+                    cmd = (d / "cmdline").read_bytes().replace(b"\0", b" ")[:150].decode(errors="replace")
+                    out.append(f"{d.name} {cmd}")
+            except OSError:
+                continue
+    return out
+
+
+def wait_until(cond, timeout: float, what: str, job_id: str, env: dict, job: Path):
+    deadline = time.time() + timeout
     while time.time() < deadline:
+        got = cond()
+        if got:
+            return got
         state = sacct_state(job_id, env)
         if state and state not in ("PENDING", "RUNNING", "REQUEUED"):
-            break
-        healthy = [any(e["event"] == "vllm_healthy" for e in read(job / "logs" / f"node{n}-events.jsonl")) for n in (0, 1)]
-        if all(healthy) and not checked:
-            probe = "import socket,sys\ntry:\n socket.create_connection(('10.200.0.11', 8000), timeout=3); print('OPEN')\nexcept OSError as e: print('CLOSED', e)"
-            out = subprocess.run(["nsenter", "--net=/run/netns/slc-n2", PY, "-c", probe], capture_output=True, text=True)
-            assert "CLOSED" in out.stdout, f"n1's vLLM server is reachable from n2: {out.stdout} {out.stderr}"
-            checked = True
-        time.sleep(2)
-    logs = subprocess.run([PY, "-m", "launcher", "logs", str(job)], capture_output=True, text=True, cwd=REPO).stdout
-    assert sacct_state(job_id, env) == "COMPLETED", f"job {job_id} ended {sacct_state(job_id, env)}\n{logs[-4000:]}"
-    assert checked, "never saw both servers healthy"
+            logs = subprocess.run([PY, "-m", "launcher", "logs", str(job)], capture_output=True, text=True, cwd=REPO).stdout
+            pytest.fail(f"job {job_id} ended {state} while waiting for {what}\n{logs[-4000:]}")
+        time.sleep(0.5)
+    pytest.fail(f"timed out after {timeout} s waiting for {what} (job {job_id})")
+
+
+def connect_from_n2(port: int, host: str = "10.200.0.11") -> str:
+    probe = (f"import socket\ntry:\n socket.create_connection(({host!r}, {port}), timeout=3); print('OPEN')\n"
+             f"except OSError as e: print('CLOSED', e)")
+    return subprocess.run(["nsenter", "--net=/run/netns/slc-n2", PY, "-c", probe], capture_output=True, text=True).stdout
+
+
+def report(what: str, seconds: float, state: str) -> None:
+    line = json.dumps({"fault": what, "seconds": round(seconds, 1), "state": state})
+    print(line)
+    with open(os.environ.get("SLURM_GRPO_FAULT_TIMES", "/tmp/slurm-grpo-fault-times.jsonl"), "a") as f:
+        f.write(line + "\n")
+
+
+def test_two_node_job_preempted_requeued_resumes_and_completes(tmp_path, tiny_model):
+    """The happy path and preemption in one job: SIGUSR2 (what `--signal=USR2@60` sends before the time
+    limit) at step >= 4 -> every rank checkpoints at the same step -> the job requeues itself -> the
+    restart resumes with the same optimizer state; no step lost, none done twice. Along the way: the
+    servers, the dev routes and the weight-transfer port are not reachable from the other node, and a
+    token planted in the submitting environment appears nowhere in the job folder."""
+    env = {**cluster_env(), **PLANTED}
+    job = tmp_path / "cluster job"
+    job_id = submit(job, tiny_model, env)
+    p = Plan.load(job / "plan.json")
+
+    wait_until(lambda: steps_done(job) >= 1, 600, "step 1", job_id, env, job)
+    # security, while everything is up: n1's loopback-only ports are closed to n2; the rendezvous port must be open
+    assert "CLOSED" in connect_from_n2(p.vllm_port), "n1's vLLM server (dev-mode routes) is reachable from n2"
+    assert "CLOSED" in connect_from_n2(p.nodes[0].weight_transfer_port), "n1's weight-transfer store is reachable from n2"
+    assert "OPEN" in connect_from_n2(p.rendezvous_port), "the rendezvous store must be reachable from the other nodes"
+
+    wait_until(lambda: steps_done(job) >= 4, 600, "step 4", job_id, env, job)
+    subprocess.run(["scancel", "--signal=USR2", job_id], check=True, env=env)
+    t_sig = time.time()
+    req = wait_until(lambda: [e for n in (0, 1) for e in events(job, n) if e["event"] == "requeue"], 180,
+                     "the job to requeue itself", job_id, env, job)
+    report("preemption signal (USR2) -> checkpoint written and job requeued, 2-node cluster", req[0]["t"] - t_sig, "REQUEUED")
+    # a requeued job waits for its begin time; the test plays the scheduler and lets it start now
+    time.sleep(2)
+    subprocess.run(["scontrol", "update", f"JobId={job_id}", "StartTime=now"], env=env, capture_output=True)
+    wait_until(lambda: sacct_state(job_id, env) == "COMPLETED", 900, "the restarted job to complete", job_id, env, job)
 
     s = json.loads((job / "summary.json").read_text())
-    hosts = {n: next(e["host"] for e in read(job / "logs" / f"node{n}-events.jsonl") if e["event"] == "bootstrap_start")
-             for n in (0, 1)}
-    assert hosts == {0: "n1", 1: "n2"}  # one bootstrap on each node
+    hosts = {n: {e["host"] for e in events(job, n) if e["event"] == "bootstrap_start"} for n in (0, 1)}
+    assert hosts == {0: {"n1"}, 1: {"n2"}}  # one bootstrap on each node, in both attempts
+    assert {e["restart"] for e in events(job, 0) if e["event"] == "bootstrap_start"} == {0, 1}
     assert s["allreduce_check"] == {"got": 10.0, "expected": 10.0}  # 4 ranks across 2 nodes: 1+2+3+4
     assert s["dtensor_params"]["dtensor"] == s["dtensor_params"]["total"]
+    rows = read(job / "metrics.jsonl")
+    resumed = [x for x in rows if x.get("event") == "resumed"]
+    assert len(resumed) == 1 and resumed[0]["from_step"] >= 4, resumed
+    k = resumed[0]["from_step"]
+    meta = json.loads((Path(resumed[0]["checkpoint"]) / "meta.json").read_text()) if Path(resumed[0]["checkpoint"]).exists() else None
     steps = s["final_step"]
+    assert steps == 16
+    assert [x["step"] for x in rows if "reward" in x] == list(range(1, steps + 1))  # none lost, none twice
     for n in ("0", "1"):
         node = s["nodes"][n]
-        assert node["pushes"] == steps + 1  # every step's push plus the final one
+        assert node["pushes"] == steps - k + 1  # this attempt: a push before each generation plus the final one
         assert node["parity_final"] <= 1e-4  # the server holds the final weights
         vllm_log = (job / "logs" / f"node{n}-vllm.log").read_text()
-        # each node's ranks sent their generation requests only to their own server: the server's own
-        # request log counts one /v1/completions per generation step plus two parity probes per push
-        gens = len(re.findall(r'"POST /v1/completions HTTP/1.1" 200', vllm_log))
-        # (loopback in the node's own namespace: only that node's ranks can have sent them)
-        assert gens >= steps, (n, gens, steps)
-        assert len(re.findall(r'"POST /update_weights HTTP/1.1" 200', vllm_log)) == steps + 1
-    rows = [x for x in read(job / "metrics.jsonl") if "reward" in x]
-    assert [x["step"] for x in rows] == list(range(1, steps + 1))
+        # each node's ranks sent their requests only to their own (loopback, own namespace) server
+        assert len(re.findall(r'"POST /v1/completions HTTP/1.1" 200', vllm_log)) >= steps, n
+        assert len(re.findall(r'"POST /update_weights HTTP/1.1" 200', vllm_log)) == steps + 1  # both attempts
+    # the optimizer continued: Adam's step count in the final checkpoint is 16, not 16 - k
+    import torch
+    from torch.distributed.checkpoint.format_utils import dcp_to_torch_save
+
+    dcp_to_torch_save(s["final_checkpoint"], str(tmp_path / "ck.pt"))
+    osd = torch.load(tmp_path / "ck.pt", weights_only=False)["optim"]["state"]
+    assert {float(v["step"]) for v in osd.values()} == {16.0}
+    assert meta is None or meta["reason"] == "preempt"  # (kept only if it is among the last two)
     assert s["reward_last"] > s["reward_first"], (s["reward_first"], s["reward_last"])
-    assert (job / "metrics.png").exists() and (Path(s["final_checkpoint"]) / "meta.json").exists()
-    # the job folder is the owner's only
-    assert oct((job).stat().st_mode & 0o777) == "0o700"
+    assert (job / "metrics.png").exists()
+    assert oct(job.stat().st_mode & 0o777) == "0o700"  # the job folder is the owner's only
+    assert not job_processes(job_id)
+    # no planted secret in anything the job wrote: job folder, sbatch script, SLURM and submitit logs
+    for f in [x for x in job.rglob("*") if x.is_file()]:
+        data = f.read_bytes()
+        for name, value in PLANTED.items():
+            assert value.encode() not in data, f"{name} leaked into {f}"
+
+
+def run_fault_job(tmp_path, tiny_model, name: str, inject, *sets: str) -> tuple[Path, str, float, str]:
+    """Submit a long job, wait for step 2, inject the fault, and time until SLURM and the process table say
+    the whole job is gone (on both nodes)."""
+    env = cluster_env()
+    job = tmp_path / name
+    job_id = submit(job, tiny_model, env, "trainer.max_steps=200", "trainer.save_steps=0", *sets)
+    wait_until(lambda: steps_done(job) >= 2, 600, "step 2", job_id, env, job)
+    t0 = inject(job)
+    deadline = time.time() + 300
+    while time.time() < deadline and (sacct_state(job_id, env) in ("RUNNING", "PENDING", "") or job_processes(job_id)):
+        time.sleep(0.25)
+    took = time.time() - t0
+    state = sacct_state(job_id, env)
+    assert not job_processes(job_id), f"left behind: {job_processes(job_id)}"  # no orphan on any node
+    assert state == "FAILED", state
+    failed = {n: [e for e in events(job, n) if e["event"] == "failed"] for n in (0, 1)}
+    # the node that failed says why; the other one says it stopped because of it
+    assert failed[1] and not failed[1][0]["remote"], failed
+    assert failed[0] and failed[0][0]["remote"] and "node 1 (n2) failed" in failed[0][0]["error"], failed
+    return job, failed[1][0]["error"], took, state
+
+
+def test_paused_server_on_one_node_times_out_and_stops_both_nodes(tmp_path, tiny_model):
+    def inject(job: Path) -> float:
+        # SIGSTOP n2's server while a generation request is in flight: after a push's reset_prefix_cache
+        # the log shows one more /v1/completions (the parity probe); the next request is the generation
+        log = job / "logs" / "node1-vllm.log"
+        offset = log.stat().st_size
+        deadline = time.time() + 300
+        while time.time() < deadline:
+            new = log.read_bytes()[offset:]
+            i = new.rfind(b"POST /reset_prefix_cache")
+            if i >= 0 and b"POST /v1/completions" in new[i:]:
+                break
+            time.sleep(0.005)
+        os.killpg(last_pid(job, 1, "vllm_start"), signal.SIGSTOP)
+        return time.time()
+
+    job, error, took, state = run_fault_job(tmp_path, tiny_model, "paused", inject,
+                                            "trainer.request_timeout_s=20", "trainer.push_timeout_s=20")
+    report("vLLM server on node 1 paused (SIGSTOP) during generation -> whole 2-node job gone", took, state)
+    assert "generation" in error and "no answer within 20 s" in error, error
+    assert took < 20 + 60, took
+
+
+def test_dead_trainer_rank_on_one_node_stops_both_nodes(tmp_path, tiny_model):
+    def inject(job: Path) -> float:
+        torchrun = last_pid(job, 1, "trainer_start")
+        for pid in subprocess.run(["pgrep", "-P", str(torchrun)], capture_output=True, text=True).stdout.split():
+            if b"RANK=3" in Path(f"/proc/{pid}/environ").read_bytes().split(b"\0"):
+                os.kill(int(pid), signal.SIGKILL)  # node 1's second rank
+                return time.time()
+        raise AssertionError("no rank 3 under node 1's torchrun")
+
+    job, error, took, state = run_fault_job(tmp_path, tiny_model, "rank death", inject)
+    report("trainer rank 3 (node 1) killed -> whole 2-node job gone", took, state)
+    assert "trainer" in error and "node1-trainer.log" in error, error
+    assert took < 60, took

@@ -65,32 +65,149 @@ def test_local_run_learns_pushes_land_and_resume_continues(tmp_path, tiny_model)
     assert last > first + 0.05, (first, last)
 
 
+def start_local(job_dir: Path, model: str, *sets: str) -> subprocess.Popen:
+    return subprocess.Popen([PY, "-m", "launcher", "local", "configs/smoke_cpu.yaml", "--set", f"vllm.model={model}",
+                             "--set", f"job.job_dir={job_dir}", *[x for s in sets for x in ("--set", s)]],
+                            cwd=REPO, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+
+
+def wait_for_step(p: subprocess.Popen, job_dir: Path, step: int, timeout: float = 600) -> None:
+    deadline = time.time() + timeout
+    while not [x for x in read(job_dir / "metrics.jsonl") if x.get("step", 0) >= step]:
+        assert p.poll() is None, p.communicate()
+        assert time.time() < deadline, f"no step {step} within {timeout} s"
+        time.sleep(0.5)
+
+
+def pids(job_dir: Path) -> tuple[int, int]:
+    """(vLLM server pid, torchrun pid) of the latest start, from the bootstrap's events."""
+    ev = read(job_dir / "logs" / "node0-events.jsonl")
+    return ([e["pid"] for e in ev if e["event"] == "vllm_start"][-1],
+            [e["pid"] for e in ev if e["event"] == "trainer_start"][-1])
+
+
+def children(pid: int) -> list[int]:
+    return [int(x) for x in subprocess.run(["pgrep", "-P", str(pid)], capture_output=True, text=True).stdout.split()]
+
+
+def assert_all_gone(*pids_: int) -> None:
+    """No live process (zombies are dead) is one of these pids or in one of their process groups."""
+    left = []
+    for d in Path("/proc").iterdir():
+        if d.name.isdigit():
+            try:
+                stat = (d / "stat").read_text()
+            except OSError:
+                continue
+            state, _ppid, pgid = stat[stat.rindex(")") + 2:].split()[:3]
+            if state not in "ZX" and (int(d.name) in pids_ or int(pgid) in pids_):
+                left.append(f"{d.name} ({state}) {(d / 'cmdline').read_bytes()[:120]!r}")
+    assert not left, f"still alive after the run stopped: {left}"
+
+
+def report(what: str, seconds: float, rc: int) -> None:
+    """Injection-to-stop times, collected for the closing note (tests assert bounds, not speeds)."""
+    line = json.dumps({"fault": what, "seconds": round(seconds, 1), "exit": rc})
+    print(line)
+    with open(os.environ.get("SLURM_GRPO_FAULT_TIMES", "/tmp/slurm-grpo-fault-times.jsonl"), "a") as f:
+        f.write(line + "\n")
+
+
 def test_killed_server_stops_the_run_fast_and_names_it(tmp_path, tiny_model):
     job = tmp_path / "kill"
-    p = subprocess.Popen([PY, "-m", "launcher", "local", "configs/smoke_cpu.yaml", "--set", f"vllm.model={tiny_model}",
-                          "--set", f"job.job_dir={job}", "--set", "trainer.max_steps=500", "--set", "trainer.save_steps=2"],
-                         cwd=REPO, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
-    deadline = time.time() + 600
-    while time.time() < deadline and not [x for x in read(job / "metrics.jsonl") if x.get("step", 0) >= 3]:
-        assert p.poll() is None, p.communicate()
-        time.sleep(1)
-    ev = read(job / "logs" / "node0-events.jsonl")
-    vllm_pid = [e["pid"] for e in ev if e["event"] == "vllm_start"][-1]
-    trainer_pid = [e["pid"] for e in ev if e["event"] == "trainer_start"][-1]
+    p = start_local(job, tiny_model, "trainer.max_steps=500", "trainer.save_steps=2")
+    wait_for_step(p, job, 3)
+    vllm_pid, trainer_pid = pids(job)
     t0 = time.time()
     os.killpg(vllm_pid, signal.SIGKILL)
+    workers = children(trainer_pid)
     out, err = p.communicate(timeout=180)
     took = time.time() - t0
-    print(f"server killed -> bootstrap exited {p.returncode} after {took:.1f} s")
+    report("vLLM server killed (SIGKILL), local", took, p.returncode)
     assert p.returncode != 0
     assert "node 0" in err and "vLLM server" in err and "node0-vllm.log" in err, err[-2000:]
     assert took < 120
-    # nothing left behind: neither the server's group nor torchrun's
-    for pgid in (vllm_pid, trainer_pid):
-        alive = subprocess.run(["pgrep", "-g", str(pgid)], capture_output=True, text=True).stdout.split()
-        assert not alive, f"processes of group {pgid} still alive: {alive}"
+    # nothing left behind: neither the server's group nor torchrun's, nor torchrun's workers (own sessions)
+    assert_all_gone(vllm_pid, trainer_pid, *workers)
     # the last checkpoint is complete and loadable metadata-wise
     from trainer.checkpoint import latest
 
     found = latest(job / "checkpoints")
     assert found is not None and json.loads((found[1] / "meta.json").read_text())["step"] == found[0]
+
+
+def rank_pid(torchrun_pid: int, rank: int) -> int:
+    for pid in children(torchrun_pid):
+        env = Path(f"/proc/{pid}/environ").read_bytes().split(b"\0")
+        if f"RANK={rank}".encode() in env:
+            return pid
+    raise AssertionError(f"no worker with RANK={rank} under torchrun {torchrun_pid}")
+
+
+def test_rank_killed_mid_checkpoint_keeps_the_last_good_one_and_resume_uses_it(tmp_path, tiny_model):
+    """Kill rank 0 (which writes meta.json and renames) while step 6 is being written: the run stops with
+    a message naming the trainer, step-000006 never counts, and the next run resumes from step 3."""
+    job = tmp_path / "ckpt"
+    ck = job / "checkpoints"
+    p = start_local(job, tiny_model, "trainer.max_steps=500", "trainer.save_steps=3")
+    wait_for_step(p, job, 3)
+    vllm_pid, torchrun_pid = pids(job)
+    victim = rank_pid(torchrun_pid, 0)
+    workers = children(torchrun_pid)
+    deadline = time.time() + 300
+    while not (ck / "step-000006.tmp").exists():  # rank 0 created the folder: the write has begun
+        assert time.time() < deadline and p.poll() is None
+        time.sleep(0.001)
+    os.kill(victim, signal.SIGKILL)
+    t0 = time.time()
+    out, err = p.communicate(timeout=300)
+    took = time.time() - t0
+    report("trainer rank 0 killed during a checkpoint write, local", took, p.returncode)
+    assert p.returncode != 0
+    assert "node 0" in err and "trainer" in err and "node0-trainer.log" in err, err[-2000:]
+    assert_all_gone(vllm_pid, torchrun_pid, *workers)
+    from trainer.checkpoint import latest
+
+    assert not (ck / "step-000006" / "meta.json").exists(), "the kill came too late: step 6 was completed"
+    assert latest(ck)[0] == 3
+    assert (ck / "step-000006.tmp").is_dir()  # the half-written one is still there, and does not count
+
+    r = local(job, tiny_model, "trainer.max_steps=8", "trainer.save_steps=3")
+    assert r.returncode == 0, r.stdout[-3000:] + r.stderr[-3000:]
+    rows = read(job / "metrics.jsonl")
+    i = max(k for k, x in enumerate(rows) if x.get("event") == "resumed")
+    assert rows[i]["from_step"] == 3
+    assert [x["step"] for x in rows[i + 1:] if "reward" in x] == [4, 5, 6, 7, 8]
+    assert not list(ck.glob("*.tmp"))  # cleaned by the next write
+    assert latest(ck)[0] == 8
+
+
+def test_server_paused_during_a_push_is_a_timeout_not_a_hang(tmp_path, tiny_model):
+    """SIGSTOP the server the moment a push begins (its log shows /start_weight_update answered): the
+    push hits its deadline, the run stops naming the push, and the stopped server is cleaned up too."""
+    job = tmp_path / "pause"
+    p = start_local(job, tiny_model, "trainer.max_steps=500", "trainer.push_timeout_s=15",
+                    "trainer.request_timeout_s=15", "trainer.save_steps=0")
+    wait_for_step(p, job, 2)
+    vllm_pid, torchrun_pid = pids(job)
+    workers = children(torchrun_pid)
+    log = job / "logs" / "node0-vllm.log"
+    offset = log.stat().st_size
+    deadline = time.time() + 300
+    while True:
+        with open(log, "rb") as f:
+            f.seek(offset)
+            new = f.read()
+        if b"POST /start_weight_update" in new:
+            break
+        assert time.time() < deadline and p.poll() is None
+        time.sleep(0.002)
+    os.killpg(vllm_pid, signal.SIGSTOP)
+    t0 = time.time()
+    out, err = p.communicate(timeout=300)
+    took = time.time() - t0
+    report("vLLM server paused (SIGSTOP) during a weight push, local", took, p.returncode)
+    assert p.returncode != 0
+    assert "weight push at step" in err and "node 0" in err, err[-3000:]
+    assert took < 15 + 60, took  # the push deadline, plus stopping the processes
+    assert_all_gone(vllm_pid, torchrun_pid, *workers)

@@ -74,8 +74,9 @@ class NodeStats:
 
 
 class SlurmGrpoCallback(TrainerCallback):
-    def __init__(self, job_dir: Path, par: Parallel, t: dict, stats: NodeStats):
+    def __init__(self, job_dir: Path, par: Parallel, t: dict, stats: NodeStats, on_first_step=None):
         self.job_dir, self.par, self.t, self.stats = job_dir, par, t, stats
+        self.on_first_step = on_first_step
         self.metrics = MetricsWriter(job_dir)
         self.trainer = None
         self.step_t0 = time.time()
@@ -126,6 +127,9 @@ class SlurmGrpoCallback(TrainerCallback):
 
     # -------------------------------------------------------------- checkpoints, preemption
     def on_step_end(self, args, state, control, **kw):
+        if self.on_first_step is not None:  # start-up timing: the node's first finished step
+            self.on_first_step()
+            self.on_first_step = None
         flag = torch.tensor([1 if PREEMPT["requested"] else 0], dtype=torch.int32)
         dist.all_reduce(flag, op=dist.ReduceOp.MAX)  # every rank must stop at the same step
         every = self.t["save_steps"]

@@ -23,6 +23,7 @@ def main(plan_path: str) -> int:
     import torch.distributed as dist
     from transformers import AutoModelForCausalLM, AutoTokenizer, set_seed
 
+    from launcher.bootstrap import Events
     from launcher.topology import Plan
     from trainer import checkpoint, data, grpo, parallel, rewards
     from trainer.generation import NodeLocalGeneration
@@ -42,12 +43,15 @@ def main(plan_path: str) -> int:
     if allreduce["got"] != allreduce["expected"]:
         raise RuntimeError(f"all-reduce over {par.world} ranks gave {allreduce['got']}, expected {allreduce['expected']}")
     set_seed(t["seed"])
+    node_event = Events(job_dir, par.node) if par.is_leader else (lambda *a, **k: None)
+    node_event("rendezvous_done", world=par.world)
 
     dtype = getattr(torch, t["dtype"])
     tokenizer = AutoTokenizer.from_pretrained(v["model"])
     # fp32 master weights; FSDP2 computes in the configured dtype (bf16 on GPU)
     model = AutoModelForCausalLM.from_pretrained(v["model"], dtype=torch.float32)
     model = parallel.shard_model(model.to(par.device), par, param_dtype=dtype)
+    node_event("model_loaded")
     dataset = data.load_prompts(t["dataset"])
     reward_funcs = [rewards.resolve(r) for r in t["reward_funcs"]]
 
@@ -59,7 +63,7 @@ def main(plan_path: str) -> int:
         "parity_tolerance": t["parity_tolerance"], "parity_action": t["parity_action"],
         "parity_probe": "the quick brown fox jumps over a lazy dog and a cat sat on a mat",
         "push_dtype": dtype}}
-    callback = grpo.SlurmGrpoCallback(job_dir, par, t, stats)
+    callback = grpo.SlurmGrpoCallback(job_dir, par, t, stats, on_first_step=lambda: node_event("first_step"))
     trainer = grpo.build_trainer(model, tokenizer, dataset, reward_funcs,
                                  grpo.grpo_config(job_dir, t, plan.device, plan.num_nodes), callback)
     gen = trainer.vllm_generation

@@ -22,7 +22,10 @@ def _corpus() -> list[str]:
 
 
 def make_tiny_model(out: str | os.PathLike, hidden: int = 128, layers: int = 2, vocab: int = 300,
-                    seed: int = 0, dtype: str = "float32") -> dict:
+                    seed: int = 0, dtype: str = "float32", kv_heads: int = 1, intermediate: int = 0) -> dict:
+    """Random Qwen2 weights from a config (never the hub). The defaults make the CPU test model; the
+    transformer body of Qwen2-0.5B is hidden 896, 24 layers, kv_heads 2, intermediate 4864 (the
+    vocabulary stays this tokenizer's: a random model samples every id of its vocabulary)."""
     import torch
     from tokenizers import Tokenizer, decoders, models, pre_tokenizers, trainers
     from transformers import PreTrainedTokenizerFast, Qwen2Config, Qwen2ForCausalLM
@@ -41,11 +44,14 @@ def make_tiny_model(out: str | os.PathLike, hidden: int = 128, layers: int = 2, 
     hf.chat_template = CHAT_TEMPLATE
     hf.save_pretrained(path)
     heads = hidden // 64
-    cfg = Qwen2Config(vocab_size=len(hf), hidden_size=hidden, intermediate_size=2 * hidden, num_hidden_layers=layers,
-                      num_attention_heads=heads, num_key_value_heads=1, head_dim=64, max_position_embeddings=512,
+    if heads % kv_heads:
+        raise ValueError(f"kv_heads ({kv_heads}) must divide the {heads} attention heads (hidden / 64)")
+    cfg = Qwen2Config(vocab_size=len(hf), hidden_size=hidden, intermediate_size=intermediate or 2 * hidden,
+                      num_hidden_layers=layers, num_attention_heads=heads, num_key_value_heads=kv_heads, head_dim=64, max_position_embeddings=512,
                       eos_token_id=hf.eos_token_id, bos_token_id=hf.eos_token_id, pad_token_id=hf.pad_token_id,
                       tie_word_embeddings=True, torch_dtype=dtype)
     torch.manual_seed(seed)
     model = Qwen2ForCausalLM(cfg).to(getattr(torch, dtype))
     model.save_pretrained(path)
-    return {"vocab": len(hf), "params": sum(p.numel() for p in model.parameters()), "hidden": hidden, "layers": layers}
+    return {"vocab": len(hf), "params": sum(p.numel() for p in model.parameters()), "hidden": hidden, "layers": layers,
+            "kv_heads": kv_heads, "intermediate": cfg.intermediate_size, "dtype": dtype}

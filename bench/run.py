@@ -1,0 +1,257 @@
+"""One command for the whole benchmark (about 12-18 minutes on 2 cores):
+
+    python -m bench.run [--out bench/results] [--cluster-env /tmp/slurm-grpo-cluster/env.sh]
+
+1. push and generation, ours vs stock vs floors (bench.workers, 4 gloo ranks, 2 vLLM CPU servers)
+2. launcher: dry-run seconds for 1, 16 and 256 nodes (in-process render and the CLI's wall time)
+3. start to first step of a local run (and of a 2-node cluster job when --cluster-env is given), by phase
+4. the scaling model (`slurm-grpo simulate`) with default and with this run's calibrated figures
+
+Writes results.json, RESULTS.md (the tables) and scaling-default.png / scaling-calibrated.png under --out. Speeds are medians of repeats;
+ratios matter more than absolute figures on a shared, noisy machine.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import platform
+import re
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+from launcher import config as C
+from launcher.bootstrap import Proc, wait_healthy
+from launcher.commands import vllm_command
+from launcher.jobs import read_jsonl, startup_phases
+from launcher.topology import plan
+
+REPO = Path(__file__).resolve().parent.parent
+PY = sys.executable
+
+
+def say(msg: str) -> None:
+    print(f"[bench {time.strftime('%T')}] {msg}", flush=True)
+
+
+def start_servers(model: str, work: Path, ports: list[int]) -> list[Proc]:
+    procs = []
+    (work / "logs").mkdir(parents=True, exist_ok=True)
+    for node, port in enumerate(ports):
+        cfg = C.from_dict({"job": {"device": "cpu"}, "slurm": {"nodes": 2, "gpus_per_node": 3},
+                           "vllm": {"model": model, "port": port, "dtype": "float32", "max_model_len": 256,
+                                    "cpu_kvcache_gib": 1}, "trainer": {"dtype": "float32"}})
+        procs.append(Proc(vllm_command(plan(cfg, str(work)), node, PY), work, node))
+    return procs
+
+
+def bench_push_and_generation(work: Path, repeats: int) -> dict:
+    model = work / "model"
+    say("building the benchmark model (Qwen2 shape, hidden 768, 8 layers, float32)")
+    info = json.loads(subprocess.run(
+        [PY, "-c", "import json,sys; from trainer.tiny_model import make_tiny_model; "
+                   "print(json.dumps(make_tiny_model(sys.argv[1], hidden=768, layers=8, vocab=2000)))", str(model)],
+        check=True, capture_output=True, text=True, cwd=REPO).stdout.splitlines()[-1])
+    say(f"model: {info['params'] / 1e6:.1f} M parameters, {info['params'] * 4 / 1e6:.0f} MB float32")
+    ports = [18100, 18101]
+    servers = start_servers(str(model), work, ports)
+    try:
+        t0 = time.time()
+        for i, s in enumerate(servers):
+            took = wait_healthy(s, f"http://127.0.0.1:{ports[i]}", 900, i, "localhost", _NoAbort())
+            say(f"server {i} healthy ({took:.0f} s)")
+        cfgf = work / "workers.json"
+        cfgf.write_text(json.dumps({"model": str(model), "vocab": info["vocab"], "repeats": repeats,
+                                    "server_urls": [f"http://127.0.0.1:{p}" for p in ports],
+                                    "transfer_ports": [18200, 18201],
+                                    "generation": {"prompts_per_rank": 16, "prompt_tokens": 16, "max_tokens": 32}}))
+        out = work / "workers-out.json"
+        say("push and generation: 4 gloo ranks (2 nodes x 2), ours vs stock vs floors")
+        env = {**os.environ, "OMP_NUM_THREADS": "1", "PYTHONUNBUFFERED": "1"}
+        r = subprocess.run([PY, "-m", "torch.distributed.run", "--nproc-per-node", "4", "--master-port", "18300",
+                            "-m", "bench.workers", str(out), str(cfgf)], cwd=REPO, env=env, capture_output=True,
+                           text=True, timeout=1200)
+        if r.returncode != 0:
+            raise RuntimeError(f"bench.workers failed:\n{r.stdout[-3000:]}\n{r.stderr[-5000:]}")
+        res = json.loads(out.read_text())
+        res["model_info"], res["server_start_s"] = info, round(time.time() - t0, 1)
+        return res
+    finally:
+        for s in servers:
+            s.stop()
+
+
+class _NoAbort:
+    def check(self) -> None:
+        pass
+
+
+def bench_dry_run() -> dict:
+    from launcher.cli import render_dry_run
+    from launcher.jobdir import make_plan
+
+    out = {}
+    for n in (1, 16, 256):
+        cfg = C.load(REPO / "configs/gpu_7b_4nodes.yaml", [f"slurm.nodes={n}", "job.job_dir=/tmp/bench-dry"])
+        runs = []
+        for _ in range(5):
+            t0 = time.perf_counter()
+            render_dry_run(cfg, make_plan(cfg))
+            runs.append(time.perf_counter() - t0)
+        t0 = time.perf_counter()
+        subprocess.run([PY, "-m", "launcher", "dry-run", "configs/gpu_7b_4nodes.yaml", "--set", f"slurm.nodes={n}",
+                        "--set", "job.job_dir=/tmp/bench-dry"], check=True, capture_output=True, cwd=REPO)
+        out[str(n)] = {"render_median_s": round(statistics.median(runs), 4), "cli_wall_s": round(time.perf_counter() - t0, 3)}
+    return out
+
+
+def bench_local_run(work: Path, model: str) -> dict:
+    job = work / "local-run"
+    say("local run (configs/smoke_cpu.yaml, 6 steps) for start-up phases and step time")
+    r = subprocess.run([PY, "-m", "launcher", "local", "configs/smoke_cpu.yaml", "--set", f"vllm.model={model}",
+                        "--set", f"job.job_dir={job}", "--set", "trainer.max_steps=6", "--set", "trainer.save_steps=0"],
+                       cwd=REPO, capture_output=True, text=True, timeout=900)
+    if r.returncode != 0:
+        raise RuntimeError(f"local run failed:\n{r.stdout[-3000:]}\n{r.stderr[-3000:]}")
+    rows = [x for x in read_jsonl(job / "metrics.jsonl") if "reward" in x]
+    later = rows[1:] or rows  # step 1 includes one-time warm-up
+    return {"phases": startup_phases(job, 0), "step_s_median": statistics.median(x["step_s"] for x in later),
+            "gen_tokens_per_s_median": statistics.median(x["gen_tokens_per_s"] for x in later if x.get("gen_tokens_per_s"))}
+
+
+def bench_cluster_run(work: Path, model: str, env_file: str) -> dict:
+    env = dict(os.environ)
+    for line in Path(env_file).read_text().splitlines():
+        m = re.match(r"export (\w+)=(.*)", line)
+        if m:
+            env[m.group(1)] = m.group(2).strip("'")
+    job = Path(tempfile.mkdtemp(prefix="bench-cluster-", dir="/tmp"))
+    say("2-node cluster job (configs/cluster_cpu.yaml, 3 steps) for start-up phases")
+    r = subprocess.run([PY, "-m", "launcher", "submit", "configs/cluster_cpu.yaml", "--set", f"vllm.model={model}",
+                        "--set", f"job.job_dir={job}", "--set", f"job.python={PY}", "--set", "trainer.max_steps=3",
+                        "--set", f"trainer.dataset={REPO}/data/letters.jsonl"], cwd=REPO, env=env,
+                       capture_output=True, text=True, timeout=60)
+    if r.returncode != 0:
+        raise RuntimeError(f"submit failed: {r.stderr}")
+    jid = re.search(r"submitted job (\d+)", r.stdout).group(1)
+    deadline = time.time() + 900
+    while time.time() < deadline:
+        st = subprocess.run(["sacct", "-j", jid, "-X", "-n", "-P", "-o", "State"], env=env, capture_output=True, text=True).stdout.strip()
+        if st and st.split()[0] not in ("PENDING", "RUNNING"):
+            break
+        time.sleep(3)
+    return {"job": jid, "state": st, "phases": {n: startup_phases(job, n) for n in (0, 1)}}
+
+
+def simulate(calibration: dict | None, out: Path, tag: str) -> list[dict]:
+    args = [PY, "-m", "launcher", "simulate", "configs/gpu_7b_4nodes.yaml", "--nodes", "1,2,4,8,16,32,64,128,256",
+            "--json", str(out / f"simulate-{tag}.json")]
+    args += ["--plot", str(out / f"scaling-{tag}.png")]
+    if calibration:
+        (out / "calibration.json").write_text(json.dumps({"calibration": calibration}))
+        args += ["--calibration", str(out / "calibration.json")]
+    r = subprocess.run(args, check=True, capture_output=True, text=True, cwd=REPO)
+    (out / f"simulate-{tag}.txt").write_text(r.stdout)
+    return json.loads((out / f"simulate-{tag}.json").read_text())
+
+
+def ratio(a: float, b: float) -> float:
+    return round(a / b, 2) if b else float("nan")
+
+
+def markdown(res: dict) -> str:
+    p = res["push_gen"]
+    mb = p["bytes"] / 1e6
+    lines = [f"# Benchmark results ({res['date']}, {res['machine']})", "",
+             f"Command: `{res['command']}`; medians of {p['repeats']} repeats; total {res['total_s']:.0f} s.", "",
+             f"## Weight push: {p['params'] / 1e6:.1f} M parameters, {mb:.0f} MB float32, gloo over loopback", "",
+             "| path | median s | GB/s | rank 0 peak extra memory |", "|---|---|---|---|"]
+    for k, name in (("push_ours", "ours: 2 nodes push to their own servers at once"),
+                    ("push_stock", "stock: rank 0 gathers all and pushes to one server"),
+                    ("floor_gloo_broadcast", "floor: raw gloo broadcast rank 0 -> 1, same bytes"),
+                    ("floor_memcpy", "floor: in-memory copy, same bytes")):
+        x = p[k]
+        extra = f"{x['rank0_peak_extra_mb']} MB ({x['rank0_peak_extra_mb'] / mb:.0%} of the model)" if "rank0_peak_extra_mb" in x else ""
+        lines.append(f"| {name} | {x['median_s']} | {x['gb_per_s']} | {extra} |")
+    r = res["ratios"]
+    lines += ["", f"Ratios: stock/ours push time {r['push_stock_over_ours']}x (ours moves {2 * mb:.0f} MB in total, "
+                  f"two servers); ours/gloo floor {r['push_ours_over_gloo_floor']}x; ours/memcpy floor {r['push_ours_over_memcpy']}x.", "",
+              f"## Generation path: {p['generation']['ranks']} ranks x {p['generation']['prompts_per_rank']} prompts x "
+              f"{p['generation']['max_tokens']} tokens ({p['generation']['tokens_per_batch']} tokens per batch)", "",
+              "| path | median s | tokens/s |", "|---|---|---|"]
+    for k, name in (("gen_direct", "direct: each node's batch straight to its server"),
+                    ("gen_ours", "ours: gather in node, request, scatter"),
+                    ("gen_stock", "stock: global gather to rank 0, one server, broadcast")):
+        lines.append(f"| {name} | {p[k]['median_s']} | {p[k]['tokens_per_s']} |")
+    lines += ["", f"Ours over direct: {r['gen_ours_over_direct']}x (the gather/scatter overhead); stock over ours: "
+                  f"{r['gen_stock_over_ours']}x.", "", "## Launcher", "", "| nodes | render s (median) | CLI wall s |", "|---|---|---|"]
+    for n, x in res["dry_run"].items():
+        lines.append(f"| {n} | {x['render_median_s']} | {x['cli_wall_s']} |")
+    lines += ["", "Start to first step, by phase (seconds):", "", "| run | " + " | ".join(k for k in res["local_run"]["phases"]) + " |",
+              "|---" * (1 + len(res["local_run"]["phases"])) + "|",
+              "| local (1 node) | " + " | ".join(str(v) for v in res["local_run"]["phases"].values()) + " |"]
+    for n, ph in (res.get("cluster_run") or {}).get("phases", {}).items():
+        lines.append(f"| cluster node {n} | " + " | ".join(str(ph.get(k, "")) for k in res["local_run"]["phases"]) + " |")
+    lines += ["", "## Scaling model (`slurm-grpo simulate configs/gpu_7b_4nodes.yaml`)", "",
+              "| nodes | ours step s (defaults) | stock step s | speedup | ours (calibrated here) | stock (calibrated) | speedup |",
+              "|---|---|---|---|---|---|---|"]
+    for d, c in zip(res["simulate_default"], res["simulate_calibrated"], strict=True):
+        lines.append(f"| {d['nodes']} | {d['ours_step_s']:.2f} | {d['stock_step_s']:.2f} | {d['speedup']:.1f}x | "
+                     f"{c['ours_step_s']:.2f} | {c['stock_step_s']:.2f} | {c['speedup']:.1f}x |")
+    lines += ["", "Calibration from this run: " + ", ".join(f"{k}={v}" for k, v in res["calibration"].items()),
+              "", "Assumptions: see `simulate-default.txt` (printed by the simulate command)."]
+    return "\n".join(lines) + "\n"
+
+
+def main(argv: list[str] | None = None) -> int:
+    ap = argparse.ArgumentParser(prog="python -m bench.run", description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--out", default=str(REPO / "bench" / "results"), help="output folder (default bench/results)")
+    ap.add_argument("--repeats", type=int, default=5, help="repeats per measurement (default 5)")
+    ap.add_argument("--cluster-env", default="", help="env.sh of a running test cluster: also time a 2-node job")
+    a = ap.parse_args(argv)
+    out = Path(a.out)
+    out.mkdir(parents=True, exist_ok=True)
+    t0 = time.time()
+    work = Path(tempfile.mkdtemp(prefix="slurm-grpo-bench-"))
+    res: dict = {"date": time.strftime("%Y-%m-%d %H:%M UTC", time.gmtime()),
+                 "machine": f"{platform.node()}, {os.cpu_count()} CPUs, {platform.machine()}",
+                 "command": "bash scripts/bench.sh"}
+    res["push_gen"] = p = bench_push_and_generation(work, a.repeats)
+    say(f"push ours {p['push_ours']['median_s']} s, stock {p['push_stock']['median_s']} s; "
+        f"generation ours {p['gen_ours']['median_s']} s, direct {p['gen_direct']['median_s']} s, stock {p['gen_stock']['median_s']} s")
+    res["dry_run"] = bench_dry_run()
+    tiny = work / "tiny"
+    subprocess.run([PY, "-m", "launcher", "make-tiny-model", str(tiny)], check=True, capture_output=True, cwd=REPO)
+    res["local_run"] = bench_local_run(work, str(tiny))
+    if a.cluster_env:
+        res["cluster_run"] = bench_cluster_run(work, str(tiny), a.cluster_env)
+    res["ratios"] = {
+        "push_stock_over_ours": ratio(p["push_stock"]["median_s"], p["push_ours"]["median_s"]),
+        "push_ours_over_gloo_floor": ratio(p["push_ours"]["median_s"], p["floor_gloo_broadcast"]["median_s"]),
+        "push_ours_over_memcpy": ratio(p["push_ours"]["median_s"], p["floor_memcpy"]["median_s"]),
+        "gen_ours_over_direct": ratio(p["gen_ours"]["median_s"], p["gen_direct"]["median_s"]),
+        "gen_stock_over_ours": ratio(p["gen_stock"]["median_s"], p["gen_ours"]["median_s"]),
+    }
+    # this machine's figures for the scaling model: one server's tokens/s when it serves the whole batch
+    # alone (stock), the gloo floor as both bandwidths (one machine: there is no slower inter-node link)
+    lr = res["local_run"]
+    res["calibration"] = {"tokens_per_s_server": p["gen_stock"]["tokens_per_s"],
+                          "intra_bw_gbs": p["floor_gloo_broadcast"]["gb_per_s"], "inter_bw_gbs": p["floor_gloo_broadcast"]["gb_per_s"],
+                          "train_s": round(max(0.1, lr["step_s_median"]), 2)}
+    res["simulate_default"] = simulate(None, out, "default")
+    res["simulate_calibrated"] = simulate(res["calibration"], out, "calibrated")
+    res["total_s"] = round(time.time() - t0, 1)
+    (out / "results.json").write_text(json.dumps(res, indent=1))
+    (out / "RESULTS.md").write_text(markdown(res))
+    print(markdown(res))
+    say(f"wrote {out}/results.json, RESULTS.md, scaling-*.png in {res['total_s']:.0f} s")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
