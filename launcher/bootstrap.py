@@ -62,6 +62,7 @@ def tail(path: Path, lines: int = 25, max_bytes: int = 64_000) -> str:
 
 CAUSE_RE = re.compile(r"^(?:\[rank\d+\]:\s*)?((?:[A-Za-z_][\w.]*\.)?\w*(?:Error|Exception|Interrupt)): (.+)$")
 NOT_CAUSES = ("ChildFailedError", "SignalException")
+PEER_LOST = ("closed by peer", "reset by peer", "remote worker", "Broken pipe", "NCCL communicator was aborted")
 
 
 def root_cause(path: Path) -> str:
@@ -74,6 +75,20 @@ def root_cause(path: Path) -> str:
         if m and not m.group(1).endswith(NOT_CAUSES):
             return f"{m.group(1).rsplit('.', 1)[-1]}: {m.group(2)}"[:600]
     return ""
+
+
+def torchrun_compatible(argv: list[str]) -> list[str]:
+    """torchrun gained --shutdown-timeout after 2.11: drop it (and its value) for an older torch on the node."""
+    from importlib.metadata import PackageNotFoundError, version
+
+    try:
+        major, minor = (int(x) for x in version("torch").split(".")[:2])
+    except (PackageNotFoundError, ValueError):
+        return argv
+    if (major, minor) >= (2, 12) or "--shutdown-timeout" not in argv:
+        return argv
+    i = argv.index("--shutdown-timeout")
+    return argv[:i] + argv[i + 2:]
 
 
 def node_index(arg: int | None) -> int:
@@ -226,7 +241,7 @@ class JobAbort:
         with os.fdopen(fd, "w") as f:
             json.dump({"node": self.node, "host": host, "error": error, "t": time.time()}, f)
 
-    def settle(self, seconds: float = 3.0) -> None:
+    def settle(self, seconds: float) -> None:
         """Wait briefly for another node's abort before claiming to be the first failure."""
         end = time.time() + (seconds if self.watch else 0)
         while time.time() < end:
@@ -348,6 +363,7 @@ def run_node(p: Plan, node: int) -> int:
         if stop_requested:
             raise NodeFailure(f"node {node}: stopped by signal {stop_requested[0]} before training started")
         cmd = trainer_command(p, node, rendezvous_host(p), python)
+        cmd = NodeCommand(cmd.name, torchrun_compatible(cmd.argv), dict(cmd.env), cmd.log)
         cmd.env["SLURM_GRPO_ATTEMPT"] = attempt
         # torchrun's own shutdown waits up to its --shutdown-timeout for the ranks' checkpoint: outwait it
         trainer = Proc(cmd, job_dir, node, grace_s=max(30, int(p.config["slurm"]["signal_seconds"]) - 30) + 10)
@@ -419,7 +435,9 @@ def supervise(p: Plan, node: int, host: str, vllm: Proc, trainer: Proc, stop_req
                 return PREEMPTED_EXIT
             why = f" after signal {stop_requested[0]} (no preemption checkpoint was written)" if stop_requested else ""
             cause = root_cause(trainer.log_path)
-            abort.settle()  # a rank that died of another node's failure: let that node's abort name the cause
+            # a rank that died of another node's failure (its peers vanished): wait for that node's abort,
+            # which names the real cause, before claiming to be the first failure
+            abort.settle(30.0 if any(m in cause for m in PEER_LOST) else 3.0)
             raise NodeFailure(f"node {node} ({host}): trainer {trainer.describe()} exited with code {rc}{why}"
                               f"{': ' + cause if cause else ''}\n"
                               f"  last lines of {trainer.log_path}:\n{tail(trainer.log_path)}")

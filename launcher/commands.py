@@ -47,6 +47,10 @@ def vllm_command(plan: Plan, node: int, python: str = "python") -> NodeCommand:
     argv += list(v["extra_args"])
     env = {"VLLM_SERVER_DEV_MODE": "1", "CUDA_VISIBLE_DEVICES": gpu_list(n.vllm_gpus),
            "VLLM_NO_USAGE_STATS": "1", "DO_NOT_TRACK": "1"}
+    if plan.weight_transfer_backend == "ipc":
+        # vLLM's ipc engine receives the trainer's CUDA IPC handles pickled over HTTP; it refuses them
+        # without this. The server listens on 127.0.0.1 only, so only this node's processes can post.
+        env["VLLM_ALLOW_INSECURE_SERIALIZATION"] = "1"
     if plan.device == "cpu":
         env.update({"VLLM_CPU_KVCACHE_SPACE": str(v["cpu_kvcache_gib"]), PLUGIN_ENV: "1",
                     "CUDA_VISIBLE_DEVICES": ""})

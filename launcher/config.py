@@ -178,6 +178,9 @@ def _menu(cls: type) -> str:
     return ", ".join(f"{f.name} (default {_default(f)!r})" for f in dataclasses.fields(cls))
 
 
+SCIENTIFIC = re.compile(r"[-+]?(\d+\.?\d*|\.\d+)[eE][-+]?\d+")
+
+
 def _coerce(where: str, value: Any, annotation: Any) -> Any:
     """Check a YAML value against a field's type; ints are accepted for floats, nothing else is guessed."""
     origin = typing.get_origin(annotation)
@@ -193,6 +196,10 @@ def _coerce(where: str, value: Any, annotation: Any) -> Any:
         raise ConfigError(f"{where} must be an integer, got {value!r}")
     if annotation is float:
         if isinstance(value, (int, float)) and not isinstance(value, bool):
+            return float(value)
+        # PyYAML follows YAML 1.1, where 1e-5 (no dot) is a string: a learning rate written that way is
+        # what everyone types, so accept the scientific notation, and nothing looser
+        if isinstance(value, str) and SCIENTIFIC.fullmatch(value.strip()):
             return float(value)
         raise ConfigError(f"{where} must be a number, got {value!r}")
     if annotation is str:

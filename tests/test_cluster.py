@@ -202,19 +202,28 @@ def run_fault_job(tmp_path, tiny_model, name: str, inject, *sets: str) -> tuple[
 
 def test_paused_server_on_one_node_times_out_and_stops_both_nodes(tmp_path, tiny_model):
     def inject(job: Path) -> float:
-        # SIGSTOP n2's server while a generation request is in flight: after a push's reset_prefix_cache
-        # the log shows one more /v1/completions (the parity probe); the next request is the generation
+        # SIGSTOP n2's server while its generation request is in flight or about to be sent. Each step's
+        # requests are: parity probe, push, reset_prefix_cache, parity probe, generation. Stop right after the
+        # second probe's access line; if the (fast) generation had already answered by then, the next request
+        # would be a push: resume at once (a pause of well under the timeout) and try at the next step.
         log = job / "logs" / "node1-vllm.log"
+        server = last_pid(job, 1, "vllm_start")
         offset = log.stat().st_size
         deadline = time.time() + 300
         while time.time() < deadline:
             new = log.read_bytes()[offset:]
             i = new.rfind(b"POST /reset_prefix_cache")
-            if i >= 0 and b"POST /v1/completions" in new[i:]:
-                break
-            time.sleep(0.005)
-        os.killpg(last_pid(job, 1, "vllm_start"), signal.SIGSTOP)
-        return time.time()
+            if i < 0 or b"POST /v1/completions" not in new[i:]:
+                time.sleep(0.005)
+                continue
+            os.killpg(server, signal.SIGSTOP)
+            t = time.time()
+            time.sleep(0.2)  # let a line already being written land
+            if log.read_bytes()[offset + i:].count(b"POST /v1/completions") == 1:
+                return t  # the generation has not answered: the server is stopped under it
+            os.killpg(server, signal.SIGCONT)
+            offset = log.stat().st_size
+        raise AssertionError("never caught node 1's server before its generation answered")
 
     job, error, took, state = run_fault_job(tmp_path, tiny_model, "paused", inject,
                                             "trainer.request_timeout_s=20", "trainer.push_timeout_s=20")

@@ -24,6 +24,16 @@ def test_defaults_yaml_then_set_precedence(tmp_path):
     assert cfg.slurm.nodes == 3
 
 
+def test_scientific_notation_is_a_number_as_written_in_yaml_and_set(tmp_path):
+    # PyYAML reads 1e-5 (no dot) as the string "1e-5"; a float field takes it as the number it means
+    f = tmp_path / "c.yaml"
+    f.write_text("vllm: {model: /models/m}\nslurm: {gpus_per_node: 4}\ntrainer: {learning_rate: 1e-5}\n")
+    assert C.load(f, []).trainer.learning_rate == 1e-5
+    assert C.load(f, ["trainer.learning_rate=3E-4"]).trainer.learning_rate == 3e-4
+    with pytest.raises(ConfigError, match="must be a number"):
+        C.load(f, ["trainer.learning_rate=fast"])
+
+
 def test_unknown_key_lists_the_menu():
     with pytest.raises(ConfigError) as e:
         C.from_dict({**BASE, "vllm": {"model": "m", "tp": 2}})

@@ -112,6 +112,7 @@ class SlurmGrpoCallback(TrainerCallback):
             "step": state.global_step, "reward": logs.get("reward"), "reward_std": logs.get("reward_std"),
             "loss": logs.get("loss"), "kl": logs.get("kl"), "step_s": round(time.time() - self.step_t0, 3),
             "push_s": {str(n): round(s.get("push_s", 0.0), 4) for n, s in sorted(by.items()) if "push_s" in s},
+            "gen_s": {str(n): round(s["gen_s"], 4) for n, s in sorted(by.items()) if s.get("gen_s")},
             "parity": {str(n): s.get("parity") for n, s in sorted(by.items())},
             "parity_stale": {str(n): s.get("parity_stale") for n, s in sorted(by.items())},
             "parity_max": max((s["parity"] for s in by.values() if s.get("parity") is not None), default=None),

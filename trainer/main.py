@@ -86,7 +86,9 @@ def main(plan_path: str) -> int:
     gen.step = step
     gen.sync_weights()
     final = {"node": par.node, "parity_final": gen.stats.get("parity"), "push_s_final": gen.stats.get("push_s"),
-             "pushes": gen.pusher.pushes, "server_requests": gen.vllm_client.requests_sent if gen.vllm_client else None,
+             "pushes": gen.pusher.pushes,
+             "server_requests": gen.vllm_client.requests_sent if gen.vllm_client else None,
+             "trainer_peak_gpu_gb": round(torch.cuda.max_memory_allocated() / 1e9, 2) if plan.device == "cuda" else None,
              "parity_history": [{k: h[k] for k in ("step", "kind", "max_diff")} for h in gen.parity.history]}
     finals: list = [None] * par.world
     dist.all_gather_object(finals, final if par.is_leader else None)

@@ -1,0 +1,43 @@
+#!/usr/bin/env bash
+# device.sh - ON THE H200 DEVICE, in the last of the back-to-back calls (the parts are in /tmp/parts):
+# install the carried wheels with --no-deps, build a random Qwen2 with the 0.5B model's transformer body
+# (bf16, from a config, no hub), measure the device-to-device copy bandwidth, run a short GRPO job with
+# `slurm-grpo local configs/gpu_1gpu.yaml` (vLLM and the FSDP2 trainer share the GPU; ipc push chosen by
+# the plan), and put the metrics, plot, summary and a results file under $OUT.
+set -uo pipefail
+OUT=${OUT:-/tmp/out}
+STEPS=${STEPS:-30}
+cd "$(dirname "$0")/.."
+log() { echo "[device $(date +%T)] $*"; }
+log "unpacking $(ls /tmp/parts | wc -l) parts (the wheels, unzipped into one site folder: no pip needed)"
+mkdir -p /tmp/site
+# the image has no zstd: the first part carries this machine's binary (glibc 2.34+) and its liblz4
+Z="env LD_LIBRARY_PATH=/tmp/parts/bin /tmp/parts/bin/zstd"
+for set in d v; do cat /tmp/parts/$set.* | $Z -d -q --long=27 | tar -xf - -C /tmp/site || exit 1; done
+# vLLM 0.26's ipc_engine imports ray at module level; ray is not used here, so an empty package will do
+mkdir -p /tmp/site/ray && : > /tmp/site/ray/__init__.py
+export PYTHONPATH=/tmp/site:$PWD VLLM_USE_FLASHINFER_SAMPLER=0 PYTHONUNBUFFERED=1
+export NCCL_NVLS_ENABLE=0 TORCH_SYMM_MEM_DISABLE_MULTICAST=1 NVSHMEM_DISABLE_NVLS=1
+python3 - > "$OUT/versions.json" <<'PY'
+import json, torch, importlib.metadata as m
+print(json.dumps({"torch": torch.__version__, "cuda": torch.version.cuda, "gpu": torch.cuda.get_device_name(0),
+                  **{n: m.version(n) for n in ("vllm", "trl", "transformers", "accelerate", "datasets")}}))
+PY
+cat "$OUT/versions.json"
+log "building the model"
+python3 -m launcher make-tiny-model /tmp/qwen2-05b-body --hidden 896 --layers 24 --kv-heads 2 --intermediate 4864 \
+  --dtype bfloat16 --vocab 4096 | tail -1
+log "device-to-device copy bandwidth"
+python3 gpu/copy_bandwidth.py /tmp/qwen2-05b-body > "$OUT/d2d.json"; cat "$OUT/d2d.json"
+nvidia-smi --query-gpu=memory.used --format=csv,noheader,nounits -lms 500 > "$OUT/gpu_mem_used_mib.txt" 2>/dev/null &
+smi=$!
+log "slurm-grpo local configs/gpu_1gpu.yaml ($STEPS steps)"
+timeout "${RUN_TIMEOUT:-420}" python3 -m launcher local configs/gpu_1gpu.yaml --set job.job_dir=/tmp/job \
+  --set "trainer.max_steps=$STEPS" 2>&1 | tail -60
+rc=${PIPESTATUS[0]}
+kill $smi 2>/dev/null
+log "local run exit $rc"
+cp /tmp/job/metrics.jsonl /tmp/job/summary.json /tmp/job/metrics.png "$OUT/" 2>/dev/null
+tar -czf "$OUT/logs.tgz" -C /tmp/job logs config.yaml plan.json 2>/dev/null
+python3 gpu/report.py /tmp/job "$OUT" || true
+exit $rc

@@ -1,0 +1,45 @@
+"""Figures of a GPU local run, from its own outputs: generation tokens/s, push seconds and GB/s against the
+device-to-device copy floor, training seconds per step, parity per push, peak GPU memory of the trainer
+(torch's max allocated) and of vLLM (what its log reports for weights + KV cache), and the whole GPU's
+peak use (nvidia-smi). Writes gpu_results.json and gpu_results.md under OUT."""
+
+import json
+import re
+import statistics
+import sys
+from pathlib import Path
+
+job, out = Path(sys.argv[1]), Path(sys.argv[2])
+rows = [json.loads(x) for x in (job / "metrics.jsonl").read_text().splitlines() if x.strip()]
+steps = [r for r in rows if "reward" in r]
+later = steps[1:] or steps  # step 1 carries one-time warm-up
+summary = json.loads((job / "summary.json").read_text()) if (job / "summary.json").exists() else {}
+d2d = json.loads((out / "d2d.json").read_text())
+versions = json.loads((out / "versions.json").read_text())
+plan = json.loads((job / "plan.json").read_text())
+push = [r["push_s"]["0"] for r in later if r.get("push_s", {}).get("0")]
+push_med = statistics.median(push) if push else None
+gen_tps = [r["gen_tokens_per_s"] for r in later if r.get("gen_tokens_per_s")]
+vllm_log = (job / "logs" / "node0-vllm.log").read_text(errors="replace")
+mem = [float(x) for x in (out / "gpu_mem_used_mib.txt").read_text().split()] if (out / "gpu_mem_used_mib.txt").exists() else []
+res = {
+    "versions": versions, "backend": plan["weight_transfer_backend"], "shared_gpu": plan["nodes"][0]["shared_gpu"],
+    "steps": len(steps), "reward_first5": statistics.mean(r["reward"] for r in steps[:5]) if steps else None,
+    "reward_last5": statistics.mean(r["reward"] for r in steps[-5:]) if steps else None,
+    "gen_tokens_per_s_median": statistics.median(gen_tps) if gen_tps else None,
+    "step_s_median": statistics.median(r["step_s"] for r in later) if later else None,
+    "push_s_median": push_med, "push_bytes": d2d["bytes"],
+    "push_gb_per_s": round(d2d["bytes"] / push_med / 1e9, 2) if push_med else None,
+    "d2d_copy_gb_per_s": d2d["gb_per_s"], "push_over_copy_floor": round(push_med / d2d["copy_s_median"], 1) if push_med else None,
+    "parity_per_push": [r.get("parity_max") for r in steps], "parity_stale": [r.get("parity_stale", {}).get("0") for r in steps],
+    "parity_final": summary.get("nodes", {}).get("0", {}).get("parity_final"),
+    "trainer_peak_gpu_gb": summary.get("nodes", {}).get("0", {}).get("trainer_peak_gpu_gb"),
+    "vllm_memory_lines": re.findall(r"(Model loading took [^\n]*|Available KV cache memory[^\n]*|GPU KV cache size[^\n]*)", vllm_log)[:4],
+    "gpu_peak_used_gib": round(max(mem) / 1024, 1) if mem else None,
+}
+# training seconds per step: the step minus its generation and its push (both measured per step)
+train = [r["step_s"] - (r.get("gen_s", {}).get("0") or 0) - (r.get("push_s", {}).get("0") or 0) for r in later]
+res["train_s_median"] = round(statistics.median(train), 3) if train else None
+res["gen_s_median"] = statistics.median(r["gen_s"]["0"] for r in later if r.get("gen_s", {}).get("0")) if later else None
+(out / "gpu_results.json").write_text(json.dumps(res, indent=1))
+print(json.dumps(res, indent=1))
