@@ -3,10 +3,13 @@
 
   push        ours: HSDP (2 nodes x 2 ranks), both node leaders push to their own server at the same time
               stock: FSDP over all 4 ranks, rank 0 gathers every parameter and pushes to one server
+              ours, one node: node 0 pushes while node 1 idles (both "nodes" share this machine's CPUs;
+              on a cluster each node has its own, so this is each node's time there)
               floors: an in-memory copy of the same bytes, and a raw gloo broadcast of them between 2 ranks
   generation  ours: gather within the node, one request per node server, scatter (both nodes at once)
               direct: each node's batch sent straight to its server (no gather/scatter)
               stock: gather of the whole batch to rank 0, one request to one server, broadcast to all
+              ours, one node: node 0's half of the batch while node 1 idles (as for the push)
 
 The same code the trainer runs (trainer.parallel.shard_model, trainer.weight_push.NodePusher,
 trainer.generation.node_generate, trainer.server_client.ServerClient). Writes one JSON to argv[1].
@@ -29,7 +32,7 @@ from torch.distributed.device_mesh import init_device_mesh
 from trainer.generation import node_generate
 from trainer.parallel import Parallel, shard_model
 from trainer.server_client import ServerClient
-from trainer.weight_push import NodePusher
+from trainer.weight_push import NodePusher, iter_full_params
 
 RANKS_PER_NODE = 2
 
@@ -117,6 +120,12 @@ def main(out_path: str, cfg_path: str) -> None:
     if rss:
         res["push_stock"]["rank0_peak_extra_mb"] = round((rss.peak - rss.base) / 1e6, 1)
         rss.stop.set()
+    # both "nodes" share this machine's cores, so ours above pays for two servers' work on the same CPUs.
+    # On a cluster every node has its own: node 0 alone (node 1 idle) is what each node takes there.
+    res["push_ours_one_node"] = summary(timed(lambda: push_ours.push(1) if node == 0 else None, R), nbytes)
+    # the node-local all-gather alone (what the push streams from), to split the push into gather and transfer
+    res["gather_one_node"] = summary(timed(lambda: [None for _ in iter_full_params(m_ours, torch.float32)]
+                                           if node == 0 else None, R), nbytes)
     # floors, measured here in the same run: memcpy of the same bytes; a raw gloo broadcast rank 0 -> rank 1
     pair = dist.new_group([0, 1], backend="gloo")
     buf = torch.ones(params, dtype=torch.float32)
@@ -166,11 +175,16 @@ def main(out_path: str, cfg_path: str) -> None:
         mine = outs[0][rank * len(prompts):(rank + 1) * len(prompts)]
         assert len(mine) == len(prompts)
 
+    def ours_gen_one_node():  # node 0 alone, node 1 idle: each node's time when it has its own hardware
+        if node == 0:
+            node_generate(ours, prompts, lambda flat_: client.complete(flat_, **kw))
+
     ours_gen()  # warm-up (compiles, fills caches)
     tokens = world * g["prompts_per_rank"] * g["max_tokens"]
-    for name, fn in (("gen_direct", direct_gen), ("gen_ours", ours_gen), ("gen_stock", stock_gen)):
+    for name, fn, share in (("gen_direct", direct_gen, 1), ("gen_ours", ours_gen, 1), ("gen_stock", stock_gen, 1),
+                            ("gen_ours_one_node", ours_gen_one_node, 2)):
         res[name] = summary(timed(fn, R))
-        res[name]["tokens_per_s"] = round(tokens / res[name]["median_s"], 1)
+        res[name]["tokens_per_s"] = round(tokens / share / res[name]["median_s"], 1)
     res["generation"] = {**g, "ranks": world, "tokens_per_batch": tokens}
     if rank == 0:
         with open(out_path, "w") as f:

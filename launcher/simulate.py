@@ -5,10 +5,11 @@ assumptions and takes this machine's measured figures with --calibration bench/r
 Per step, with N nodes, G trainer ranks per node and B completions per rank of L tokens:
   generation  ours: (G*B*L) / tps_server             (every node generates its own share in parallel)
               stock: (N*G*B*L) / tps_server           (one server generates for the whole world)
-  push        ours: 2P / intra_bw                      (each node pushes to its own server over NVLink)
-              stock: 2P / inter_bw                     (rank 0 gathers every weight; the server sits on a node,
-                                                       the gather and push cross the network) + gather 2P / inter_bw
+  push        ours: bP / intra_bw                      (each node pushes to its own server over NVLink; b bytes/param)
+              stock: bP / inter_bw                     (rank 0 gathers every weight; the server sits on a node,
+                                                       the gather and push cross the network) + gather bP / inter_bw
   training    t_train, the same for both (data parallel, per-rank batch fixed)
+  tps_server  tokens_per_s_server x min(1, tps_anchor_params_b / P): a saturated server, decode memory-bound
 """
 
 from __future__ import annotations
@@ -18,6 +19,8 @@ from dataclasses import asdict, dataclass
 
 DEFAULTS = {
     "tokens_per_s_server": 40_000.0,  # one H200, 0.36B bf16: measured 40-44k (shared/gpu); scale by 1/params for big models
+    "tps_anchor_params_b": 0.36,  # the model size tokens_per_s_server was measured at
+    "bytes_per_param": 2.0,  # bf16 push
     "intra_bw_gbs": 450.0,  # NVLink per direction, H100/H200
     "inter_bw_gbs": 50.0,  # one 400 Gb/s NIC
     "train_s": 10.0,  # seconds of forward/backward/optimizer per step
@@ -50,9 +53,9 @@ def model_params_b(model_dir: str) -> float | None:
 
 
 def predict(nodes: list[int], params_b: float, ranks_per_node: int, batch: int, tokens: int, f: dict) -> list[Row]:
-    # generation throughput of one server falls with model size (decode is memory-bound): anchor 0.36B
-    tps = f["tokens_per_s_server"] * min(1.0, 0.36 / max(params_b, 1e-6))
-    push_bytes = 2 * params_b * 1e9
+    # generation throughput of one server falls with model size (decode is memory-bound), from its anchor
+    tps = f["tokens_per_s_server"] * min(1.0, f["tps_anchor_params_b"] / max(params_b, 1e-6))
+    push_bytes = f["bytes_per_param"] * params_b * 1e9
     rows = []
     for n in nodes:
         per_node_tokens = ranks_per_node * batch * tokens
@@ -75,7 +78,7 @@ def main(a) -> int:
     per = cfg.slurm.gpus_per_node - cfg.vllm.tensor_parallel_size or 1
     nodes = [int(x) for x in a.nodes.split(",")]
     rows = predict(nodes, params, per, cfg.trainer.per_device_train_batch_size, cfg.trainer.max_completion_length, figures)
-    print(f"assumptions: model {params:.2f}B params (bf16 push = {2 * params:.1f} GB), {per} trainer ranks/node, "
+    print(f"assumptions: model {params:.3g}B params (push = {figures['bytes_per_param'] * params:.3g} GB), {per} trainer ranks/node, "
           f"{cfg.trainer.per_device_train_batch_size} completions/rank x {cfg.trainer.max_completion_length} tokens; "
           + ", ".join(f"{k}={v:g}" for k, v in figures.items()))
     print(__doc__.split("Per step", 1)[1].strip().split("\n", 1)[1])
