@@ -25,19 +25,21 @@ print(json.dumps({"torch": torch.__version__, "cuda": torch.version.cuda, "gpu":
 PY
 cat "$OUT/versions.json"
 log "building the model"
-python3 -m launcher make-tiny-model /tmp/qwen2-05b-body --hidden 896 --layers 24 --kv-heads 2 --intermediate 4864 \
+# MODEL_ARGS picks another shape (e.g. the 1.5B body: --hidden 1536 --layers 28 --kv-heads 2 --intermediate 8960)
+MODEL=/tmp/qwen2-body-$$ JOB=${JOB:-/tmp/job-$$}
+python3 -m launcher make-tiny-model $MODEL ${MODEL_ARGS:---hidden 896 --layers 24 --kv-heads 2 --intermediate 4864} \
   --dtype bfloat16 --vocab 4096 | tail -1
 log "device-to-device copy bandwidth"
-python3 gpu/copy_bandwidth.py /tmp/qwen2-05b-body > "$OUT/d2d.json"; cat "$OUT/d2d.json"
+python3 gpu/copy_bandwidth.py $MODEL > "$OUT/d2d.json"; cat "$OUT/d2d.json"
 nvidia-smi --query-gpu=memory.used --format=csv,noheader,nounits -lms 500 > "$OUT/gpu_mem_used_mib.txt" 2>/dev/null &
 smi=$!
 log "slurm-grpo local configs/gpu_1gpu.yaml ($STEPS steps)"
-timeout "${RUN_TIMEOUT:-420}" python3 -m launcher local configs/gpu_1gpu.yaml --set job.job_dir=/tmp/job \
+timeout "${RUN_TIMEOUT:-420}" python3 -m launcher local configs/gpu_1gpu.yaml --set job.job_dir=$JOB --set vllm.model=$MODEL \
   --set "trainer.max_steps=$STEPS" 2>&1 | tail -60
 rc=${PIPESTATUS[0]}
 kill $smi 2>/dev/null
 log "local run exit $rc"
-cp /tmp/job/metrics.jsonl /tmp/job/summary.json /tmp/job/metrics.png "$OUT/" 2>/dev/null
-tar -czf "$OUT/logs.tgz" -C /tmp/job logs config.yaml plan.json 2>/dev/null
-python3 gpu/report.py /tmp/job "$OUT" || true
+cp $JOB/metrics.jsonl $JOB/summary.json $JOB/metrics.png "$OUT/" 2>/dev/null
+tar -czf "$OUT/logs.tgz" -C $JOB logs config.yaml plan.json 2>/dev/null
+python3 gpu/report.py $JOB "$OUT" || true
 exit $rc

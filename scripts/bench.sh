@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# bench.sh - the whole benchmark on this machine (about 12-18 minutes on 2 cores): installs what it needs,
+# bench.sh - the whole benchmark on this machine (about 8 minutes on 2 cores, 11 with CLUSTER=1): installs what it needs,
 # then `python -m bench.run`, which writes bench/results/{results.json,RESULTS.md,scaling-*.png}.
 #   bash scripts/bench.sh              push/generation/launcher/local-run/scaling model
 #   CLUSTER=1 bash scripts/bench.sh    also start the 2-node test cluster (root) and time a 2-node job

@@ -3,6 +3,7 @@ real torch.distributed), cluster (the real SLURM cluster of scripts/start_cluste
 
 from __future__ import annotations
 
+import json
 import os
 import subprocess
 import sys
@@ -33,3 +34,17 @@ def tiny_model(tmp_path_factory) -> str:
 def cli(*args: str, env: dict | None = None, timeout: float = 120, cwd: Path = REPO) -> subprocess.CompletedProcess:
     return subprocess.run([PY, "-m", "launcher", *args], capture_output=True, text=True, timeout=timeout, cwd=cwd,
                           env={**os.environ, **(env or {})})
+
+
+def read(path: Path) -> list[dict]:
+    """A JSON-lines file (metrics, events) as rows; none yet if it does not exist."""
+    return [json.loads(x) for x in path.read_text().splitlines() if x.strip()] if path.exists() else []
+
+
+def report(what: str, seconds: float, outcome: int | str) -> None:
+    """Injection-to-stop times of the fault tests, collected for the closing note (tests assert bounds,
+    not speeds): printed, and appended to $SLURM_GRPO_FAULT_TIMES."""
+    line = json.dumps({"fault": what, "seconds": round(seconds, 1), "outcome": outcome})
+    print(line)
+    with open(os.environ.get("SLURM_GRPO_FAULT_TIMES", "/tmp/slurm-grpo-fault-times.jsonl"), "a") as f:
+        f.write(line + "\n")

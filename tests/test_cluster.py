@@ -16,7 +16,7 @@ import pytest
 
 from launcher.topology import Plan
 
-from .conftest import PY, REPO
+from .conftest import PY, REPO, read, report
 
 pytestmark = pytest.mark.cluster
 ENV_FILE = os.environ.get("SLURM_GRPO_CLUSTER_ENV", "/tmp/slurm-grpo-cluster/env.sh")
@@ -31,10 +31,6 @@ def cluster_env() -> dict:
         if m:
             env[m.group(1)] = m.group(2).strip("'")
     return env
-
-
-def read(path: Path) -> list[dict]:
-    return [json.loads(x) for x in path.read_text().splitlines() if x.strip()] if path.exists() else []
 
 
 def sacct_state(job_id: str, env: dict) -> str:
@@ -100,13 +96,6 @@ def connect_from_n2(port: int, host: str = "10.200.0.11") -> str:
     probe = (f"import socket\ntry:\n socket.create_connection(({host!r}, {port}), timeout=3); print('OPEN')\n"
              f"except OSError as e: print('CLOSED', e)")
     return subprocess.run(["nsenter", "--net=/run/netns/slc-n2", PY, "-c", probe], capture_output=True, text=True).stdout
-
-
-def report(what: str, seconds: float, state: str) -> None:
-    line = json.dumps({"fault": what, "seconds": round(seconds, 1), "state": state})
-    print(line)
-    with open(os.environ.get("SLURM_GRPO_FAULT_TIMES", "/tmp/slurm-grpo-fault-times.jsonl"), "a") as f:
-        f.write(line + "\n")
 
 
 def test_two_node_job_preempted_requeued_resumes_and_completes(tmp_path, tiny_model):

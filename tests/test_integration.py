@@ -12,13 +12,9 @@ from pathlib import Path
 
 import pytest
 
-from .conftest import PY, REPO
+from .conftest import PY, REPO, read, report
 
 pytestmark = pytest.mark.integration
-
-
-def read(path: Path) -> list[dict]:
-    return [json.loads(x) for x in path.read_text().splitlines() if x.strip()] if path.exists() else []
 
 
 def local(job_dir: Path, model: str, *sets: str, timeout: float = 900) -> subprocess.CompletedProcess:
@@ -71,12 +67,17 @@ def start_local(job_dir: Path, model: str, *sets: str) -> subprocess.Popen:
                             cwd=REPO, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
 
 
-def wait_for_step(p: subprocess.Popen, job_dir: Path, step: int, timeout: float = 600) -> None:
+def poll_until(cond, p: subprocess.Popen, what: str, timeout: float = 600, every: float = 0.5) -> None:
+    """Wait for cond() while the run is alive, with a deadline (a fault test must never hang either)."""
     deadline = time.time() + timeout
-    while not [x for x in read(job_dir / "metrics.jsonl") if x.get("step", 0) >= step]:
+    while not cond():
         assert p.poll() is None, p.communicate()
-        assert time.time() < deadline, f"no step {step} within {timeout} s"
-        time.sleep(0.5)
+        assert time.time() < deadline, f"no {what} within {timeout} s"
+        time.sleep(every)
+
+
+def wait_for_step(p: subprocess.Popen, job_dir: Path, step: int, timeout: float = 600) -> None:
+    poll_until(lambda: [x for x in read(job_dir / "metrics.jsonl") if x.get("step", 0) >= step], p, f"step {step}", timeout)
 
 
 def pids(job_dir: Path) -> tuple[int, int]:
@@ -105,12 +106,14 @@ def assert_all_gone(*pids_: int) -> None:
     assert not left, f"still alive after the run stopped: {left}"
 
 
-def report(what: str, seconds: float, rc: int) -> None:
-    """Injection-to-stop times, collected for the closing note (tests assert bounds, not speeds)."""
-    line = json.dumps({"fault": what, "seconds": round(seconds, 1), "exit": rc})
-    print(line)
-    with open(os.environ.get("SLURM_GRPO_FAULT_TIMES", "/tmp/slurm-grpo-fault-times.jsonl"), "a") as f:
-        f.write(line + "\n")
+def stopped_after(p: subprocess.Popen, t0: float, what: str, timeout: float = 300) -> tuple[str, float]:
+    """Wait for the run to end after a fault injected at t0; record the time; it must have failed.
+    Returns (stderr, seconds from injection to the end)."""
+    _, err = p.communicate(timeout=timeout)
+    took = time.time() - t0
+    report(what, took, p.returncode)
+    assert p.returncode != 0, err[-3000:]
+    return err, took
 
 
 def test_killed_server_stops_the_run_fast_and_names_it(tmp_path, tiny_model):
@@ -121,10 +124,7 @@ def test_killed_server_stops_the_run_fast_and_names_it(tmp_path, tiny_model):
     t0 = time.time()
     os.killpg(vllm_pid, signal.SIGKILL)
     workers = children(trainer_pid)
-    out, err = p.communicate(timeout=180)
-    took = time.time() - t0
-    report("vLLM server killed (SIGKILL), local", took, p.returncode)
-    assert p.returncode != 0
+    err, took = stopped_after(p, t0, "vLLM server killed (SIGKILL), local", timeout=180)
     assert "node 0" in err and "vLLM server" in err and "node0-vllm.log" in err, err[-2000:]
     assert took < 120
     # nothing left behind: neither the server's group nor torchrun's, nor torchrun's workers (own sessions)
@@ -154,16 +154,10 @@ def test_rank_killed_mid_checkpoint_keeps_the_last_good_one_and_resume_uses_it(t
     vllm_pid, torchrun_pid = pids(job)
     victim = rank_pid(torchrun_pid, 0)
     workers = children(torchrun_pid)
-    deadline = time.time() + 300
-    while not (ck / "step-000006.tmp").exists():  # rank 0 created the folder: the write has begun
-        assert time.time() < deadline and p.poll() is None
-        time.sleep(0.001)
+    # rank 0 created the folder: the write has begun
+    poll_until((ck / "step-000006.tmp").exists, p, "checkpoint write of step 6", 300, every=0.001)
     os.kill(victim, signal.SIGKILL)
-    t0 = time.time()
-    out, err = p.communicate(timeout=300)
-    took = time.time() - t0
-    report("trainer rank 0 killed during a checkpoint write, local", took, p.returncode)
-    assert p.returncode != 0
+    err, took = stopped_after(p, time.time(), "trainer rank 0 killed during a checkpoint write, local")
     assert "node 0" in err and "trainer" in err and "node0-trainer.log" in err, err[-2000:]
     assert_all_gone(vllm_pid, torchrun_pid, *workers)
     from trainer.checkpoint import latest
@@ -193,21 +187,15 @@ def test_server_paused_during_a_push_is_a_timeout_not_a_hang(tmp_path, tiny_mode
     workers = children(torchrun_pid)
     log = job / "logs" / "node0-vllm.log"
     offset = log.stat().st_size
-    deadline = time.time() + 300
-    while True:
+
+    def push_began() -> bool:
         with open(log, "rb") as f:
             f.seek(offset)
-            new = f.read()
-        if b"POST /start_weight_update" in new:
-            break
-        assert time.time() < deadline and p.poll() is None
-        time.sleep(0.002)
+            return b"POST /start_weight_update" in f.read()
+
+    poll_until(push_began, p, "weight push", 300, every=0.002)
     os.killpg(vllm_pid, signal.SIGSTOP)
-    t0 = time.time()
-    out, err = p.communicate(timeout=300)
-    took = time.time() - t0
-    report("vLLM server paused (SIGSTOP) during a weight push, local", took, p.returncode)
-    assert p.returncode != 0
+    err, took = stopped_after(p, time.time(), "vLLM server paused (SIGSTOP) during a weight push, local")
     assert "weight push at step" in err and "node 0" in err, err[-3000:]
     assert took < 15 + 60, took  # the push deadline, plus stopping the processes
     assert_all_gone(vllm_pid, torchrun_pid, *workers)
