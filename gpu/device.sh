@@ -29,12 +29,18 @@ log "building the model"
 MODEL=/tmp/qwen2-body-$$ JOB=${JOB:-/tmp/job-$$}
 python3 -m launcher make-tiny-model $MODEL ${MODEL_ARGS:---hidden 896 --layers 24 --kv-heads 2 --intermediate 4864} \
   --dtype bfloat16 --vocab 4096 | tail -1
-log "device-to-device copy bandwidth"
-python3 gpu/copy_bandwidth.py $MODEL > "$OUT/d2d.json"; cat "$OUT/d2d.json"
+# One GPU: vLLM and the trainer share it (configs/gpu_1gpu.yaml, ipc push). G >= 2 GPUs (issue 8, not yet
+# run: no such kind has been lent): vLLM on GPU 0, FSDP2 ranks on 1..G-1 (configs/gpu_1node.yaml, nccl
+# push), and the floor is the GPU 0 <-> GPU 1 copy.
+G=$(nvidia-smi -L | wc -l)
+if [ "$G" -ge 2 ]; then CONFIG=${CONFIG:-configs/gpu_1node.yaml} PEER=cuda:1 SETS="--set slurm.gpus_per_node=$G --set vllm.max_model_len=512"
+else CONFIG=${CONFIG:-configs/gpu_1gpu.yaml} PEER=cuda:0 SETS=""; fi
+log "copy bandwidth, GPU 0 -> $PEER ($G GPUs)"
+python3 gpu/copy_bandwidth.py $MODEL $PEER > "$OUT/d2d.json"; cat "$OUT/d2d.json"
 nvidia-smi --query-gpu=memory.used --format=csv,noheader,nounits -lms 500 > "$OUT/gpu_mem_used_mib.txt" 2>/dev/null &
 smi=$!
-log "slurm-grpo local configs/gpu_1gpu.yaml ($STEPS steps)"
-timeout "${RUN_TIMEOUT:-420}" python3 -m launcher local configs/gpu_1gpu.yaml --set job.job_dir=$JOB --set vllm.model=$MODEL \
+log "slurm-grpo local $CONFIG ($STEPS steps)"
+timeout "${RUN_TIMEOUT:-420}" python3 -m launcher local $CONFIG $SETS --set job.job_dir=$JOB --set vllm.model=$MODEL \
   --set "trainer.max_steps=$STEPS" 2>&1 | tail -60
 rc=${PIPESTATUS[0]}
 kill $smi 2>/dev/null

@@ -30,6 +30,11 @@ def cluster_env() -> dict:
         m = re.match(r"export (\w+)=(.*)", line)
         if m:
             env[m.group(1)] = m.group(2).strip("'")
+    # a stale env.sh of a cluster that is gone would otherwise fail every test with munge/sbatch noise
+    r = subprocess.run(["sinfo", "-h", "-o", "%T"], capture_output=True, text=True, env=env, timeout=30)
+    if r.returncode != 0:
+        pytest.fail(f"the test cluster of {ENV_FILE} does not answer (sinfo: {r.stderr.strip()[:200]}); "
+                    f"restart it: scripts/stop_cluster.sh; scripts/start_cluster.sh 2 3 (scripts/test.sh does)")
     return env
 
 
