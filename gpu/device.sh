@@ -1,9 +1,10 @@
 #!/usr/bin/env bash
 # device.sh - ON THE H200 DEVICE, in the last of the back-to-back calls (the parts are in /tmp/parts):
 # install the carried wheels with --no-deps, build a random Qwen2 with the 0.5B model's transformer body
-# (bf16, from a config, no hub), measure the device-to-device copy bandwidth, run a short GRPO job with
-# `slurm-grpo local configs/gpu_1gpu.yaml` (vLLM and the FSDP2 trainer share the GPU; ipc push chosen by
-# the plan), and put the metrics, plot, summary and a results file under $OUT.
+# (bf16, from a config, no hub; MODEL_ARGS for another shape), measure the copy floor, run a short GRPO job
+# with `slurm-grpo local` (one GPU: configs/gpu_1gpu.yaml, vLLM and the FSDP2 trainer share the GPU, ipc push;
+# two or more GPUs: configs/gpu_1node.yaml, nccl push; both chosen by the plan), and put the metrics, plot,
+# summary and a results file under $OUT.  Env: STEPS, RUN_TIMEOUT, MODEL_ARGS, CONFIG, JOB.
 set -uo pipefail
 OUT=${OUT:-/tmp/out}
 STEPS=${STEPS:-30}
