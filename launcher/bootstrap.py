@@ -63,13 +63,23 @@ def tail(path: Path, lines: int = 25, max_bytes: int = 64_000) -> str:
 CAUSE_RE = re.compile(r"^(?:\[rank\d+\]:\s*)?((?:[A-Za-z_][\w.]*\.)?\w*(?:Error|Exception|Interrupt)): (.+)$")
 NOT_CAUSES = ("ChildFailedError", "SignalException")
 PEER_LOST = ("closed by peer", "reset by peer", "remote worker", "Broken pipe", "NCCL communicator was aborted")
+# torchrun's failure summary: a first observed failure that is a signal (SIGKILL by the OOM killer or a user)
+# is this node's own root cause, even when the surviving local ranks printed "reset by peer" before it
+KILLED_RE = re.compile(r"Root Cause \(first observed failure\):.*?rank\s*:\s*(\d+) \(local_rank: (\d+)\)"
+                       r".*?exitcode\s*:\s*(-\d+) \(pid: (\d+)\)\s*\((\w+)\)", re.S)
 
 
 def root_cause(path: Path) -> str:
-    """The first exception line a rank printed in the latest start (not torchrun's own summary): ranks
-    that die of the first one's death (peer closed, SIGTERM) print theirs after it."""
+    """Why the node's trainer failed, from its log's latest start: a rank killed by a signal, as torchrun's
+    summary names it, or else the first exception line a rank printed (ranks that die of the first one's
+    death - peer closed, SIGTERM - print theirs after it)."""
     text = tail(path, 100_000, max_bytes=4_000_000)
     text = text[max(0, text.rfind("===== ")):]  # Proc writes this header at each start
+    k = KILLED_RE.search(text)
+    if k:
+        rank, local, code, pid, sig = k.groups()
+        return (f"rank {rank} (local rank {local}, pid {pid}) was killed by {sig} (exit code {code}); "
+                f"if nobody sent it, look for the OOM killer in the node's kernel log")
     for line in text.splitlines():
         m = CAUSE_RE.match(line.strip())
         if m and not m.group(1).endswith(NOT_CAUSES):
@@ -438,14 +448,14 @@ def supervise(p: Plan, node: int, host: str, vllm: Proc, trainer: Proc, stop_req
             # a rank that died of another node's failure (its peers vanished): wait for that node's abort,
             # which names the real cause, before claiming to be the first failure
             abort.settle(30.0 if any(m in cause for m in PEER_LOST) else 3.0)
-            raise NodeFailure(f"node {node} ({host}): trainer {trainer.describe()} exited with code {rc}{why}"
+            raise NodeFailure(f"node {node} ({host}): {trainer.describe()} exited with code {rc}{why}"
                               f"{': ' + cause if cause else ''}\n"
                               f"  last lines of {trainer.log_path}:\n{tail(trainer.log_path)}")
         if stall:
             m = _metrics_mtime(job_dir)
             if m is not None and time.time() - max(m, trainer.started) > stall:
                 raise NodeFailure(f"node {node} ({host}): no training step for {stall:.0f} s (trainer.stall_timeout_s); "
-                                  f"trainer {trainer.describe()}\n  last lines of {trainer.log_path}:\n{tail(trainer.log_path)}")
+                                  f"{trainer.describe()}\n  last lines of {trainer.log_path}:\n{tail(trainer.log_path)}")
         time.sleep(POLL_S)
 
 

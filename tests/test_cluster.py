@@ -210,6 +210,9 @@ def test_paused_server_on_one_node_times_out_and_stops_both_nodes(tmp_path, tiny
             if i < 0 or b"POST /v1/completions" not in new[i:]:
                 time.sleep(0.005)
                 continue
+            # the access line is logged as the answer starts: let its body reach the trainer first, or the
+            # probe, not the generation, would be the request left hanging
+            time.sleep(0.05)
             os.killpg(server, signal.SIGSTOP)
             t = time.time()
             time.sleep(0.2)  # let a line already being written land
@@ -238,4 +241,6 @@ def test_dead_trainer_rank_on_one_node_stops_both_nodes(tmp_path, tiny_model):
     job, error, took, state = run_fault_job(tmp_path, tiny_model, "rank death", inject)
     report("trainer rank 3 (node 1) killed -> whole 2-node job gone", took, state)
     assert "trainer" in error and "node1-trainer.log" in error, error
+    # the real cause (from torchrun's summary), not its surviving local rank's "reset by peer"
+    assert "rank 3" in error and "SIGKILL" in error, error
     assert took < 60, took

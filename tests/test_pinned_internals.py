@@ -44,3 +44,44 @@ def test_submitit_internals():
     from submitit.slurm.slurm import SlurmExecutor
 
     assert hasattr(SlurmExecutor, "_submit_command") and hasattr(SlurmExecutor, "_make_submission_file_text")
+
+
+WORKER = """
+import os, signal, sys, time
+rank = int(os.environ["RANK"])
+if rank == 1:
+    time.sleep(0.5)
+    if sys.argv[1] == "kill":
+        os.kill(os.getpid(), signal.SIGKILL)  # what the OOM killer does
+    raise ValueError("boom in rank 1")
+# rank 0 reports what a survivor reports when its peer vanished, then waits for torchrun's SIGTERM: before
+# the kill (the worst case: its line comes first in the log), after the exception (as survivors do)
+time.sleep(0.2 if sys.argv[1] == "kill" else 1.5)
+print("RuntimeError: [pair.cc:537] Read error: Connection reset by peer. remote worker", file=sys.stderr, flush=True)
+time.sleep(60)
+"""
+
+
+@pytest.mark.parametrize("how, needles", [("kill", ("rank 1", "local rank 1", "SIGKILL")),
+                                          ("raise", ("ValueError: boom in rank 1",))])
+def test_torchrun_failure_summary_names_the_killed_rank(tmp_path, how, needles):
+    """launcher.bootstrap.root_cause reads torchrun's failure summary (its format is torch's): a rank killed
+    by a signal is the node's own cause, not the survivor's "reset by peer" (which would make the node wait
+    for another node's abort, and name the wrong cause); an exception in a rank is named as it was raised."""
+    import subprocess
+    import sys
+
+    from launcher.bootstrap import PEER_LOST, root_cause
+
+    (tmp_path / "w.py").write_text(WORKER)
+    log = tmp_path / "trainer.log"
+    with open(log, "w") as f:
+        f.write("===== test start\n")
+        f.flush()
+        subprocess.run([sys.executable, "-m", "torch.distributed.run", "--nproc-per-node", "2", "--max-restarts", "0",
+                        "--master-port", "29561", str(tmp_path / "w.py"), how], stdout=f, stderr=subprocess.STDOUT,
+                       timeout=120, cwd=tmp_path)
+    cause = root_cause(log)
+    for n in needles:
+        assert n in cause, (cause, log.read_text()[-3000:])
+    assert not any(m in cause for m in PEER_LOST), cause

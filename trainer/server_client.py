@@ -30,6 +30,8 @@ class ServerClient:
         except requests.Timeout:
             raise self._fail(route, f"no answer within {timeout:.0f} s") from None
         except requests.ConnectionError as e:
+            if "timed out" in str(e):  # the answer began, then stopped: requests wraps that read timeout as this
+                raise self._fail(route, f"no answer within {timeout:.0f} s (the answer stopped part way)") from None
             raise self._fail(route, f"connection failed ({e.__class__.__name__}); is the server still running?") from None
         self.requests_sent += 1
         if r.status_code != 200:
