@@ -34,7 +34,8 @@ def cluster_env() -> dict:
     r = subprocess.run(["sinfo", "-h", "-o", "%T"], capture_output=True, text=True, env=env, timeout=30)
     if r.returncode != 0:
         pytest.fail(f"the test cluster of {ENV_FILE} does not answer (sinfo: {r.stderr.strip()[:200]}); "
-                    f"restart it: scripts/stop_cluster.sh; scripts/start_cluster.sh 2 3 (scripts/test.sh does)")
+                    f"restart it: bash scripts/stop_cluster.sh --base /tmp/slurm-grpo-cluster; bash scripts/start_cluster.sh "
+                    f"2 3 --cpus 4 --mem 12000 --base /tmp/slurm-grpo-cluster (scripts/test.sh does both)")
     return env
 
 
