@@ -26,9 +26,10 @@ import time
 from pathlib import Path
 
 from launcher import config as C
-from launcher.bootstrap import Proc, wait_healthy
+from launcher.bootstrap import wait_healthy
 from launcher.commands import vllm_command
 from launcher.jobs import read_jsonl, startup_phases
+from launcher.procs import Proc
 from launcher.topology import plan
 
 REPO = Path(__file__).resolve().parent.parent
@@ -63,12 +64,13 @@ def bench_push_and_generation(work: Path, repeats: int) -> dict:
     try:
         t0 = time.time()
         for i, s in enumerate(servers):
-            took = wait_healthy(s, f"http://127.0.0.1:{ports[i]}", 900, i, "localhost", _NoAbort())
+            took = wait_healthy(s, f"http://127.0.0.1:{ports[i]}", 900, f"bench server {i}")
             say(f"server {i} healthy ({took:.0f} s)")
         cfgf = work / "workers.json"
         cfgf.write_text(json.dumps({"model": str(model), "vocab": info["vocab"], "repeats": repeats,
                                     "server_urls": [f"http://127.0.0.1:{p}" for p in ports],
-                                    "transfer_ports": [18200, 18201],
+                                    "transfer_ports": [18200, 18201], "transfer_ports_unpacked": [18210, 18211],
+                                    "bucket_mb": C.TrainerConfig.bucket_mb,
                                     "generation": {"prompts_per_rank": 16, "prompt_tokens": 16, "max_tokens": 32}}))
         out = work / "workers-out.json"
         say("push and generation: 4 gloo ranks (2 nodes x 2), ours vs stock vs floors")
@@ -84,11 +86,6 @@ def bench_push_and_generation(work: Path, repeats: int) -> dict:
     finally:
         for s in servers:
             s.stop()
-
-
-class _NoAbort:
-    def check(self) -> None:
-        pass
 
 
 def bench_dry_run() -> dict:
@@ -172,7 +169,8 @@ def markdown(res: dict) -> str:
              f"## Weight push: {p['params'] / 1e6:.1f} M parameters, {mb:.0f} MB float32, gloo over loopback", "",
              "| path | median s | GB/s | rank 0 peak extra memory |", "|---|---|---|---|"]
     for k, name in (("push_ours", "ours: 2 nodes push to their own servers at once (sharing these CPUs)"),
-                    ("push_ours_one_node", "ours, one node (the other idle): each node's time on its own hardware"),
+                    ("push_ours_one_node", f"ours, one node (the other idle): each node's time on its own hardware, packed in {p['bucket_mb']} MiB buckets"),
+                    ("push_ours_one_node_unpacked", "the same, unpacked (one broadcast and one load per tensor: the push before packing)"),
                     ("push_stock", "stock: rank 0 gathers all and pushes to one server"),
                     ("gather_one_node", "part of ours, one node: the node-local all-gather alone"),
                     ("floor_gloo_broadcast", "floor: raw gloo broadcast rank 0 -> 1, same bytes"),
@@ -253,6 +251,8 @@ def main(argv: list[str] | None = None) -> int:
         "push_delivered_gbs_ours": round(2 * p["bytes"] / p["push_ours"]["median_s"] / 1e9, 3),
         "push_delivered_gbs_stock": round(p["bytes"] / p["push_stock"]["median_s"] / 1e9, 3),
         "push_ours_over_gloo_floor": ratio(p["push_ours_one_node"]["median_s"], p["floor_gloo_broadcast"]["median_s"]),
+        "push_unpacked_over_gloo_floor": ratio(p["push_ours_one_node_unpacked"]["median_s"], p["floor_gloo_broadcast"]["median_s"]),
+        "push_unpacked_over_packed": ratio(p["push_ours_one_node_unpacked"]["median_s"], p["push_ours_one_node"]["median_s"]),
         "push_ours_over_memcpy": ratio(p["push_ours_one_node"]["median_s"], p["floor_memcpy"]["median_s"]),
         "gen_ours_over_direct": ratio(p["gen_ours"]["median_s"], p["gen_direct"]["median_s"]),
         "gen_stock_over_ours": ratio(p["gen_stock"]["median_s"], p["gen_ours"]["median_s"]),

@@ -32,7 +32,7 @@ from torch.distributed.device_mesh import init_device_mesh
 from trainer.generation import node_generate
 from trainer.parallel import Parallel, shard_model
 from trainer.server_client import ServerClient
-from trainer.weight_push import NodePusher, iter_full_params
+from trainer.weight_push import NodePusher, PushSettings, iter_full_params
 
 RANKS_PER_NODE = 2
 
@@ -88,8 +88,10 @@ def main(out_path: str, cfg_path: str) -> None:
     hsdp = init_device_mesh("cpu", (2, RANKS_PER_NODE), mesh_dim_names=("replicate", "shard"))
     flat = init_device_mesh("cpu", (world,), mesh_dim_names=("shard",))
     cpu = torch.device("cpu")
-    ours = Parallel(rank, rank % RANKS_PER_NODE, world, node, groups[node], node_ranks, node_ranks[0], hsdp, cpu)
-    stock = Parallel(rank, rank, world, 0, dist.group.WORLD, list(range(world)), 0, flat, cpu)
+    ours = Parallel(rank=rank, local_rank=rank % RANKS_PER_NODE, world=world, node=node, node_group=groups[node],
+                    node_ranks=node_ranks, leader=node_ranks[0], mesh=hsdp, device=cpu, allreduce_check={})
+    stock = Parallel(rank=rank, local_rank=rank, world=world, node=0, node_group=dist.group.WORLD,
+                     node_ranks=list(range(world)), leader=0, mesh=flat, device=cpu, allreduce_check={})
     from transformers import AutoModelForCausalLM
 
     def load(par: Parallel):
@@ -101,10 +103,16 @@ def main(out_path: str, cfg_path: str) -> None:
     nbytes = params * 4
     urls, model, R = cfg["server_urls"], cfg["model"], cfg["repeats"]
     client = ServerClient(urls[node], model, node, 600) if ours.is_leader else None
-    push_ours = NodePusher(m_ours, client, "gloo", cfg["transfer_ports"][node], 1, 600, cpu, torch.float32)
+
+    def settings(port: int, bucket_bytes: int) -> PushSettings:
+        return PushSettings(backend="gloo", transfer_port=port, server_world=1, timeout_s=600, dtype=torch.float32,
+                            bucket_bytes=bucket_bytes)
+
+    bucket = cfg["bucket_mb"] * 2**20
+    push_ours = NodePusher(m_ours, client, settings(cfg["transfer_ports"][node], bucket), cpu)
     stock_client = client if rank == 0 else None
-    push_stock = NodePusher(m_stock, stock_client, "gloo", cfg["transfer_ports"][0], 1, 600, cpu, torch.float32)
-    res: dict = {"params": params, "bytes": nbytes, "ranks": world, "nodes": 2, "repeats": R}
+    push_stock = NodePusher(m_stock, stock_client, settings(cfg["transfer_ports"][0], bucket), cpu)
+    res: dict = {"params": params, "bytes": nbytes, "ranks": world, "nodes": 2, "repeats": R, "bucket_mb": cfg["bucket_mb"]}
 
     # ---------------------------------------------------------------- push
     push_ours.push(0)  # warm-up, and sets up the transfer groups
@@ -123,6 +131,12 @@ def main(out_path: str, cfg_path: str) -> None:
     # both "nodes" share this machine's cores, so ours above pays for two servers' work on the same CPUs.
     # On a cluster every node has its own: node 0 alone (node 1 idle) is what each node takes there.
     res["push_ours_one_node"] = summary(timed(lambda: push_ours.push(1) if node == 0 else None, R), nbytes)
+    # the same push unpacked: a 1-byte bucket closes every chunk after one tensor (one broadcast and one
+    # load_weights per parameter, what the push did before packing); the init info carries the bucket, so a
+    # second transfer group (the other port) is set up for it
+    per_tensor = NodePusher(m_ours, client, settings(cfg["transfer_ports_unpacked"][node], 1), cpu)
+    per_tensor.push(0)
+    res["push_ours_one_node_unpacked"] = summary(timed(lambda: per_tensor.push(1) if node == 0 else None, R), nbytes)
     # the node-local all-gather alone (what the push streams from), to split the push into gather and transfer
     res["gather_one_node"] = summary(timed(lambda: [None for _ in iter_full_params(m_ours, torch.float32)]
                                            if node == 0 else None, R), nbytes)

@@ -15,10 +15,8 @@ checkpoint is on disk the job is requeued (under SLURM with slurm.requeue) and r
 from __future__ import annotations
 
 import argparse
-import ctypes
 import json
 import os
-import re
 import signal
 import socket
 import subprocess
@@ -26,17 +24,19 @@ import sys
 import time
 import urllib.error
 import urllib.request
+from collections.abc import Callable
+from dataclasses import dataclass
 from pathlib import Path
-from typing import IO
+from typing import Protocol
 
-from launcher.commands import NodeCommand, redact_argv, trainer_command, vllm_command
+from launcher.commands import NodeCommand, trainer_command, vllm_command
 from launcher.config import ConfigError
-from launcher.jobdir import checkpoint_meta, complete_checkpoints
+from launcher.diagnose import PEER_LOST, root_cause, tail
+from launcher.jobdir import PREEMPTED_EXIT, Events, checkpoint_meta, complete_checkpoints
 from launcher.preflight import PreflightError, check_node_inputs
+from launcher.procs import Proc, become_subreaper, descendants, kill_all
 from launcher.topology import FIRST_NODE, Plan
 
-PREEMPTED_EXIT = 3
-"""Exit code of a trainer that checkpointed on a preemption signal (the job is requeued, not failed)."""
 POLL_S = 0.5
 
 
@@ -47,44 +47,6 @@ class NodeFailure(RuntimeError):
     def __init__(self, message: str, remote: bool = False):
         super().__init__(message)
         self.remote = remote
-
-
-def tail(path: Path, lines: int = 25, max_bytes: int = 64_000) -> str:
-    try:
-        with open(path, "rb") as f:
-            f.seek(0, os.SEEK_END)
-            f.seek(max(0, f.tell() - max_bytes))
-            text = f.read().decode(errors="replace")
-    except OSError:
-        return f"(no log at {path})"
-    return "\n".join("    " + ln for ln in text.splitlines()[-lines:])
-
-
-CAUSE_RE = re.compile(r"^(?:\[rank\d+\]:\s*)?((?:[A-Za-z_][\w.]*\.)?\w*(?:Error|Exception|Interrupt)): (.+)$")
-NOT_CAUSES = ("ChildFailedError", "SignalException")
-PEER_LOST = ("closed by peer", "reset by peer", "remote worker", "Broken pipe", "NCCL communicator was aborted")
-# torchrun's failure summary: a first observed failure that is a signal (SIGKILL by the OOM killer or a user)
-# is this node's own root cause, even when the surviving local ranks printed "reset by peer" before it
-KILLED_RE = re.compile(r"Root Cause \(first observed failure\):.*?rank\s*:\s*(\d+) \(local_rank: (\d+)\)"
-                       r".*?exitcode\s*:\s*(-\d+) \(pid: (\d+)\)\s*\((\w+)\)", re.S)
-
-
-def root_cause(path: Path) -> str:
-    """Why the node's trainer failed, from its log's latest start: a rank killed by a signal, as torchrun's
-    summary names it, or else the first exception line a rank printed (ranks that die of the first one's
-    death - peer closed, SIGTERM - print theirs after it)."""
-    text = tail(path, 100_000, max_bytes=4_000_000)
-    text = text[max(0, text.rfind("===== ")):]  # Proc writes this header at each start
-    k = KILLED_RE.search(text)
-    if k:
-        rank, local, code, pid, sig = k.groups()
-        return (f"rank {rank} (local rank {local}, pid {pid}) was killed by {sig} (exit code {code}); "
-                f"if nobody sent it, look for the OOM killer in the node's kernel log")
-    for line in text.splitlines():
-        m = CAUSE_RE.match(line.strip())
-        if m and not m.group(1).endswith(NOT_CAUSES):
-            return f"{m.group(1).rsplit('.', 1)[-1]}: {m.group(2)}"[:600]
-    return ""
 
 
 def torchrun_compatible(argv: list[str]) -> list[str]:
@@ -120,118 +82,6 @@ def rendezvous_host(p: Plan) -> str:
     if out.returncode != 0 or not out.stdout.split():
         raise NodeFailure(f"`scontrol show hostnames {nodelist}` failed: {out.stderr.strip()}")
     return out.stdout.split()[0]
-
-
-def descendants(pid: int) -> list[int]:
-    """Every live descendant of pid (from /proc), so that a grandchild which started its own session
-    (torchrun's workers, vLLM's engine core) is still found and stopped."""
-    children: dict[int, list[int]] = {}
-    for d in Path("/proc").iterdir():
-        if not d.name.isdigit():
-            continue
-        try:
-            stat = (d / "stat").read_text()
-        except OSError:
-            continue
-        ppid = int(stat[stat.rindex(")") + 2:].split()[1])
-        children.setdefault(ppid, []).append(int(d.name))
-    out, todo = [], [pid]
-    while todo:
-        for c in children.get(todo.pop(), []):
-            out.append(c)
-            todo.append(c)
-    return out
-
-
-def become_subreaper() -> None:
-    """Orphaned descendants are re-parented to us instead of init, so the final sweep still finds them."""
-    try:
-        ctypes.CDLL(None, use_errno=True).prctl(36, 1, 0, 0, 0)  # PR_SET_CHILD_SUBREAPER
-    except (OSError, AttributeError):
-        pass
-
-
-def alive(pid: int) -> bool:
-    """Running or stopped; a zombie (dead, not yet reaped) is not alive."""
-    try:
-        stat = Path(f"/proc/{pid}/stat").read_text()
-    except OSError:
-        return False
-    return stat[stat.rindex(")") + 2] not in "ZX"
-
-
-def kill_all(pids: list[int], wait_s: float = 10.0) -> None:
-    """SIGKILL each pid and wait until none is alive, reaping those that are our own children."""
-    for pid in pids:
-        try:
-            os.kill(pid, signal.SIGKILL)
-        except (ProcessLookupError, PermissionError):
-            pass
-    pending, deadline = set(pids), time.time() + wait_s
-    while pending and time.time() < deadline:
-        for pid in list(pending):
-            try:
-                os.waitpid(pid, os.WNOHANG)
-            except ChildProcessError:
-                pass  # not our child: its own parent (or init) reaps it
-            if not alive(pid):
-                pending.discard(pid)
-        time.sleep(0.05)
-
-
-class Proc:
-    """A child in its own process group, logging to a file. Signals in ignore_signals are set to SIG_IGN
-    for the child (dispositions set to ignore survive exec): the server must outlive the time-limit
-    warning that SLURM sends to every process of the step, so that the trainer can finish its step."""
-
-    def __init__(self, cmd: NodeCommand, job_dir: Path, node: int, grace_s: float = 20.0,
-                 ignore_signals: tuple[int, ...] = ()):
-        self.cmd, self.node, self.grace_s = cmd, node, grace_s
-        self.log_path = job_dir / cmd.log
-        env = {k: v for k, v in os.environ.items()}
-        env.update(cmd.env)
-        self._log: IO[bytes] = open(self.log_path, "ab")
-        self._log.write(f"\n===== {time.strftime('%F %T')} node {node} {cmd.name}: {' '.join(redact_argv(cmd.argv))}\n".encode())
-        self._log.flush()
-        saved = {sig: signal.signal(sig, signal.SIG_IGN) for sig in ignore_signals}
-        try:
-            self.popen = subprocess.Popen(cmd.argv, env=env, stdout=self._log, stderr=subprocess.STDOUT,
-                                          stdin=subprocess.DEVNULL, start_new_session=True)
-        finally:
-            for sig, old in saved.items():
-                signal.signal(sig, old)
-        self.started = time.time()
-
-    def poll(self) -> int | None:
-        return self.popen.poll()
-
-    def signal(self, sig: int) -> None:
-        try:
-            os.killpg(self.popen.pid, sig)
-        except ProcessLookupError:
-            pass
-
-    def stop(self) -> None:
-        """SIGTERM (and SIGCONT, for a stopped process) the group, SIGKILL the group and every descendant
-        found before the stop once grace_s has passed; always reaps."""
-        tree = descendants(self.popen.pid)
-        if self.popen.poll() is None:
-            self.signal(signal.SIGTERM)
-            self.signal(signal.SIGCONT)
-            try:
-                self.popen.wait(self.grace_s)
-            except subprocess.TimeoutExpired:
-                pass
-        self.signal(signal.SIGKILL)
-        kill_all(tree + descendants(self.popen.pid))
-        try:
-            self.popen.wait(10)
-        except subprocess.TimeoutExpired:
-            pass
-        self._log.close()
-
-    def describe(self) -> str:
-        return f"{self.cmd.name} (pid {self.popen.pid}, log {self.log_path})"
 
 
 class JobAbort:
@@ -277,10 +127,46 @@ def attempt_id() -> str:
     return f"local.{os.getpid()}.{int(time.time())}"
 
 
-def wait_healthy(proc: Proc, url: str, deadline_s: float, node: int, host: str, abort: JobAbort) -> float:
+@dataclass(frozen=True)
+class NodeRun:
+    """This node in this attempt of the job: what every message, event and abort of the node needs."""
+
+    plan: Plan
+    node: int
+    host: str
+    attempt: str
+    events: Events
+    abort: JobAbort
+
+    @property
+    def job_dir(self) -> Path:
+        return Path(self.plan.job_dir)
+
+    @property
+    def where(self) -> str:
+        return f"node {self.node} ({self.host})"
+
+    def say(self, message: str) -> None:
+        print(f"[bootstrap node {self.node} {self.host}] {message}", flush=True)
+
+
+class Supervised(Protocol):
+    """What the bootstrap needs of a child process (launcher.procs.Proc; a fake one in the unit tests)."""
+
+    log_path: Path
+    started: float
+
+    def poll(self) -> int | None: ...
+    def signal(self, sig: int) -> None: ...
+    def describe(self) -> str: ...
+
+
+def wait_healthy(proc: Supervised, url: str, deadline_s: float, where: str, check: Callable[[], None] = lambda: None) -> float:
+    """Seconds until the server answers /health; NodeFailure if it exits first or the deadline passes.
+    check: called every poll (the other nodes' abort file), raises to stop waiting."""
     t0 = time.time()
     while True:
-        abort.check()
+        check()
         rc = proc.poll()
         if rc is not None:
             hint = ""
@@ -288,7 +174,7 @@ def wait_healthy(proc: Proc, url: str, deadline_s: float, node: int, host: str, 
             if "Failed to load plugin" in text or "Unsupported backend" in text or "gloo" in text and "not registered" in text:
                 hint = ("\n  hint: the project's vLLM plugin did not load (is slurm-grpo installed with `pip install -e .` "
                         "in the job's environment, and is there no folder named 'trainer' shadowing it in the cwd?)")
-            raise NodeFailure(f"node {node} ({host}): vLLM server {proc.describe()} exited with code {rc} before it "
+            raise NodeFailure(f"{where}: vLLM server {proc.describe()} exited with code {rc} before it "
                               f"was healthy at {url}{hint}\n  last lines of {proc.log_path}:\n{tail(proc.log_path)}")
         try:
             with urllib.request.urlopen(url + "/health", timeout=5) as r:
@@ -297,46 +183,35 @@ def wait_healthy(proc: Proc, url: str, deadline_s: float, node: int, host: str, 
         except (urllib.error.URLError, OSError, TimeoutError):
             pass
         if time.time() - t0 > deadline_s:
-            raise NodeFailure(f"node {node} ({host}): vLLM server {proc.describe()} not healthy at {url} after "
+            raise NodeFailure(f"{where}: vLLM server {proc.describe()} not healthy at {url} after "
                               f"{deadline_s:.0f} s (vllm.health_timeout_s)\n  last lines of {proc.log_path}:\n{tail(proc.log_path)}")
         time.sleep(POLL_S)
 
 
-def check_port_free(port: int, what: str, node: int, host: str) -> None:
+def check_port_free(port: int, what: str, where: str) -> None:
     s = socket.socket()
     # SO_REUSEADDR as the servers themselves use it: a port in TIME_WAIT after the last run is free, a listener is not
     s.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
     try:
         s.bind(("127.0.0.1", port))
     except OSError:
-        raise NodeFailure(f"node {node} ({host}): port {port} ({what}) is already in use on this node; "
+        raise NodeFailure(f"{where}: port {port} ({what}) is already in use on this node; "
                           f"stop what holds it (`ss -ltnp 'sport = :{port}'`) or pick another port in the config") from None
     finally:
         s.close()
 
 
-def preflight(p: Plan, node: int, host: str) -> None:
+def preflight(run: NodeRun) -> None:
     """Everything that can be checked before a process starts, so a bad input costs seconds, not a minute."""
-    for port, what in ((p.vllm_port, "vllm.port"), (p.nodes[node].weight_transfer_port, "trainer.weight_transfer_port")):
-        check_port_free(port, what, node, host)
-    if node == 0:
-        check_port_free(p.rendezvous_port, "trainer.rendezvous_port", node, host)
+    p = run.plan
+    for port, what in ((p.vllm_port, "vllm.port"), (p.nodes[run.node].weight_transfer_port, "trainer.weight_transfer_port")):
+        check_port_free(port, what, run.where)
+    if run.node == 0:
+        check_port_free(p.rendezvous_port, "trainer.rendezvous_port", run.where)
     try:
         check_node_inputs(p.config)
     except PreflightError as e:
-        raise NodeFailure(f"node {node} ({host}): {e}") from None
-
-
-class Events:
-    """logs/node{i}-events.jsonl: phase timestamps (server start, healthy, trainer start, exits)."""
-
-    def __init__(self, job_dir: Path, node: int):
-        self.path = job_dir / "logs" / f"node{node}-events.jsonl"
-        self.node = node
-
-    def __call__(self, event: str, **kw) -> None:
-        with open(self.path, "a") as f:
-            f.write(json.dumps({"t": time.time(), "node": self.node, "event": event, **kw}) + "\n")
+        raise NodeFailure(f"{run.where}: {e}") from None
 
 
 def run_node(p: Plan, node: int) -> int:
@@ -345,10 +220,10 @@ def run_node(p: Plan, node: int) -> int:
     host = socket.gethostname()
     python = sys.executable
     attempt = attempt_id()
-    ev = Events(job_dir, node)
-    ev("bootstrap_start", host=host, slurm_job=os.environ.get("SLURM_JOB_ID"), attempt=attempt,
-       restart=int(os.environ.get("SLURM_RESTART_COUNT", "0")))
-    abort = JobAbort(job_dir, attempt, node, p.num_nodes)
+    run = NodeRun(plan=p, node=node, host=host, attempt=attempt, events=Events(job_dir, node),
+                  abort=JobAbort(job_dir, attempt, node, p.num_nodes))
+    run.events("bootstrap_start", host=host, slurm_job=os.environ.get("SLURM_JOB_ID"), attempt=attempt,
+               restart=int(os.environ.get("SLURM_RESTART_COUNT", "0")))
     become_subreaper()
 
     stop_requested: list[int] = []
@@ -361,38 +236,37 @@ def run_node(p: Plan, node: int) -> int:
 
     procs: list[Proc] = []
     try:
-        preflight(p, node, host)
+        preflight(run)
         vllm = Proc(vllm_command(p, node, python), job_dir, node, ignore_signals=(signal.SIGUSR1, signal.SIGUSR2))
         procs.append(vllm)
-        ev("vllm_start", pid=vllm.popen.pid)
+        run.events("vllm_start", pid=vllm.popen.pid)
         url = p.nodes[node].server_url
-        print(f"[bootstrap node {node} {host}] vLLM starting: {vllm.describe()}", flush=True)
-        took = wait_healthy(vllm, url, float(p.config["vllm"]["health_timeout_s"]), node, host, abort)
-        ev("vllm_healthy", seconds=took)
-        print(f"[bootstrap node {node} {host}] vLLM healthy at {url} after {took:.1f} s", flush=True)
+        run.say(f"vLLM starting: {vllm.describe()}")
+        took = wait_healthy(vllm, url, p.config.vllm.health_timeout_s, run.where, check=run.abort.check)
+        run.events("vllm_healthy", seconds=took)
+        run.say(f"vLLM healthy at {url} after {took:.1f} s")
         if stop_requested:
             raise NodeFailure(f"node {node}: stopped by signal {stop_requested[0]} before training started")
         cmd = trainer_command(p, node, rendezvous_host(p), python)
-        cmd = NodeCommand(cmd.name, torchrun_compatible(cmd.argv), dict(cmd.env), cmd.log)
-        cmd.env["SLURM_GRPO_ATTEMPT"] = attempt
+        cmd = NodeCommand(cmd.name, torchrun_compatible(cmd.argv), {**cmd.env, "SLURM_GRPO_ATTEMPT": attempt}, cmd.log)
         # torchrun's own shutdown waits up to its --shutdown-timeout for the ranks' checkpoint: outwait it
-        trainer = Proc(cmd, job_dir, node, grace_s=max(30, int(p.config["slurm"]["signal_seconds"]) - 30) + 10)
+        trainer = Proc(cmd, job_dir, node, grace_s=p.bootstrap_grace_s)
         procs.append(trainer)
-        ev("trainer_start", pid=trainer.popen.pid)
-        print(f"[bootstrap node {node} {host}] trainer started: {trainer.describe()}", flush=True)
-        return supervise(p, node, host, vllm, trainer, stop_requested, ev, abort, attempt)
+        run.events("trainer_start", pid=trainer.popen.pid)
+        run.say(f"trainer started: {trainer.describe()}")
+        return supervise(run, vllm, trainer, stop_requested)
     except NodeFailure as e:
         first = str(e).splitlines()[0]
-        ev("failed", error=first, remote=e.remote)
+        run.events("failed", error=first, remote=e.remote)
         if not e.remote:
-            abort.write(host, first)
+            run.abort.write(host, first)
         print(f"[bootstrap node {node} {host}] FAILED: {e}", file=sys.stderr, flush=True)
         return 1
     finally:
         for pr in reversed(procs):
             pr.stop()
         kill_all(descendants(os.getpid()))  # anything re-parented to us (subreaper) that outlived its parent
-        ev("bootstrap_end")
+        run.events("bootstrap_end")
 
 
 def _metrics_mtime(job_dir: Path) -> float | None:
@@ -411,67 +285,68 @@ def preempt_checkpoint(job_dir: Path, attempt: str) -> tuple[int, Path] | None:
     return done[-1] if meta.get("reason") == "preempt" and meta.get("attempt") == attempt else None
 
 
-def supervise(p: Plan, node: int, host: str, vllm: Proc, trainer: Proc, stop_requested: list[int], ev,
-              abort: JobAbort, attempt: str) -> int:
+def supervise(run: NodeRun, vllm: Supervised, trainer: Supervised, stop_requested: list[int]) -> int:
+    """Watch the node's two processes until the trainer ends: 0 when it finished, PREEMPTED_EXIT when it
+    checkpointed on a preemption signal; NodeFailure (naming the node, the process and its log) for a dead
+    server, a failed trainer, a stalled run or another node's abort."""
     forwarded = False
-    job_dir = Path(p.job_dir)
-    stall = float(p.config["trainer"]["stall_timeout_s"])
+    stall = run.plan.config.trainer.stall_timeout_s
     while True:
-        abort.check()
+        run.abort.check()
         if stop_requested and not forwarded:
             # preemption or time-limit warning: the trainer checkpoints at its next step boundary and exits
-            print(f"[bootstrap node {node} {host}] signal {stop_requested[0]}: asking the trainer to checkpoint", flush=True)
-            ev("preempt_signal", signum=stop_requested[0])
+            run.say(f"signal {stop_requested[0]}: asking the trainer to checkpoint")
+            run.events("preempt_signal", signum=stop_requested[0])
             trainer.signal(signal.SIGUSR2)
             forwarded = True
         # the server first: when it dies the trainer dies of it a moment later, but name the cause. During
         # a preemption SLURM may have stopped the server itself; the trainer's checkpoint does not need it.
         rc = vllm.poll()
         if rc is not None and not stop_requested:
-            ev("vllm_exit", code=rc)
-            raise NodeFailure(f"node {node} ({host}): vLLM server {vllm.describe()} died with code {rc} during training; "
+            run.events("vllm_exit", code=rc)
+            raise NodeFailure(f"{run.where}: vLLM server {vllm.describe()} died with code {rc} during training; "
                               f"stopping the node's trainer ranks\n  last lines of {vllm.log_path}:\n{tail(vllm.log_path)}")
         rc = trainer.poll()
         if rc is not None:
-            ev("trainer_exit", code=rc)
+            run.events("trainer_exit", code=rc)
             if rc == 0:
-                print(f"[bootstrap node {node} {host}] trainer finished", flush=True)
+                run.say("trainer finished")
                 return 0
             # torchrun reports any failed rank as 1, so the checkpoint on disk, not the code, says "preempted"
-            ck = preempt_checkpoint(job_dir, attempt)
+            ck = preempt_checkpoint(run.job_dir, run.attempt)
             if ck is not None:
-                print(f"[bootstrap node {node} {host}] checkpointed step {ck[0]} on a preemption signal ({ck[1]})", flush=True)
-                requeue(p, node, host, ev)
+                run.say(f"checkpointed step {ck[0]} on a preemption signal ({ck[1]})")
+                requeue(run)
                 return PREEMPTED_EXIT
             why = f" after signal {stop_requested[0]} (no preemption checkpoint was written)" if stop_requested else ""
             cause = root_cause(trainer.log_path)
             # a rank that died of another node's failure (its peers vanished): wait for that node's abort,
             # which names the real cause, before claiming to be the first failure
-            abort.settle(30.0 if any(m in cause for m in PEER_LOST) else 3.0)
-            raise NodeFailure(f"node {node} ({host}): {trainer.describe()} exited with code {rc}{why}"
+            run.abort.settle(30.0 if any(m in cause for m in PEER_LOST) else 3.0)
+            raise NodeFailure(f"{run.where}: {trainer.describe()} exited with code {rc}{why}"
                               f"{': ' + cause if cause else ''}\n"
                               f"  last lines of {trainer.log_path}:\n{tail(trainer.log_path)}")
         if stall:
-            m = _metrics_mtime(job_dir)
+            m = _metrics_mtime(run.job_dir)
             if m is not None and time.time() - max(m, trainer.started) > stall:
-                raise NodeFailure(f"node {node} ({host}): no training step for {stall:.0f} s (trainer.stall_timeout_s); "
+                raise NodeFailure(f"{run.where}: no training step for {stall:.0f} s (trainer.stall_timeout_s); "
                                   f"{trainer.describe()}\n  last lines of {trainer.log_path}:\n{tail(trainer.log_path)}")
         time.sleep(POLL_S)
 
 
-def requeue(p: Plan, node: int, host: str, ev) -> None:
+def requeue(run: NodeRun) -> None:
     """Every node asks (the first request wins, the others get a harmless error): with --kill-on-bad-exit the
     first node to exit may take the others down before they could ask."""
     job = os.environ.get("SLURM_JOB_ID")
     if not job:
-        print(f"[bootstrap node {node} {host}] preempted outside SLURM: run the same command again to resume", flush=True)
+        run.say("preempted outside SLURM: run the same command again to resume")
         return
-    if not p.config["slurm"]["requeue"]:
-        print(f"[bootstrap node {node} {host}] slurm.requeue is off: resubmit the config to resume", flush=True)
+    if not run.plan.config.slurm.requeue:
+        run.say("slurm.requeue is off: resubmit the config to resume")
         return
     out = subprocess.run(["scontrol", "requeue", job], capture_output=True, text=True, timeout=60)
-    ev("requeue", job=job, code=out.returncode, stderr=out.stderr.strip())
-    print(f"[bootstrap node {node} {host}] requeue job {job}: rc={out.returncode} {out.stderr.strip()}", flush=True)
+    run.events("requeue", job=job, code=out.returncode, stderr=out.stderr.strip())
+    run.say(f"requeue job {job}: rc={out.returncode} {out.stderr.strip()}")
 
 
 def main(argv: list[str] | None = None) -> int:

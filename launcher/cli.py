@@ -147,7 +147,7 @@ def cmd_status(a: argparse.Namespace) -> int:
 
 
 def cmd_logs(a: argparse.Namespace) -> int:
-    from launcher.bootstrap import tail
+    from launcher.diagnose import tail
 
     d = find_job_dir(a.job)
     files = log_files(d, a.node)
@@ -164,12 +164,9 @@ def cmd_cancel(a: argparse.Namespace) -> int:
 
 
 def cmd_make_tiny_model(a: argparse.Namespace) -> int:
-    from trainer.tiny_model import make_tiny_model
+    import subprocess
 
-    info = make_tiny_model(a.dir, hidden=a.hidden, layers=a.layers, seed=a.seed, dtype=a.dtype, kv_heads=a.kv_heads,
-                           intermediate=a.intermediate, vocab=a.vocab)
-    print(f"tiny model in {a.dir}: {info}")
-    return 0
+    return subprocess.run([sys.executable, "-m", "trainer.tiny_model", *a.args]).returncode
 
 
 def cmd_simulate(a: argparse.Namespace) -> int:
@@ -200,16 +197,11 @@ def build_parser() -> argparse.ArgumentParser:
             p.add_argument("--node", type=int, default=None, help="only this node's logs")
             p.add_argument("-n", "--lines", type=int, default=30, help="lines per log (default 30)")
         p.set_defaults(fn=fn)
-    p = sub.add_parser("make-tiny-model", help="build a random Qwen2 (head_dim 64) and a locally trained tokenizer; "
-                       "e.g. --hidden 896 --layers 24 --kv-heads 2 --intermediate 4864 --dtype bfloat16 for a 0.5B-class body")
-    p.add_argument("dir", help="output folder")
-    p.add_argument("--hidden", type=int, default=128, help="hidden size (multiple of 64; default 128)")
-    p.add_argument("--layers", type=int, default=2, help="decoder layers (default 2)")
-    p.add_argument("--seed", type=int, default=0, help="init seed (default 0)")
-    p.add_argument("--kv-heads", type=int, default=1, help="key/value heads (default 1)")
-    p.add_argument("--intermediate", type=int, default=0, help="MLP size (default 2 x hidden)")
-    p.add_argument("--vocab", type=int, default=300, help="tokenizer vocabulary to train (default 300)")
-    p.add_argument("--dtype", default="float32", choices=["float32", "bfloat16"], help="saved weights (default float32)")
+    # the builder needs torch, which launcher/ never imports: it runs as `python -m trainer.tiny_model`,
+    # which owns the options (and the --help) passed through here
+    p = sub.add_parser("make-tiny-model", add_help=False, help="build a random Qwen2 (head_dim 64) and a locally trained "
+                       "tokenizer (see make-tiny-model --help)")
+    p.add_argument("args", nargs=argparse.REMAINDER)
     p.set_defaults(fn=cmd_make_tiny_model)
     p = sub.add_parser("simulate", help="predict step time vs node count: per-node servers vs one global server")
     p.add_argument("config", help="YAML job config (model size from vllm.model's config.json, or --params-b)")

@@ -30,21 +30,21 @@ def gpu_list(gpus: list[int]) -> str:
 
 def vllm_command(plan: Plan, node: int, python: str = "python") -> NodeCommand:
     n = plan.nodes[node]
-    v = plan.config["vllm"]
+    v = plan.config.vllm
     argv = [python, "-m", "vllm.entrypoints.openai.api_server",
-            "--model", v["model"],
+            "--model", v.model,
             # loopback only: the dev-mode routes (weight updates, collective_rpc) must not be reachable from other hosts
             "--host", "127.0.0.1", "--port", str(plan.vllm_port),
             "--tensor-parallel-size", str(plan.tensor_parallel_size),
-            "--gpu-memory-utilization", str(v["gpu_memory_utilization"]),
-            "--dtype", v["dtype"],
+            "--gpu-memory-utilization", str(v.gpu_memory_utilization),
+            "--dtype", v.dtype,
             # trainer parity checks and TRL's importance sampling want logprobs after temperature
             "--logprobs-mode", "processed_logprobs",
             "--weight-transfer-config", json.dumps({"backend": plan.weight_transfer_backend}),
-            "--seed", str(plan.config["trainer"]["seed"])]
-    if v["max_model_len"]:
-        argv += ["--max-model-len", str(v["max_model_len"])]
-    argv += list(v["extra_args"])
+            "--seed", str(plan.config.trainer.seed)]
+    if v.max_model_len:
+        argv += ["--max-model-len", str(v.max_model_len)]
+    argv += list(v.extra_args)
     env = {"VLLM_SERVER_DEV_MODE": "1", "CUDA_VISIBLE_DEVICES": gpu_list(n.vllm_gpus),
            "VLLM_NO_USAGE_STATS": "1", "DO_NOT_TRACK": "1"}
     if plan.weight_transfer_backend == "ipc":
@@ -52,7 +52,7 @@ def vllm_command(plan: Plan, node: int, python: str = "python") -> NodeCommand:
         # without this. The server listens on 127.0.0.1 only, so only this node's processes can post.
         env["VLLM_ALLOW_INSECURE_SERIALIZATION"] = "1"
     if plan.device == "cpu":
-        env.update({"VLLM_CPU_KVCACHE_SPACE": str(v["cpu_kvcache_gib"]), PLUGIN_ENV: "1",
+        env.update({"VLLM_CPU_KVCACHE_SPACE": str(v.cpu_kvcache_gib), PLUGIN_ENV: "1",
                     "CUDA_VISIBLE_DEVICES": ""})
     return NodeCommand(name="vllm", argv=argv, env=env, log=f"logs/node{node}-vllm.log")
 
@@ -68,7 +68,7 @@ def trainer_command(plan: Plan, node: int, rendezvous_host: str, python: str = "
             # pass preemption signals on to the ranks (which checkpoint at the next step) instead of dying
             # of them, and give the ranks time for that checkpoint before torchrun kills them
             "--signals-to-handle", "SIGTERM,SIGINT,SIGHUP,SIGQUIT,SIGUSR1,SIGUSR2",
-            "--shutdown-timeout", str(max(30, int(plan.config["slurm"]["signal_seconds"]) - 30)),
+            "--shutdown-timeout", str(plan.trainer_shutdown_s),
             "-m", "trainer.main", f"{plan.job_dir}/plan.json"]
     env = {"SLURM_GRPO_NODE": str(node), "CUDA_VISIBLE_DEVICES": gpu_list(n.trainer_gpus),
            "TORCH_NCCL_ASYNC_ERROR_HANDLING": "1", "PYTHONUNBUFFERED": "1"}

@@ -79,7 +79,7 @@ class VllmConfig:
     health_timeout_s: int = 900
     """Deadline for a server to answer /health after start; past it the node fails naming its log."""
     weight_transfer_backend: str = "auto"
-    """Weight push transport: auto (nccl on GPU, gloo on CPU), nccl, gloo or ipc."""
+    """Weight push transport: auto (ipc on a GPU shared with the trainer, nccl on other GPUs, gloo on CPU), nccl, gloo or ipc."""
     cpu_kvcache_gib: int = 1
     """CPU builds only: KV cache size in GiB (VLLM_CPU_KVCACHE_SPACE)."""
 
@@ -121,7 +121,7 @@ class TrainerConfig:
     bucket_mb: int = 64
     """Largest gathered bucket of parameters during a push, in MB (bounds the push's extra memory)."""
     parity_tolerance: float = 0.0
-    """Largest allowed |logprob(vLLM) - logprob(trainer)| after a push; 0 = by dtype (float32 1e-3, bf16 0.5)."""
+    """Largest allowed |logprob(vLLM) - logprob(trainer)| after a push; 0 = by dtype (float32 1e-3, bf16 0.25)."""
     parity_action: str = "fail"
     """What a failed parity check does: fail or warn."""
     rendezvous_port: int = 29500
@@ -288,6 +288,12 @@ def load(path: str | Path | None, overrides: list[str] | None = None) -> JobConf
     if not isinstance(raw, dict):
         raise ConfigError(f"config file {path!s} must hold a mapping of sections ({', '.join(SECTIONS)})")
     return from_dict(merge_raw(raw, overrides or []))
+
+
+def rebuild(d: dict[str, Any]) -> JobConfig:
+    """The typed config back from its plain form in plan.json. It was validated when the plan was made,
+    so nothing is checked again (the nodes may lack TRL's source that the grpo check reads)."""
+    return JobConfig(**{name: cls(**d[name]) for name, cls in SECTIONS.items()})
 
 
 def to_dict(cfg: JobConfig) -> dict[str, Any]:

@@ -61,3 +61,20 @@ def complete_checkpoints(root: Path) -> list[tuple[int, Path]]:
 
 def checkpoint_meta(folder: Path) -> dict:
     return json.loads((folder / "meta.json").read_text())
+
+
+PREEMPTED_EXIT = 3
+"""Exit code of a trainer (and of a node's bootstrap) that checkpointed on a preemption signal: requeue, not failure."""
+
+
+class Events:
+    """logs/node{i}-events.jsonl: phase timestamps (server start, healthy, trainer start, exits). The node's
+    bootstrap and its trainer leader both append to it; `slurm-grpo status` reads it."""
+
+    def __init__(self, job_dir: Path, node: int):
+        self.path = job_dir / "logs" / f"node{node}-events.jsonl"
+        self.node = node
+
+    def __call__(self, event: str, **kw: object) -> None:
+        with open(self.path, "a") as f:
+            f.write(json.dumps({"t": time.time(), "node": self.node, "event": event, **kw}) + "\n")

@@ -99,14 +99,16 @@ def startup_phases(job_dir: Path, node: int) -> dict[str, float]:
 
 def status(job_dir: Path) -> str:
     lines = [f"job folder: {job_dir}"]
-    plan = json.loads((job_dir / "plan.json").read_text())
+    from launcher.topology import Plan
+
+    plan = Plan.load(job_dir / "plan.json")
     jid = (job_dir / "job_id").read_text().strip() if (job_dir / "job_id").is_file() else None
     if jid:
         lines.append(f"SLURM job {jid}:")
         lines += ["  " + ln.replace("|", "  ") for ln in slurm_state(jid)]
     else:
         lines.append("local run (no SLURM job id)")
-    for n in range(plan["num_nodes"]):
+    for n in range(plan.num_nodes):
         ev = read_jsonl(job_dir / "logs" / f"node{n}-events.jsonl")
         names = [e["event"] for e in ev]
         host = next((e.get("host") for e in ev if e["event"] == "bootstrap_start"), "?")

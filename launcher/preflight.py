@@ -7,6 +7,8 @@ from __future__ import annotations
 import json
 from pathlib import Path
 
+from launcher.config import JobConfig
+
 TOKENIZER_FILES = ("tokenizer.json", "tokenizer_config.json", "vocab.json", "tokenizer.model")
 WEIGHT_GLOBS = ("*.safetensors", "*.bin", "*.safetensors.index.json", "*.bin.index.json")
 
@@ -80,6 +82,6 @@ def check_dataset(path: str) -> None:
         raise PreflightError(f"trainer.dataset {path!r}: unknown format; use .jsonl, .parquet or a `datasets` folder")
 
 
-def check_node_inputs(config: dict) -> None:
-    check_model(config["vllm"]["model"])
-    check_dataset(config["trainer"]["dataset"])
+def check_node_inputs(config: JobConfig) -> None:
+    check_model(config.vllm.model)
+    check_dataset(config.trainer.dataset)

@@ -11,7 +11,7 @@ from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
 
-from launcher.config import ConfigError, JobConfig, to_dict
+from launcher.config import ConfigError, JobConfig, rebuild
 
 # The rendezvous host is only known inside the allocation (the first hostname of SLURM_JOB_NODELIST);
 # the bootstrap resolves this sentinel. Local runs use 127.0.0.1.
@@ -25,6 +25,8 @@ class RankPlan:
     node: int
     gpu: int
     """The node-local GPU index this rank uses (a CPU slot on CPU builds)."""
+    cuda_index: int
+    """The rank's CUDA device index inside its torchrun, whose CUDA_VISIBLE_DEVICES lists the node's trainer GPUs."""
 
 
 @dataclass(frozen=True)
@@ -55,8 +57,14 @@ class Plan:
     rendezvous_port: int
     vllm_port: int
     nodes: list[NodePlan]
-    config: dict[str, Any] = field(default_factory=dict)
-    """The resolved config the plan was made from (what the trainer reads its settings from)."""
+    config: JobConfig
+    """The resolved config the plan was made from (typed; plan.json holds its plain form)."""
+    process_group_timeout_s: float
+    """torch.distributed timeout: a push or a request may take its whole deadline while other ranks wait."""
+    trainer_shutdown_s: int
+    """torchrun --shutdown-timeout: how long the ranks get for a preemption checkpoint before torchrun kills them."""
+    bootstrap_grace_s: int
+    """How long the bootstrap waits for torchrun after SIGTERM: torchrun's own shutdown, plus a margin."""
     derivation: list[str] = field(default_factory=list)
     """One line per derived number: the rule that produced it (printed by dry-run)."""
 
@@ -66,7 +74,7 @@ class Plan:
     @staticmethod
     def from_dict(d: dict[str, Any]) -> Plan:
         nodes = [NodePlan(**{**n, "ranks": [RankPlan(**r) for r in n["ranks"]]}) for n in d["nodes"]]
-        return Plan(**{**d, "nodes": nodes})
+        return Plan(**{**d, "nodes": nodes, "config": rebuild(d["config"])})
 
     @staticmethod
     def load(path: str | Path) -> Plan:
@@ -138,10 +146,13 @@ def plan(cfg: JobConfig, job_dir: str) -> Plan:
     rdzv_host = "127.0.0.1" if s.nodes == 1 else FIRST_NODE
     nodes = []
     for n in range(s.nodes):
-        ranks = [RankPlan(global_rank=n * per_node + i, local_rank=i, node=n, gpu=gpu) for i, gpu in enumerate(trainer_gpus)]
+        ranks = [RankPlan(global_rank=n * per_node + i, local_rank=i, node=n, gpu=gpu, cuda_index=i)
+                 for i, gpu in enumerate(trainer_gpus)]
         nodes.append(NodePlan(node=n, vllm_gpus=vllm_gpus, trainer_gpus=trainer_gpus,
                               server_url=f"http://127.0.0.1:{v.port}", weight_transfer_port=t.weight_transfer_port,
                               ranks=ranks, shared_gpu=shared))
+    # the ranks get the time-limit warning minus 30 s for their checkpoint; the bootstrap outwaits torchrun by 10 s
+    shutdown = max(30, s.signal_seconds - 30)
     derivation = [
         f"vLLM GPUs per node = first tensor_parallel_size = {vllm_gpus}"
         + (" (shared with the trainer: one-GPU node)" if shared else ""),
@@ -153,8 +164,11 @@ def plan(cfg: JobConfig, job_dir: str) -> Plan:
         f"weight push backend = {backend} ({'set' if v.weight_transfer_backend != 'auto' else 'auto: ' + cfg.job.device + (', shared GPU' if shared else '')})",
         f"sharding = {t.fsdp}: " + ("shard over the node's ranks, replicate across nodes" if t.fsdp == "hsdp" else "shard over all ranks"),
         f"rendezvous = {rdzv_host}:{t.rendezvous_port} (torchrun static rendezvous: a TCPStore on the first node, so ranks follow the plan)",
+        f"process-group timeout = push_timeout_s + request_timeout_s = {t.push_timeout_s:g} + {t.request_timeout_s:g} s",
+        f"trainer shutdown = max(30, signal_seconds - 30) = {shutdown} s (preemption checkpoint), bootstrap grace {shutdown + 10} s",
     ]
     return Plan(job_name=cfg.job.name, job_dir=job_dir, device=cfg.job.device, num_nodes=s.nodes, gpus_per_node=g,
                 ranks_per_node=per_node, world_size=world, tensor_parallel_size=tp, weight_transfer_backend=backend,
                 rendezvous_host=rdzv_host, rendezvous_port=t.rendezvous_port, vllm_port=v.port, nodes=nodes,
-                config=to_dict(cfg), derivation=derivation)
+                config=cfg, process_group_timeout_s=t.push_timeout_s + t.request_timeout_s, trainer_shutdown_s=shutdown,
+                bootstrap_grace_s=shutdown + 10, derivation=derivation)

@@ -40,10 +40,9 @@ def free_port() -> int:
                                            (HEADERS_THEN_STALL, "no answer within 1 s (the answer stopped part way)")])
 def test_a_stalled_server_is_a_deadline_not_a_hang(reply, needle):
     client = ServerClient(f"http://127.0.0.1:{stalling_server(reply)}", "m", node=1, timeout_s=1)
-    client.step = 7
     t0 = time.time()
     with pytest.raises(ServerError) as e:
-        client.post("/v1/completions", {})
+        client.post("/v1/completions", {}, step=7)
     assert time.time() - t0 < 5
     msg = str(e.value)
     assert needle in msg and "node 1" in msg and "/v1/completions" in msg and "step 7" in msg, msg

@@ -11,21 +11,60 @@ everything back, and pushes every weight. Here every node works alone:
                 streams them to its own server (trainer.weight_push), then checks parity (trainer.parity).
 
 The trainer swaps this class in for the name `VLLMGeneration` in trl.trainer.grpo_trainer (see
-trainer.grpo); the constructor takes TRL's keyword arguments and uses the generation settings.
+trainer.grpo): TRL calls it with its own keyword arguments; ours (the node's settings, the parallel world,
+the step clock, the stats gather) are bound beforehand with functools.partial.
 """
 
 from __future__ import annotations
 
 import time
 from collections.abc import Callable
+from dataclasses import dataclass
 from typing import Any
 
+import torch
 import torch.distributed as dist
 
+from launcher.topology import Plan
 from trainer.parallel import Parallel
 from trainer.parity import ParityChecker
 from trainer.server_client import ServerClient, ServerError
-from trainer.weight_push import NodePusher
+from trainer.weight_push import NodePusher, PushSettings
+
+PARITY_PROBE = "the quick brown fox jumps over a lazy dog and a cat sat on a mat"
+
+
+@dataclass(frozen=True)
+class GenerationSettings:
+    """Everything the node-local backend needs, from the plan."""
+
+    server_url: str
+    model: str
+    node: int
+    request_timeout_s: float
+    push: PushSettings
+    parity_tolerance: float
+    """0 = by dtype (trainer.parity.DEFAULT_TOLERANCE)."""
+    parity_action: str
+    parity_probe: str = PARITY_PROBE
+
+    @staticmethod
+    def from_plan(plan: Plan, node: int, dtype: torch.dtype) -> GenerationSettings:
+        t, n = plan.config.trainer, plan.nodes[node]
+        push = PushSettings(backend=plan.weight_transfer_backend, transfer_port=n.weight_transfer_port,
+                            server_world=plan.tensor_parallel_size, timeout_s=t.push_timeout_s, dtype=dtype,
+                            bucket_bytes=t.bucket_mb * 2**20)
+        return GenerationSettings(server_url=n.server_url, model=plan.config.vllm.model, node=node,
+                                  request_timeout_s=t.request_timeout_s, push=push, parity_tolerance=t.parity_tolerance,
+                                  parity_action=t.parity_action)
+
+
+class StepClock:
+    """The optimizer step the trainer is at: set by the callback at each step's start (TRL calls the backend's
+    generate/sync_weights without one), read by the backend, which passes it down as an argument."""
+
+    def __init__(self) -> None:
+        self.step = 0
 
 
 def node_generate(par: Parallel, prompts: list[list[int]], ask_server: Callable[[list[list[int]]], list]):
@@ -56,14 +95,9 @@ def node_generate(par: Parallel, prompts: list[list[int]], ask_server: Callable[
 
 
 class NodeLocalGeneration:
-    # set by trainer.grpo before GRPOTrainer builds us (TRL's constructor call cannot pass them)
-    context: dict[str, Any] = {}
-
-    def __init__(self, model, accelerator, processing_class, **kw):
-        ctx = self.context
-        self.par: Parallel = ctx["parallel"]
-        self.settings = ctx["settings"]
-        self.on_stats = ctx["on_stats"]
+    def __init__(self, *, model, accelerator, processing_class, par: Parallel, settings: GenerationSettings,
+                 clock: StepClock, on_stats: Callable[[dict[str, Any]], None], **kw):
+        self.par, self.settings, self.clock, self.on_stats = par, settings, clock, on_stats
         self.model, self.accelerator = model, accelerator
         self.temperature = kw.get("temperature", 1.0)
         self.top_p, self.top_k = kw.get("top_p", 1.0), kw.get("top_k", 0) or 0
@@ -71,15 +105,13 @@ class NodeLocalGeneration:
         self.repetition_penalty = kw.get("repetition_penalty", 1.0)
         self.max_completion_length = kw.get("max_completion_length", 16)
         self.generation_kwargs = kw.get("generation_kwargs") or {}
-        s = self.settings
+        s = settings
         self.vllm_client: ServerClient | None = None
-        if self.par.is_leader:
-            self.vllm_client = ServerClient(s["server_url"], s["model"], self.par.node, s["request_timeout_s"])
-        self.pusher = NodePusher(model, self.vllm_client, s["backend"], s["weight_transfer_port"], s["server_world"],
-                                 s["push_timeout_s"], self.par.device, s["push_dtype"])
-        self.parity = ParityChecker(model, self.vllm_client, self.par, processing_class, s["parity_tolerance"],
-                                    s["parity_action"], s["parity_probe"], s["push_dtype"])
-        self.step = 0
+        if par.is_leader:
+            self.vllm_client = ServerClient(s.server_url, s.model, par.node, s.request_timeout_s)
+        self.pusher = NodePusher(model, self.vllm_client, s.push, par.device)
+        self.parity = ParityChecker(model, self.vllm_client, par, processing_class, s.parity_tolerance,
+                                    s.parity_action, s.parity_probe, s.push.dtype)
         self.stats: dict[str, Any] = {}
 
     # ------------------------------------------------------------------ generation
@@ -87,18 +119,18 @@ class NodeLocalGeneration:
         if images is not None and any(i is not None for i in images):
             raise NotImplementedError("node-local generation serves text prompts only")
         t0 = time.time()
+        step = self.clock.step
+        client = self.vllm_client
 
         def ask_server(flat: list[list[int]]):
-            self.vllm_client.step = self.step
-            return self.vllm_client.complete(
-                flat, max_tokens=self.max_completion_length, temperature=self.temperature, top_p=self.top_p,
-                top_k=self.top_k, min_p=self.min_p, repetition_penalty=self.repetition_penalty,
-                extra=self.generation_kwargs)
+            assert client is not None  # node_generate asks on the leader only
+            return client.complete(flat, max_tokens=self.max_completion_length, temperature=self.temperature,
+                                   top_p=self.top_p, top_k=self.top_k, min_p=self.min_p,
+                                   repetition_penalty=self.repetition_penalty, extra=self.generation_kwargs, step=step)
 
         mine, node_tokens = node_generate(self.par, prompts, ask_server)
-        if self.par.is_leader:
-            self.stats.update(gen_tokens=node_tokens, gen_s=time.time() - t0,
-                              server_requests=self.vllm_client.requests_sent)
+        if client is not None:
+            self.stats.update(gen_tokens=node_tokens, gen_s=time.time() - t0, server_requests=client.requests_sent)
         self.on_stats(self.stats)
         completion_ids = [c for c, _ in mine]
         logprobs = [[[lp] for lp in lps] for _, lps in mine]
@@ -106,7 +138,10 @@ class NodeLocalGeneration:
 
     # ------------------------------------------------------------------ weights
     def sync_weights(self) -> None:
-        step = self.step
+        self.push(self.clock.step)
+
+    def push(self, step: int) -> None:
+        """Push and check parity: before (how stale the server was) and after (the push landed). Collective."""
         try:
             stale = self.parity.check(step, kind="stale") if step > 0 else None
             push_s = self.pusher.push(step)
@@ -115,3 +150,15 @@ class NodeLocalGeneration:
             raise ServerError(f"weight push at step {step} (node {self.par.node}) failed: {e}") from None
         if self.par.is_leader:
             self.stats.update(push_s=push_s, parity=after, parity_stale=stale)
+
+    def finish(self, step: int) -> dict[str, Any] | None:
+        """The last optimizer step is never pushed during training (a push precedes each generation): push it,
+        so every server ends holding the final weights, proven by parity. Returns the node's figures (leader)."""
+        self.push(step)
+        if not self.par.is_leader:
+            return None
+        return {"node": self.par.node, "parity_final": self.stats.get("parity"), "push_s_final": self.stats.get("push_s"),
+                "pushes": self.pusher.pushes,
+                "server_requests": self.vllm_client.requests_sent if self.vllm_client else None,
+                "trainer_peak_gpu_gb": round(torch.cuda.max_memory_allocated() / 1e9, 2) if self.par.device.type == "cuda" else None,
+                "parity_history": [{k: h[k] for k in ("step", "kind", "max_diff")} for h in self.parity.history]}

@@ -1,20 +1,28 @@
 """The worker (vLLM) side of the `gloo` weight-transfer engine: vLLM's NCCL engine with its transport
 swapped for a gloo process group, so the native protocol (init / start / update / finish) runs on CPU.
 
-The trainer side is trainer.weight_push.GlooSender: it hosts the TCPStore as rank 0 and broadcasts
-tensor by tensor, in the order of the update's names. Both sides bind 127.0.0.1: the push never leaves
-the node.
+The trainer side is trainer.senders.GlooSender: it hosts the TCPStore as rank 0 and broadcasts packed chunks
+cut by vLLM's own rule (trainer.senders.chunk_metas, the rule of vLLM's packed NCCL consumer), so the CPU
+tests run the packing the GPU path uses. Both sides bind 127.0.0.1: the push never leaves the node.
 """
 
 from __future__ import annotations
 
+from dataclasses import dataclass
 from datetime import timedelta
 
 import torch
 import torch.distributed as dist
-from vllm.distributed.weight_transfer.nccl_engine import NCCLWeightTransferEngine
+from vllm.distributed.weight_transfer.nccl_engine import NCCLWeightTransferEngine, NCCLWeightTransferInitInfo
+from vllm.distributed.weight_transfer.packed_tensor import unpack_tensor
 
-TIMEOUT = timedelta(seconds=300)
+from trainer.senders import ParamMeta, chunk_metas
+
+
+@dataclass(kw_only=True)
+class GlooWeightTransferInitInfo(NCCLWeightTransferInitInfo):
+    timeout_s: float = 300.0
+    """The trainer's push deadline: the worker's side of the group waits exactly as long."""
 
 
 def loopback_gloo_group(store: dist.Store, rank: int, world_size: int, timeout: timedelta) -> dist.ProcessGroupGloo:
@@ -25,12 +33,17 @@ def loopback_gloo_group(store: dist.Store, rank: int, world_size: int, timeout: 
 
 
 class GlooWeightTransferEngine(NCCLWeightTransferEngine):
-    def init_transfer_engine(self, init_info) -> None:
+    init_info_cls = GlooWeightTransferInitInfo  # type: ignore[assignment]
+
+    def init_transfer_engine(self, init_info: GlooWeightTransferInitInfo) -> None:  # type: ignore[override]
         pc = self.parallel_config
         rank = pc.data_parallel_index * pc.world_size + pc.rank + init_info.rank_offset
+        timeout = timedelta(seconds=init_info.timeout_s)
+        self.packed = init_info.packed
+        self.packed_buffer_size_bytes = init_info.packed_buffer_size_bytes
         store = dist.TCPStore(init_info.master_address, init_info.master_port, init_info.world_size,
-                              is_master=False, timeout=TIMEOUT)
-        self.model_update_group = loopback_gloo_group(store, rank, init_info.world_size, TIMEOUT)
+                              is_master=False, timeout=timeout)
+        self.model_update_group = loopback_gloo_group(store, rank, init_info.world_size, timeout)  # type: ignore[assignment]
 
     def update_weights(self, update_info) -> None:
         # the base class would call torch.accelerator.synchronize(), which has no CPU device to sync
@@ -39,10 +52,17 @@ class GlooWeightTransferEngine(NCCLWeightTransferEngine):
     def receive_weights(self, update_info) -> None:
         opts = dist.BroadcastOptions()
         opts.rootRank = 0
-        for name, dtype_name, shape in zip(update_info.names, update_info.dtype_names, update_info.shapes, strict=True):
-            weight = torch.empty(shape, dtype=getattr(torch, dtype_name))
-            self.model_update_group.broadcast([weight], opts).wait()
-            self.model.load_weights([(name, weight)])
+        group: dist.ProcessGroupGloo = self.model_update_group  # type: ignore[assignment]
+        meta = [ParamMeta(n, d, list(s)) for n, d, s in zip(update_info.names, update_info.dtype_names, update_info.shapes,
+                                                             strict=True)]
+        if not self.packed:
+            raise RuntimeError("the gloo engine receives packed chunks only; the trainer's init info said packed=false")
+        for chunk in chunk_metas(meta, self.packed_buffer_size_bytes):
+            sizes = [m.nbytes for m in chunk]
+            buf = torch.empty(sum(sizes), dtype=torch.uint8)
+            group.broadcast([buf], opts).wait()
+            self.model.load_weights(unpack_tensor(buf, [m.name for m in chunk], [m.shape for m in chunk],
+                                                  [getattr(torch, m.dtype) for m in chunk], sizes))
 
     def shutdown(self) -> None:
         self.model_update_group = None

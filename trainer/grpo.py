@@ -16,6 +16,7 @@ from __future__ import annotations
 import os
 import signal
 import time
+from collections.abc import Callable
 from contextlib import contextmanager
 from pathlib import Path
 from typing import Any
@@ -24,33 +25,42 @@ import torch
 import torch.distributed as dist
 from transformers import TrainerCallback
 
+from launcher.config import TrainerConfig
 from trainer import checkpoint
-from trainer.generation import NodeLocalGeneration
+from trainer.generation import NodeLocalGeneration, StepClock
 from trainer.metrics import MetricsWriter
 from trainer.parallel import Parallel
 
-PREEMPT = {"requested": False, "signal": None}
 
+class PreemptionFlag:
+    """Set by the preemption signals torchrun forwards (--signals-to-handle); the callback checkpoints at the
+    next step boundary and the trainer exits with PREEMPTED_EXIT. Installed before anything slow starts."""
 
-def _on_preempt(signum, _frame) -> None:
-    PREEMPT["requested"], PREEMPT["signal"] = True, signum
+    SIGNALS = (signal.SIGUSR2, signal.SIGTERM, signal.SIGUSR1)
 
+    def __init__(self) -> None:
+        self.signal: int | None = None
+        for sig in self.SIGNALS:
+            signal.signal(sig, self._on_signal)
 
-def install_preemption_handlers() -> None:
-    # torchrun forwards these (--signals-to-handle); we checkpoint at the next step boundary and exit 3
-    for sig in (signal.SIGUSR2, signal.SIGTERM, signal.SIGUSR1):
-        signal.signal(sig, _on_preempt)
+    def _on_signal(self, signum, _frame) -> None:
+        self.signal = signum
+
+    @property
+    def requested(self) -> bool:
+        return self.signal is not None
 
 
 @contextmanager
-def trl_generation_backend(cls):
+def trl_generation_backend(make: Callable[..., NodeLocalGeneration]):
+    """Within the block, TRL's GRPOTrainer builds `make(**its kwargs)` as its vLLM generation backend."""
     import trl.trainer.grpo_trainer as gt
 
     if not hasattr(gt, "VLLMGeneration"):
         raise RuntimeError("trl.trainer.grpo_trainer.VLLMGeneration is gone: this TRL is not the pinned 1.16.0; "
                            "install the version in pyproject.toml")
     old = gt.VLLMGeneration
-    gt.VLLMGeneration = cls
+    gt.VLLMGeneration = make
     try:
         yield
     finally:
@@ -58,13 +68,14 @@ def trl_generation_backend(cls):
 
 
 class NodeStats:
-    """Per-node generation/push/parity figures, gathered to rank 0 once per generation (all ranks call)."""
+    """Per-node generation/push/parity figures, gathered from every node leader once per generation."""
 
     def __init__(self, par: Parallel):
         self.par = par
         self.by_node: dict[int, dict[str, Any]] = {}
 
-    def __call__(self, stats: dict[str, Any]) -> None:
+    def gather(self, stats: dict[str, Any]) -> None:
+        """Collective over the whole world (all_gather_object): every rank calls it, the leaders' stats count."""
         mine = {"node": self.par.node, **stats} if self.par.is_leader else None
         out: list[Any] = [None] * self.par.world
         dist.all_gather_object(out, mine)
@@ -74,11 +85,15 @@ class NodeStats:
 
 
 class SlurmGrpoCallback(TrainerCallback):
-    def __init__(self, job_dir: Path, par: Parallel, t: dict, stats: NodeStats, on_first_step=None):
-        self.job_dir, self.par, self.t, self.stats = job_dir, par, t, stats
+    """Resume, per-step metrics, periodic and preemption checkpoints; sets the step clock at each step."""
+
+    def __init__(self, job_dir: Path, par: Parallel, t: TrainerConfig, stats: NodeStats, clock: StepClock,
+                 preemption: PreemptionFlag, on_first_step: Callable[[], None] | None = None):
+        self.job_dir, self.par, self.t, self.stats, self.clock = job_dir, par, t, stats, clock
+        self.preemption = preemption
         self.on_first_step = on_first_step
         self.metrics = MetricsWriter(job_dir)
-        self.trainer = None
+        self.trainer: Any = None  # the GRPOTrainer, bound by build_trainer (it takes the callback as an argument)
         self.step_t0 = time.time()
         self.resumed_from: int | None = None
         self.last_saved = -1
@@ -86,7 +101,7 @@ class SlurmGrpoCallback(TrainerCallback):
 
     # -------------------------------------------------------------- resume
     def on_train_begin(self, args, state, control, model=None, optimizer=None, lr_scheduler=None, **kw):
-        if not self.t["resume"]:
+        if not self.t.resume:
             return
         found = checkpoint.latest(self.job_dir / "checkpoints")
         if found is None:
@@ -101,7 +116,7 @@ class SlurmGrpoCallback(TrainerCallback):
 
     def on_step_begin(self, args, state, control, **kw):
         self.step_t0 = time.time()
-        self.trainer.vllm_generation.step = state.global_step
+        self.clock.step = state.global_step
 
     # -------------------------------------------------------------- metrics
     def on_log(self, args, state, control, logs=None, **kw):
@@ -131,9 +146,9 @@ class SlurmGrpoCallback(TrainerCallback):
         if self.on_first_step is not None:  # start-up timing: the node's first finished step
             self.on_first_step()
             self.on_first_step = None
-        flag = torch.tensor([1 if PREEMPT["requested"] else 0], dtype=torch.int32)
+        flag = torch.tensor([1 if self.preemption.requested else 0], dtype=torch.int32)
         dist.all_reduce(flag, op=dist.ReduceOp.MAX)  # every rank must stop at the same step
-        every = self.t["save_steps"]
+        every = self.t.save_steps
         if flag.item():
             self.save(state, reason="preempt")
             self.preempted = True
@@ -153,23 +168,24 @@ class SlurmGrpoCallback(TrainerCallback):
                          "reward_last": (tr.state.log_history[-1] if tr.state.log_history else {}).get("reward")})
         self.last_saved = state.global_step
 
-def grpo_config(job_dir: Path, t: dict, device: str, num_nodes: int):
+def grpo_config(job_dir: Path, t: TrainerConfig, device: str):
     from trl import GRPOConfig
 
-    bf16 = t["dtype"] == "bfloat16" and device == "cuda"
+    bf16 = t.dtype == "bfloat16" and device == "cuda"
     return GRPOConfig(
-        output_dir=str(job_dir / "hf"), max_steps=t["max_steps"], per_device_train_batch_size=t["per_device_train_batch_size"],
-        num_generations=t["num_generations"], max_completion_length=t["max_completion_length"],
-        learning_rate=t["learning_rate"], beta=t["beta"], temperature=t["temperature"], seed=t["seed"],
+        output_dir=str(job_dir / "hf"), max_steps=t.max_steps, per_device_train_batch_size=t.per_device_train_batch_size,
+        num_generations=t.num_generations, max_completion_length=t.max_completion_length,
+        learning_rate=t.learning_rate, beta=t.beta, temperature=t.temperature, seed=t.seed,
         logging_steps=1, save_strategy="no", report_to=[], use_cpu=device == "cpu", bf16=bf16,
         use_vllm=True, vllm_mode="server", disable_tqdm=True, dataloader_num_workers=0,
-        **t["grpo"])
+        **t.grpo)
 
 
-def build_trainer(model, tokenizer, dataset, rewards, args, callback: SlurmGrpoCallback):
+def build_trainer(model, tokenizer, dataset, rewards, args, callback: SlurmGrpoCallback,
+                  make_backend: Callable[..., NodeLocalGeneration]):
     from trl import GRPOTrainer
 
-    with trl_generation_backend(NodeLocalGeneration):
+    with trl_generation_backend(make_backend):
         tr = GRPOTrainer(model=model, reward_funcs=rewards, args=args, train_dataset=dataset, processing_class=tokenizer,
                          callbacks=[callback])
     if not isinstance(tr.vllm_generation, NodeLocalGeneration):

@@ -28,12 +28,32 @@ class Parallel:
     mesh: DeviceMesh
     device: torch.device
 
+    allreduce_check: dict[str, float]
+    """An all-reduce over every rank at start-up: what it gave and what it must give."""
+
     @property
     def is_leader(self) -> bool:
         return self.rank == self.leader
 
+    def log(self, *what: object) -> None:
+        print(f"[trainer rank {self.rank} node {self.node}]", *what, flush=True)
 
-def init(plan: Plan, timeout_s: float) -> Parallel:
+    def close(self) -> None:
+        dist.barrier()
+        dist.destroy_process_group()
+
+
+def check_allreduce(rank: int, world: int, device: torch.device) -> dict[str, float]:
+    """Sum of rank+1 over every rank of every node: the cheapest proof that the world is wired right."""
+    probe = torch.tensor([float(rank + 1)], device=device)
+    dist.all_reduce(probe)
+    got, expected = probe.item(), world * (world + 1) / 2
+    if got != expected:
+        raise RuntimeError(f"all-reduce over {world} ranks gave {got}, expected {expected}")
+    return {"got": got, "expected": expected}
+
+
+def init(plan: Plan) -> Parallel:
     rank, world, local = int(os.environ["RANK"]), int(os.environ["WORLD_SIZE"]), int(os.environ["LOCAL_RANK"])
     node = int(os.environ.get("SLURM_GRPO_NODE", rank // plan.ranks_per_node))
     expect = plan.rank(rank)
@@ -41,24 +61,23 @@ def init(plan: Plan, timeout_s: float) -> Parallel:
         raise RuntimeError(f"torchrun gave rank {rank}/{world} local {local} on node {node}, but the plan says "
                            f"world {plan.world_size}, rank {rank} is local {expect.local_rank} on node {expect.node}")
     if plan.device == "cuda":
-        device = torch.device("cuda", 0 if len(plan.nodes[node].trainer_gpus) == 1 else local)
+        device = torch.device("cuda", expect.cuda_index)
         torch.cuda.set_device(device)
         backend = "cpu:gloo,cuda:nccl"  # gloo for object collectives on CPU tensors, NCCL for the model
     else:
         device, backend = torch.device("cpu"), "gloo"
-    dist.init_process_group(backend, rank=rank, world_size=world, timeout=timedelta(seconds=timeout_s),
+    dist.init_process_group(backend, rank=rank, world_size=world, timeout=timedelta(seconds=plan.process_group_timeout_s),
                             device_id=device if plan.device == "cuda" else None)
     groups = {}
     for n in plan.nodes:  # every rank creates every group, in the same order (new_group is collective)
         groups[n.node] = dist.new_group([r.global_rank for r in n.ranks], backend="gloo")
     node_ranks = [r.global_rank for r in plan.nodes[node].ranks]
-    fsdp = plan.config["trainer"]["fsdp"]
-    if fsdp == "hsdp" and plan.num_nodes > 1:
+    if plan.config.trainer.fsdp == "hsdp" and plan.num_nodes > 1:
         mesh = init_device_mesh(device.type, (plan.num_nodes, plan.ranks_per_node), mesh_dim_names=("replicate", "shard"))
     else:
         mesh = init_device_mesh(device.type, (world,), mesh_dim_names=("shard",))
     return Parallel(rank=rank, local_rank=local, world=world, node=node, node_group=groups[node], node_ranks=node_ranks,
-                    leader=node_ranks[0], mesh=mesh, device=device)
+                    leader=node_ranks[0], mesh=mesh, device=device, allreduce_check=check_allreduce(rank, world, device))
 
 
 def shard_model(model: torch.nn.Module, par: Parallel, param_dtype: torch.dtype) -> torch.nn.Module:

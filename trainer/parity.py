@@ -21,9 +21,9 @@ class ParityError(RuntimeError):
     pass
 
 
-def server_prompt_logprobs(client: ServerClient, ids: list[int]) -> list[float]:
+def server_prompt_logprobs(client: ServerClient, ids: list[int], step: int = 0) -> list[float]:
     out = client.post("/v1/completions", {"model": client.model, "prompt": [ids], "max_tokens": 1, "temperature": 1.0,
-                                          "prompt_logprobs": 0})
+                                          "prompt_logprobs": 0}, step=step)
     rows = out["choices"][0]["prompt_logprobs"][1:]
     return [float(row[str(tok)]["logprob"]) for row, tok in zip(rows, ids[1:], strict=True)]
 
@@ -42,8 +42,7 @@ class ParityChecker:
         self.model, self.client, self.par, self.action = model, client, par, action
         self.ids = tokenizer(probe_text)["input_ids"][:48]
         assert len(self.ids) >= 2, "parity probe text tokenizes to fewer than 2 tokens"
-        dtype = compute_dtype
-        self.tolerance = tolerance or DEFAULT_TOLERANCE.get(dtype, 0.5)
+        self.tolerance = tolerance or DEFAULT_TOLERANCE.get(compute_dtype, 0.5)
         self.history: list[dict] = []
 
     def check(self, step: int, kind: str) -> float | None:
@@ -53,10 +52,9 @@ class ParityChecker:
         mine = trainer_prompt_logprobs(self.model, self.ids, self.par.device)
         if was_training:
             self.model.train()
-        if not self.par.is_leader:
+        if self.client is None:  # not the node leader
             return None
-        self.client.step = step
-        theirs = server_prompt_logprobs(self.client, self.ids)
+        theirs = server_prompt_logprobs(self.client, self.ids, step)
         diff = max(abs(a - b) for a, b in zip(mine, theirs, strict=True))
         self.history.append({"step": step, "kind": kind, "max_diff": diff, "server": theirs, "trainer": mine})
         if kind == "after_push" and diff > self.tolerance:

@@ -15,34 +15,35 @@ class ServerError(RuntimeError):
 class ServerClient:
     def __init__(self, base_url: str, model: str, node: int, timeout_s: float):
         self.base_url, self.model, self.node, self.timeout_s = base_url.rstrip("/"), model, node, timeout_s
-        self.step = 0  # set by the trainer so that errors say when they happened
         self.session = requests.Session()
         self.requests_sent = 0
 
-    def _fail(self, route: str, why: str) -> ServerError:
-        return ServerError(f"node {self.node}: vLLM server {self.base_url}{route} failed at step {self.step}: {why} "
+    def _fail(self, route: str, why: str, step: int) -> ServerError:
+        return ServerError(f"node {self.node}: vLLM server {self.base_url}{route} failed at step {step}: {why} "
                            f"(deadline trainer.request_timeout_s={self.timeout_s:.0f} s; see logs/node{self.node}-vllm.log)")
 
-    def request(self, method: str, route: str, body: dict | None = None, timeout_s: float | None = None) -> Any:
+    def request(self, method: str, route: str, body: dict | None = None, timeout_s: float | None = None,
+                step: int = 0) -> Any:
+        """step: the training step, named in errors so they say when they happened."""
         timeout = timeout_s or self.timeout_s
         try:
             r = self.session.request(method, self.base_url + route, json=body, timeout=(min(10.0, timeout), timeout))
         except requests.Timeout:
-            raise self._fail(route, f"no answer within {timeout:.0f} s") from None
+            raise self._fail(route, f"no answer within {timeout:.0f} s", step) from None
         except requests.ConnectionError as e:
             if "timed out" in str(e):  # the answer began, then stopped: requests wraps that read timeout as this
-                raise self._fail(route, f"no answer within {timeout:.0f} s (the answer stopped part way)") from None
-            raise self._fail(route, f"connection failed ({e.__class__.__name__}); is the server still running?") from None
+                raise self._fail(route, f"no answer within {timeout:.0f} s (the answer stopped part way)", step) from None
+            raise self._fail(route, f"connection failed ({e.__class__.__name__}); is the server still running?", step) from None
         self.requests_sent += 1
         if r.status_code != 200:
-            raise self._fail(route, f"HTTP {r.status_code}: {r.text[:500]}")
+            raise self._fail(route, f"HTTP {r.status_code}: {r.text[:500]}", step)
         try:
             return r.json()
         except ValueError:
             return r.text
 
-    def post(self, route: str, body: dict | None = None, timeout_s: float | None = None) -> Any:
-        return self.request("POST", route, body or {}, timeout_s)
+    def post(self, route: str, body: dict | None = None, timeout_s: float | None = None, step: int = 0) -> Any:
+        return self.request("POST", route, body or {}, timeout_s, step)
 
     def get_server_info(self) -> dict:
         """What TRL's trainer asks of its client (`["model_config"]["logprobs_mode"]`); we start servers with it."""
@@ -50,7 +51,7 @@ class ServerClient:
 
     def complete(self, prompts: list[list[int]], *, max_tokens: int, temperature: float, top_p: float = 1.0,
                  top_k: int = 0, min_p: float = 0.0, repetition_penalty: float = 1.0, seed: int | None = None,
-                 extra: dict | None = None) -> list[tuple[list[int], list[float]]]:
+                 extra: dict | None = None, step: int = 0) -> list[tuple[list[int], list[float]]]:
         """One completion per prompt entry (n=1, no dedup: identical prompts get their own samples), in order."""
         if not prompts:
             return []
@@ -60,8 +61,8 @@ class ServerClient:
                                 "return_token_ids": True, **(extra or {})}
         if seed is not None:
             body["seed"] = seed
-        out = self.post("/v1/completions", body)
+        out = self.post("/v1/completions", body, step=step)
         choices = sorted(out["choices"], key=lambda c: c["index"])
         if len(choices) != len(prompts):
-            raise self._fail("/v1/completions", f"asked for {len(prompts)} completions, got {len(choices)}")
+            raise self._fail("/v1/completions", f"asked for {len(prompts)} completions, got {len(choices)}", step)
         return [(list(c["token_ids"]), [float(x) for x in c["logprobs"]["token_logprobs"]]) for c in choices]

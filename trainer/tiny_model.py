@@ -6,7 +6,9 @@ trained here and a chat template. No hub access: tests and the CPU smoke run bui
 
 from __future__ import annotations
 
+import argparse
 import os
+import sys
 from pathlib import Path
 
 CHAT_TEMPLATE = (
@@ -55,3 +57,30 @@ def make_tiny_model(out: str | os.PathLike, hidden: int = 128, layers: int = 2, 
     model.save_pretrained(path)
     return {"vocab": len(hf), "params": sum(p.numel() for p in model.parameters()), "hidden": hidden, "layers": layers,
             "kv_heads": kv_heads, "intermediate": cfg.intermediate_size, "dtype": dtype}
+
+
+def main(argv: list[str] | None = None) -> int:
+    ap = argparse.ArgumentParser(prog="slurm-grpo make-tiny-model", description=(
+        "Build a random Qwen2 (head_dim 64) and a locally trained tokenizer, no hub. "
+        "E.g. --hidden 896 --layers 24 --kv-heads 2 --intermediate 4864 --dtype bfloat16 for a 0.5B-class body."))
+    ap.add_argument("dir", help="output folder")
+    ap.add_argument("--hidden", type=int, default=128, help="hidden size (multiple of 64; default 128)")
+    ap.add_argument("--layers", type=int, default=2, help="decoder layers (default 2)")
+    ap.add_argument("--seed", type=int, default=0, help="init seed (default 0)")
+    ap.add_argument("--kv-heads", type=int, default=1, help="key/value heads (default 1)")
+    ap.add_argument("--intermediate", type=int, default=0, help="MLP size (default 2 x hidden)")
+    ap.add_argument("--vocab", type=int, default=300, help="tokenizer vocabulary to train (default 300)")
+    ap.add_argument("--dtype", default="float32", choices=["float32", "bfloat16"], help="saved weights (default float32)")
+    a = ap.parse_args(argv)
+    try:
+        info = make_tiny_model(a.dir, hidden=a.hidden, layers=a.layers, seed=a.seed, dtype=a.dtype, kv_heads=a.kv_heads,
+                               intermediate=a.intermediate, vocab=a.vocab)
+    except ValueError as e:
+        print(f"slurm-grpo make-tiny-model: error: {e}", file=sys.stderr)
+        return 2
+    print(f"tiny model in {a.dir}: {info}")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

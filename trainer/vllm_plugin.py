@@ -12,7 +12,8 @@ from __future__ import annotations
 
 import os
 
-PLAIN_LINEAR_ENV = "SLURM_GRPO_CPU_PLAIN_LINEAR"  # same name as launcher.commands.PLUGIN_ENV
+from launcher.commands import PLUGIN_ENV as PLAIN_LINEAR_ENV
+
 REGISTERED_MARK = "slurm-grpo vLLM plugin: registered gloo weight-transfer engine"
 
 

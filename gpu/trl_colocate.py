@@ -1,0 +1,89 @@
+"""TRL 1.16's own GRPOTrainer in colocate mode (vLLM inside the trainer process, weights loaded in process),
+on the same work as `slurm-grpo local CONFIG`: the same random model, prompts, reward, batch, completion
+length, learning rate and steps. The bar the project's one-GPU path is measured against (gpu/RESULTS.md).
+Timing only wraps TRL's calls (generate, sync_weights); nothing of TRL is changed.
+
+    python -m torch.distributed.run --nproc-per-node 1 gpu/trl_colocate.py CONFIG MODEL OUT.json STEPS
+"""
+
+from __future__ import annotations
+
+import json
+import statistics
+import sys
+import time
+
+import torch
+from transformers import AutoModelForCausalLM, AutoTokenizer, TrainerCallback
+from trl import GRPOConfig, GRPOTrainer
+
+from launcher import config as C
+from trainer import data, rewards
+
+
+class StepTimes(TrainerCallback):
+    def __init__(self) -> None:
+        self.rows: list[dict] = []
+        self.t0 = time.time()
+
+    def on_step_begin(self, args, state, control, **kw):
+        self.t0 = time.time()
+
+    def on_log(self, args, state, control, logs=None, **kw):
+        if logs and "reward" in logs:
+            self.rows.append({"step": state.global_step, "reward": logs["reward"], "step_s": time.time() - self.t0})
+
+
+def timed(obj, name: str, into: list[float]) -> None:
+    fn = getattr(obj, name)
+
+    def wrapper(*a, **k):
+        torch.cuda.synchronize()
+        t0 = time.time()
+        out = fn(*a, **k)
+        torch.cuda.synchronize()
+        into.append(time.time() - t0)
+        return out
+
+    setattr(obj, name, wrapper)
+
+
+def main(config: str, model_path: str, out: str, steps: int) -> None:
+    t = C.load(config, [f"vllm.model={model_path}"]).trainer
+    v = C.load(config, [f"vllm.model={model_path}"]).vllm
+    args = GRPOConfig(output_dir="/tmp/trl-colocate", max_steps=steps, per_device_train_batch_size=t.per_device_train_batch_size,
+                      num_generations=t.num_generations, max_completion_length=t.max_completion_length,
+                      learning_rate=t.learning_rate, beta=t.beta, temperature=t.temperature, seed=t.seed, logging_steps=1,
+                      save_strategy="no", report_to=[], bf16=True, use_vllm=True, vllm_mode="colocate",
+                      vllm_gpu_memory_utilization=v.gpu_memory_utilization, vllm_max_model_length=v.max_model_len,
+                      disable_tqdm=True, dataloader_num_workers=0)
+    t_start = time.time()
+    model = AutoModelForCausalLM.from_pretrained(model_path, dtype=torch.float32)
+    tok = AutoTokenizer.from_pretrained(model_path)
+    steps_cb = StepTimes()
+    tr = GRPOTrainer(model=model, reward_funcs=[rewards.resolve(r) for r in t.reward_funcs], args=args,
+                     train_dataset=data.load_prompts(t.dataset), processing_class=tok, callbacks=[steps_cb])
+    gen_s: list[float] = []
+    push_s: list[float] = []
+    timed(tr.vllm_generation, "generate", gen_s)
+    timed(tr.vllm_generation, "sync_weights", push_s)
+    build_s = time.time() - t_start
+    tr.train()
+    rows = steps_cb.rows
+    later = rows[1:] or rows
+    res = {"what": "TRL GRPOTrainer colocate", "build_s": round(build_s, 1), "steps": len(rows),
+           "step_s_median": round(statistics.median(r["step_s"] for r in later), 3),
+           "gen_s_median": round(statistics.median(gen_s[1:] or gen_s), 3),
+           "push_s_median": round(statistics.median(push_s[1:] or push_s), 4) if push_s else None,
+           "reward_first5": statistics.mean(r["reward"] for r in rows[:5]), "reward_last5": statistics.mean(r["reward"] for r in rows[-5:]),
+           "rewards": [round(r["reward"], 4) for r in rows], "trainer_peak_gpu_gb": round(torch.cuda.max_memory_allocated() / 1e9, 2)}
+    res["train_s_median"] = round(res["step_s_median"] - res["gen_s_median"] - (res["push_s_median"] or 0), 3)
+    tokens = t.per_device_train_batch_size * t.max_completion_length
+    res["gen_tokens_per_s_upper_bound"] = round(tokens / res["gen_s_median"], 1)  # completions can stop early at EOS
+    print("[trl] " + json.dumps(res), flush=True)
+    with open(out, "w") as f:
+        json.dump(res, f, indent=1)
+
+
+if __name__ == "__main__":
+    main(sys.argv[1], sys.argv[2], sys.argv[3], int(sys.argv[4]))

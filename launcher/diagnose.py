@@ -1,0 +1,46 @@
+"""Log forensics for failure messages: the last lines of a log, and the root cause of a trainer's failure
+as torchrun and the ranks wrote it (a rank killed by a signal, else the first exception a rank printed)."""
+
+from __future__ import annotations
+
+import os
+import re
+from pathlib import Path
+
+
+def tail(path: Path, lines: int = 25, max_bytes: int = 64_000) -> str:
+    try:
+        with open(path, "rb") as f:
+            f.seek(0, os.SEEK_END)
+            f.seek(max(0, f.tell() - max_bytes))
+            text = f.read().decode(errors="replace")
+    except OSError:
+        return f"(no log at {path})"
+    return "\n".join("    " + ln for ln in text.splitlines()[-lines:])
+
+
+CAUSE_RE = re.compile(r"^(?:\[rank\d+\]:\s*)?((?:[A-Za-z_][\w.]*\.)?\w*(?:Error|Exception|Interrupt)): (.+)$")
+NOT_CAUSES = ("ChildFailedError", "SignalException")
+PEER_LOST = ("closed by peer", "reset by peer", "remote worker", "Broken pipe", "NCCL communicator was aborted")
+# torchrun's failure summary: a first observed failure that is a signal (SIGKILL by the OOM killer or a user)
+# is this node's own root cause, even when the surviving local ranks printed "reset by peer" before it
+KILLED_RE = re.compile(r"Root Cause \(first observed failure\):.*?rank\s*:\s*(\d+) \(local_rank: (\d+)\)"
+                       r".*?exitcode\s*:\s*(-\d+) \(pid: (\d+)\)\s*\((\w+)\)", re.S)
+
+
+def root_cause(path: Path) -> str:
+    """Why the node's trainer failed, from its log's latest start: a rank killed by a signal, as torchrun's
+    summary names it, or else the first exception line a rank printed (ranks that die of the first one's
+    death - peer closed, SIGTERM - print theirs after it)."""
+    text = tail(path, 100_000, max_bytes=4_000_000)
+    text = text[max(0, text.rfind("===== ")):]  # Proc writes this header at each start
+    k = KILLED_RE.search(text)
+    if k:
+        rank, local, code, pid, sig = k.groups()
+        return (f"rank {rank} (local rank {local}, pid {pid}) was killed by {sig} (exit code {code}); "
+                f"if nobody sent it, look for the OOM killer in the node's kernel log")
+    for line in text.splitlines():
+        m = CAUSE_RE.match(line.strip())
+        if m and not m.group(1).endswith(NOT_CAUSES):
+            return f"{m.group(1).rsplit('.', 1)[-1]}: {m.group(2)}"[:600]
+    return ""

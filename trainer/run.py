@@ -1,0 +1,95 @@
+"""One training run on this rank: built from the plan (model, data, rewards, node-local generation backend,
+callback, TRL's GRPOTrainer), trained, and finished (final push and parity on every node, final checkpoint,
+summary and plot)."""
+
+from __future__ import annotations
+
+import enum
+import functools
+import time
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import torch
+import torch.distributed as dist
+
+from launcher.jobdir import Events
+from launcher.topology import Plan
+from trainer import checkpoint, data, grpo, parallel, rewards
+from trainer.generation import GenerationSettings, NodeLocalGeneration, StepClock
+from trainer.metrics import MetricsWriter, write_summary_and_plot
+from trainer.parallel import Parallel
+
+
+class Outcome(enum.Enum):
+    FINISHED = "finished"
+    PREEMPTED = "preempted"
+
+
+@dataclass
+class Run:
+    plan: Plan
+    par: Parallel
+    trainer: Any
+    """trl.GRPOTrainer"""
+    callback: grpo.SlurmGrpoCallback
+    train_s: float = 0.0
+
+    @property
+    def backend(self) -> NodeLocalGeneration:
+        return self.trainer.vllm_generation
+
+    def train(self) -> Outcome:
+        t0 = time.time()
+        self.trainer.train()
+        self.train_s = time.time() - t0
+        if self.callback.preempted:
+            self.par.log(f"preempted at step {self.trainer.state.global_step}: checkpoint written, exiting for requeue")
+            return Outcome.PREEMPTED
+        return Outcome.FINISHED
+
+    def finish(self) -> None:
+        """Final push + parity on every node, the final checkpoint, and (rank 0) the summary and plot."""
+        from torch.distributed.tensor import DTensor
+
+        step = self.trainer.state.global_step
+        params = list(self.trainer.model.parameters())
+        # the trained parameters must still be FSDP2 shards (DTensors), not a silent DDP fallback
+        dtensor_params = {"dtensor": sum(isinstance(p, DTensor) for p in params), "total": len(params)}
+        mine = self.backend.finish(step)
+        finals: list[Any] = [None] * self.par.world
+        dist.all_gather_object(finals, mine)
+        self.callback.save(self.trainer.state)
+        if self.par.rank == 0:
+            job_dir = Path(self.plan.job_dir)
+            per_node = {str(f["node"]): f for f in finals if f is not None}
+            MetricsWriter(job_dir).write({"event": "final", "step": step, "nodes": per_node})
+            latest = checkpoint.latest(job_dir / "checkpoints")
+            write_summary_and_plot(job_dir, {"train_s": round(self.train_s, 2), "final_step": step,
+                                             "resumed_from": self.callback.resumed_from, "nodes": per_node,
+                                             "allreduce_check": self.par.allreduce_check, "dtensor_params": dtensor_params,
+                                             "final_checkpoint": str(latest[1]) if latest else None})
+
+
+def build(plan: Plan, par: Parallel, preemption: grpo.PreemptionFlag) -> Run:
+    from transformers import AutoModelForCausalLM, AutoTokenizer, set_seed
+
+    t, job_dir = plan.config.trainer, Path(plan.job_dir)
+    set_seed(t.seed)
+    node_event = Events(job_dir, par.node) if par.is_leader else (lambda *a, **k: None)
+    node_event("rendezvous_done", world=par.world)
+    dtype = getattr(torch, t.dtype)
+    tokenizer = AutoTokenizer.from_pretrained(plan.config.vllm.model)
+    # fp32 master weights; FSDP2 computes in the configured dtype (bf16 on GPU)
+    model = AutoModelForCausalLM.from_pretrained(plan.config.vllm.model, dtype=torch.float32)
+    model = parallel.shard_model(model.to(par.device), par, param_dtype=dtype)
+    node_event("model_loaded")
+    stats, clock = grpo.NodeStats(par), StepClock()
+    make_backend = functools.partial(NodeLocalGeneration, par=par, settings=GenerationSettings.from_plan(plan, par.node, dtype),
+                                     clock=clock, on_stats=stats.gather)
+    callback = grpo.SlurmGrpoCallback(job_dir, par, t, stats, clock, preemption,
+                                      on_first_step=lambda: node_event("first_step"))
+    trainer = grpo.build_trainer(model, tokenizer, data.load_prompts(t.dataset), [rewards.resolve(r) for r in t.reward_funcs],
+                                 grpo.grpo_config(job_dir, t, plan.device), callback, make_backend)
+    return Run(plan=plan, par=par, trainer=trainer, callback=callback)
