@@ -88,10 +88,30 @@ def main(out_path: str, cfg_path: str) -> None:
     hsdp = init_device_mesh("cpu", (2, RANKS_PER_NODE), mesh_dim_names=("replicate", "shard"))
     flat = init_device_mesh("cpu", (world,), mesh_dim_names=("shard",))
     cpu = torch.device("cpu")
-    ours = Parallel(rank=rank, local_rank=rank % RANKS_PER_NODE, world=world, node=node, node_group=groups[node],
-                    node_ranks=node_ranks, leader=node_ranks[0], mesh=hsdp, device=cpu, allreduce_check={})
-    stock = Parallel(rank=rank, local_rank=rank, world=world, node=0, node_group=dist.group.WORLD,
-                     node_ranks=list(range(world)), leader=0, mesh=flat, device=cpu, allreduce_check={})
+    ours = Parallel(
+        rank=rank,
+        local_rank=rank % RANKS_PER_NODE,
+        world=world,
+        node=node,
+        node_group=groups[node],
+        node_ranks=node_ranks,
+        leader=node_ranks[0],
+        mesh=hsdp,
+        device=cpu,
+        allreduce_check={},
+    )
+    stock = Parallel(
+        rank=rank,
+        local_rank=rank,
+        world=world,
+        node=0,
+        node_group=dist.group.WORLD,  # type: ignore[arg-type]
+        node_ranks=list(range(world)),
+        leader=0,
+        mesh=flat,
+        device=cpu,
+        allreduce_check={},
+    )
     from transformers import AutoModelForCausalLM
 
     def load(par: Parallel):
@@ -105,8 +125,9 @@ def main(out_path: str, cfg_path: str) -> None:
     client = ServerClient(urls[node], model, node, 600) if ours.is_leader else None
 
     def settings(port: int, bucket_bytes: int) -> PushSettings:
-        return PushSettings(backend="gloo", transfer_port=port, server_world=1, timeout_s=600, dtype=torch.float32,
-                            bucket_bytes=bucket_bytes)
+        return PushSettings(
+            backend="gloo", transfer_port=port, server_world=1, timeout_s=600, dtype=torch.float32, bucket_bytes=bucket_bytes
+        )
 
     bucket = cfg["bucket_mb"] * 2**20
     push_ours = NodePusher(m_ours, client, settings(cfg["transfer_ports"][node], bucket), cpu)
@@ -138,8 +159,9 @@ def main(out_path: str, cfg_path: str) -> None:
     per_tensor.push(0)
     res["push_ours_one_node_unpacked"] = summary(timed(lambda: per_tensor.push(1) if node == 0 else None, R), nbytes)
     # the node-local all-gather alone (what the push streams from), to split the push into gather and transfer
-    res["gather_one_node"] = summary(timed(lambda: [None for _ in iter_full_params(m_ours, torch.float32)]
-                                           if node == 0 else None, R), nbytes)
+    res["gather_one_node"] = summary(
+        timed(lambda: [None for _ in iter_full_params(m_ours, torch.float32)] if node == 0 else None, R), nbytes
+    )
     # floors, measured here in the same run: memcpy of the same bytes; a raw gloo broadcast rank 0 -> rank 1
     pair = dist.new_group([0, 1], backend="gloo")
     buf = torch.ones(params, dtype=torch.float32)
@@ -173,7 +195,9 @@ def main(out_path: str, cfg_path: str) -> None:
 
     node_prompts = [None] * RANKS_PER_NODE if ours.is_leader else None
     dist.gather_object(prompts, node_prompts, dst=ours.leader, group=ours.node_group)
-    node_batch = [p for rp in node_prompts for p in rp] if ours.is_leader else []
+    node_batch: list[list[int]] = []
+    for rank_prompts in node_prompts or []:
+        node_batch += rank_prompts or []
 
     def direct_gen():
         if ours.is_leader:
@@ -186,7 +210,7 @@ def main(out_path: str, cfg_path: str) -> None:
         if rank == 0:
             outs = [client.complete([p for rp in everyone for p in rp], **kw)]
         dist.broadcast_object_list(outs, src=0)
-        mine = outs[0][rank * len(prompts):(rank + 1) * len(prompts)]
+        mine = outs[0][rank * len(prompts) : (rank + 1) * len(prompts)]
         assert len(mine) == len(prompts)
 
     def ours_gen_one_node():  # node 0 alone, node 1 idle: each node's time when it has its own hardware
@@ -195,8 +219,12 @@ def main(out_path: str, cfg_path: str) -> None:
 
     ours_gen()  # warm-up (compiles, fills caches)
     tokens = world * g["prompts_per_rank"] * g["max_tokens"]
-    for name, fn, share in (("gen_direct", direct_gen, 1), ("gen_ours", ours_gen, 1), ("gen_stock", stock_gen, 1),
-                            ("gen_ours_one_node", ours_gen_one_node, 2)):
+    for name, fn, share in (
+        ("gen_direct", direct_gen, 1),
+        ("gen_ours", ours_gen, 1),
+        ("gen_stock", stock_gen, 1),
+        ("gen_ours_one_node", ours_gen_one_node, 2),
+    ):
         res[name] = summary(timed(fn, R))
         res[name]["tokens_per_s"] = round(tokens / share / res[name]["median_s"], 1)
     res["generation"] = {**g, "ranks": world, "tokens_per_batch": tokens}

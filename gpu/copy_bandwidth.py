@@ -28,4 +28,6 @@ for i in range(13):
     if i >= 3:
         times.append(s.elapsed_time(e) / 1e3)
 med = statistics.median(times)
-print(json.dumps({"to": str(dst.device), "bytes": n * 2, "copy_s_median": round(med, 6), "gb_per_s": round(n * 2 / med / 1e9, 1)}))
+print(
+    json.dumps({"to": str(dst.device), "bytes": n * 2, "copy_s_median": round(med, 6), "gb_per_s": round(n * 2 / med / 1e9, 1)})
+)

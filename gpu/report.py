@@ -23,18 +23,26 @@ gen_tps = [r["gen_tokens_per_s"] for r in later if r.get("gen_tokens_per_s")]
 vllm_log = (job / "logs" / "node0-vllm.log").read_text(errors="replace")
 mem = [float(x) for x in (out / "gpu_mem_used_mib.txt").read_text().split()] if (out / "gpu_mem_used_mib.txt").exists() else []
 res = {
-    "versions": versions, "backend": plan["weight_transfer_backend"], "shared_gpu": plan["nodes"][0]["shared_gpu"],
-    "steps": len(steps), "reward_first5": statistics.mean(r["reward"] for r in steps[:5]) if steps else None,
+    "versions": versions,
+    "backend": plan["weight_transfer_backend"],
+    "shared_gpu": plan["nodes"][0]["shared_gpu"],
+    "steps": len(steps),
+    "reward_first5": statistics.mean(r["reward"] for r in steps[:5]) if steps else None,
     "reward_last5": statistics.mean(r["reward"] for r in steps[-5:]) if steps else None,
     "gen_tokens_per_s_median": statistics.median(gen_tps) if gen_tps else None,
     "step_s_median": statistics.median(r["step_s"] for r in later) if later else None,
-    "push_s_median": push_med, "push_bytes": d2d["bytes"],
+    "push_s_median": push_med,
+    "push_bytes": d2d["bytes"],
     "push_gb_per_s": round(d2d["bytes"] / push_med / 1e9, 2) if push_med else None,
-    "d2d_copy_gb_per_s": d2d["gb_per_s"], "push_over_copy_floor": round(push_med / d2d["copy_s_median"], 1) if push_med else None,
-    "parity_per_push": [r.get("parity_max") for r in steps], "parity_stale": [r.get("parity_stale", {}).get("0") for r in steps],
+    "d2d_copy_gb_per_s": d2d["gb_per_s"],
+    "push_over_copy_floor": round(push_med / d2d["copy_s_median"], 1) if push_med else None,
+    "parity_per_push": [r.get("parity_max") for r in steps],
+    "parity_stale": [r.get("parity_stale", {}).get("0") for r in steps],
     "parity_final": summary.get("nodes", {}).get("0", {}).get("parity_final"),
     "trainer_peak_gpu_gb": summary.get("nodes", {}).get("0", {}).get("trainer_peak_gpu_gb"),
-    "vllm_memory_lines": re.findall(r"(Model loading took [^\n]*|Available KV cache memory[^\n]*|GPU KV cache size[^\n]*)", vllm_log)[:4],
+    "vllm_memory_lines": re.findall(
+        r"(Model loading took [^\n]*|Available KV cache memory[^\n]*|GPU KV cache size[^\n]*)", vllm_log
+    )[:4],
     "gpu_peak_used_gib": round(max(mem) / 1024, 1) if mem else None,
 }
 # training seconds per step: the step minus its generation and its push (both measured per step)

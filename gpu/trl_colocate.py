@@ -51,18 +51,39 @@ def timed(obj, name: str, into: list[float]) -> None:
 def main(config: str, model_path: str, out: str, steps: int) -> None:
     t = C.load(config, [f"vllm.model={model_path}"]).trainer
     v = C.load(config, [f"vllm.model={model_path}"]).vllm
-    args = GRPOConfig(output_dir="/tmp/trl-colocate", max_steps=steps, per_device_train_batch_size=t.per_device_train_batch_size,
-                      num_generations=t.num_generations, max_completion_length=t.max_completion_length,
-                      learning_rate=t.learning_rate, beta=t.beta, temperature=t.temperature, seed=t.seed, logging_steps=1,
-                      save_strategy="no", report_to=[], bf16=True, use_vllm=True, vllm_mode="colocate",
-                      vllm_gpu_memory_utilization=v.gpu_memory_utilization, vllm_max_model_length=v.max_model_len,
-                      disable_tqdm=True, dataloader_num_workers=0)
+    args = GRPOConfig(
+        output_dir="/tmp/trl-colocate",
+        max_steps=steps,
+        per_device_train_batch_size=t.per_device_train_batch_size,
+        num_generations=t.num_generations,
+        max_completion_length=t.max_completion_length,
+        learning_rate=t.learning_rate,
+        beta=t.beta,
+        temperature=t.temperature,
+        seed=t.seed,
+        logging_steps=1,
+        save_strategy="no",
+        report_to=[],
+        bf16=True,
+        use_vllm=True,
+        vllm_mode="colocate",
+        vllm_gpu_memory_utilization=v.gpu_memory_utilization,
+        vllm_max_model_length=v.max_model_len,
+        disable_tqdm=True,
+        dataloader_num_workers=0,
+    )
     t_start = time.time()
     model = AutoModelForCausalLM.from_pretrained(model_path, dtype=torch.float32)
     tok = AutoTokenizer.from_pretrained(model_path)
     steps_cb = StepTimes()
-    tr = GRPOTrainer(model=model, reward_funcs=[rewards.resolve(r) for r in t.reward_funcs], args=args,
-                     train_dataset=data.load_prompts(t.dataset), processing_class=tok, callbacks=[steps_cb])
+    tr = GRPOTrainer(
+        model=model,
+        reward_funcs=[rewards.resolve(r) for r in t.reward_funcs],
+        args=args,
+        train_dataset=data.load_prompts(t.dataset),
+        processing_class=tok,
+        callbacks=[steps_cb],
+    )
     gen_s: list[float] = []
     push_s: list[float] = []
     timed(tr.vllm_generation, "generate", gen_s)
@@ -71,12 +92,18 @@ def main(config: str, model_path: str, out: str, steps: int) -> None:
     tr.train()
     rows = steps_cb.rows
     later = rows[1:] or rows
-    res = {"what": "TRL GRPOTrainer colocate", "build_s": round(build_s, 1), "steps": len(rows),
-           "step_s_median": round(statistics.median(r["step_s"] for r in later), 3),
-           "gen_s_median": round(statistics.median(gen_s[1:] or gen_s), 3),
-           "push_s_median": round(statistics.median(push_s[1:] or push_s), 4) if push_s else None,
-           "reward_first5": statistics.mean(r["reward"] for r in rows[:5]), "reward_last5": statistics.mean(r["reward"] for r in rows[-5:]),
-           "rewards": [round(r["reward"], 4) for r in rows], "trainer_peak_gpu_gb": round(torch.cuda.max_memory_allocated() / 1e9, 2)}
+    res = {
+        "what": "TRL GRPOTrainer colocate",
+        "build_s": round(build_s, 1),
+        "steps": len(rows),
+        "step_s_median": round(statistics.median(r["step_s"] for r in later), 3),
+        "gen_s_median": round(statistics.median(gen_s[1:] or gen_s), 3),
+        "push_s_median": round(statistics.median(push_s[1:] or push_s), 4) if push_s else None,
+        "reward_first5": statistics.mean(r["reward"] for r in rows[:5]),
+        "reward_last5": statistics.mean(r["reward"] for r in rows[-5:]),
+        "rewards": [round(r["reward"], 4) for r in rows],
+        "trainer_peak_gpu_gb": round(torch.cuda.max_memory_allocated() / 1e9, 2),
+    }
     res["train_s_median"] = round(res["step_s_median"] - res["gen_s_median"] - (res["push_s_median"] or 0), 3)
     tokens = t.per_device_train_batch_size * t.max_completion_length
     res["gen_tokens_per_s_upper_bound"] = round(tokens / res["gen_s_median"], 1)  # completions can stop early at EOS

@@ -60,7 +60,7 @@ def torchrun_compatible(argv: list[str]) -> list[str]:
     if (major, minor) >= (2, 12) or "--shutdown-timeout" not in argv:
         return argv
     i = argv.index("--shutdown-timeout")
-    return argv[:i] + argv[i + 2:]
+    return argv[:i] + argv[i + 2 :]
 
 
 def node_index(arg: int | None) -> int:
@@ -76,8 +76,10 @@ def rendezvous_host(p: Plan) -> str:
         return p.rendezvous_host
     nodelist = os.environ.get("SLURM_JOB_NODELIST") or os.environ.get("SLURM_NODELIST")
     if not nodelist:
-        raise NodeFailure("plan needs the first node of the SLURM allocation as rendezvous host, "
-                          "but SLURM_JOB_NODELIST is not set (run it under sbatch/srun, or use `slurm-grpo local`)")
+        raise NodeFailure(
+            "plan needs the first node of the SLURM allocation as rendezvous host, "
+            "but SLURM_JOB_NODELIST is not set (run it under sbatch/srun, or use `slurm-grpo local`)"
+        )
     out = subprocess.run(["scontrol", "show", "hostnames", nodelist], capture_output=True, text=True, timeout=30)
     if out.returncode != 0 or not out.stdout.split():
         raise NodeFailure(f"`scontrol show hostnames {nodelist}` failed: {out.stderr.strip()}")
@@ -116,8 +118,11 @@ class JobAbort:
         except (OSError, ValueError):
             return  # being written; next poll
         if a["node"] != self.node:
-            raise NodeFailure(f"node {self.node}: stopping, because node {a['node']} ({a['host']}) failed: {a['error']}\n"
-                              f"  see logs/node{a['node']}-*.log in the job folder", remote=True)
+            raise NodeFailure(
+                f"node {self.node}: stopping, because node {a['node']} ({a['host']}) failed: {a['error']}\n"
+                f"  see logs/node{a['node']}-*.log in the job folder",
+                remote=True,
+            )
 
 
 def attempt_id() -> str:
@@ -172,10 +177,14 @@ def wait_healthy(proc: Supervised, url: str, deadline_s: float, where: str, chec
             hint = ""
             text = tail(proc.log_path, 200)
             if "Failed to load plugin" in text or "Unsupported backend" in text or "gloo" in text and "not registered" in text:
-                hint = ("\n  hint: the project's vLLM plugin did not load (is slurm-grpo installed with `pip install -e .` "
-                        "in the job's environment, and is there no folder named 'trainer' shadowing it in the cwd?)")
-            raise NodeFailure(f"{where}: vLLM server {proc.describe()} exited with code {rc} before it "
-                              f"was healthy at {url}{hint}\n  last lines of {proc.log_path}:\n{tail(proc.log_path)}")
+                hint = (
+                    "\n  hint: the project's vLLM plugin did not load (is slurm-grpo installed with `pip install -e .` "
+                    "in the job's environment, and is there no folder named 'trainer' shadowing it in the cwd?)"
+                )
+            raise NodeFailure(
+                f"{where}: vLLM server {proc.describe()} exited with code {rc} before it "
+                f"was healthy at {url}{hint}\n  last lines of {proc.log_path}:\n{tail(proc.log_path)}"
+            )
         try:
             with urllib.request.urlopen(url + "/health", timeout=5) as r:
                 if r.status == 200:
@@ -183,8 +192,10 @@ def wait_healthy(proc: Supervised, url: str, deadline_s: float, where: str, chec
         except (urllib.error.URLError, OSError, TimeoutError):
             pass
         if time.time() - t0 > deadline_s:
-            raise NodeFailure(f"{where}: vLLM server {proc.describe()} not healthy at {url} after "
-                              f"{deadline_s:.0f} s (vllm.health_timeout_s)\n  last lines of {proc.log_path}:\n{tail(proc.log_path)}")
+            raise NodeFailure(
+                f"{where}: vLLM server {proc.describe()} not healthy at {url} after "
+                f"{deadline_s:.0f} s (vllm.health_timeout_s)\n  last lines of {proc.log_path}:\n{tail(proc.log_path)}"
+            )
         time.sleep(POLL_S)
 
 
@@ -195,8 +206,10 @@ def check_port_free(port: int, what: str, where: str) -> None:
     try:
         s.bind(("127.0.0.1", port))
     except OSError:
-        raise NodeFailure(f"{where}: port {port} ({what}) is already in use on this node; "
-                          f"stop what holds it (`ss -ltnp 'sport = :{port}'`) or pick another port in the config") from None
+        raise NodeFailure(
+            f"{where}: port {port} ({what}) is already in use on this node; "
+            f"stop what holds it (`ss -ltnp 'sport = :{port}'`) or pick another port in the config"
+        ) from None
     finally:
         s.close()
 
@@ -220,10 +233,21 @@ def run_node(p: Plan, node: int) -> int:
     host = socket.gethostname()
     python = sys.executable
     attempt = attempt_id()
-    run = NodeRun(plan=p, node=node, host=host, attempt=attempt, events=Events(job_dir, node),
-                  abort=JobAbort(job_dir, attempt, node, p.num_nodes))
-    run.events("bootstrap_start", host=host, slurm_job=os.environ.get("SLURM_JOB_ID"), attempt=attempt,
-               restart=int(os.environ.get("SLURM_RESTART_COUNT", "0")))
+    run = NodeRun(
+        plan=p,
+        node=node,
+        host=host,
+        attempt=attempt,
+        events=Events(job_dir, node),
+        abort=JobAbort(job_dir, attempt, node, p.num_nodes),
+    )
+    run.events(
+        "bootstrap_start",
+        host=host,
+        slurm_job=os.environ.get("SLURM_JOB_ID"),
+        attempt=attempt,
+        restart=int(os.environ.get("SLURM_RESTART_COUNT", "0")),
+    )
     become_subreaper()
 
     stop_requested: list[int] = []
@@ -237,7 +261,9 @@ def run_node(p: Plan, node: int) -> int:
     procs: list[Proc] = []
     try:
         preflight(run)
-        vllm = Proc(vllm_command(p, node, python), job_dir, node, ignore_signals=(signal.SIGUSR1, signal.SIGUSR2))
+        # the GPUs SLURM (or the user) gave this node: the plan's indices map through them
+        allocated = os.environ.get("CUDA_VISIBLE_DEVICES") if p.device == "cuda" else None
+        vllm = Proc(vllm_command(p, node, python, allocated), job_dir, node, ignore_signals=(signal.SIGUSR1, signal.SIGUSR2))
         procs.append(vllm)
         run.events("vllm_start", pid=vllm.popen.pid)
         url = p.nodes[node].server_url
@@ -247,7 +273,7 @@ def run_node(p: Plan, node: int) -> int:
         run.say(f"vLLM healthy at {url} after {took:.1f} s")
         if stop_requested:
             raise NodeFailure(f"node {node}: stopped by signal {stop_requested[0]} before training started")
-        cmd = trainer_command(p, node, rendezvous_host(p), python)
+        cmd = trainer_command(p, node, rendezvous_host(p), python, allocated)
         cmd = NodeCommand(cmd.name, torchrun_compatible(cmd.argv), {**cmd.env, "SLURM_GRPO_ATTEMPT": attempt}, cmd.log)
         # torchrun's own shutdown waits up to its --shutdown-timeout for the ranks' checkpoint: outwait it
         trainer = Proc(cmd, job_dir, node, grace_s=p.bootstrap_grace_s)
@@ -255,18 +281,24 @@ def run_node(p: Plan, node: int) -> int:
         run.events("trainer_start", pid=trainer.popen.pid)
         run.say(f"trainer started: {trainer.describe()}")
         return supervise(run, vllm, trainer, stop_requested)
+    except ConfigError as e:  # a plan the node cannot run (e.g. fewer GPUs allocated than planned)
+        return fail(run, NodeFailure(f"{run.where}: {e}"))
     except NodeFailure as e:
-        first = str(e).splitlines()[0]
-        run.events("failed", error=first, remote=e.remote)
-        if not e.remote:
-            run.abort.write(host, first)
-        print(f"[bootstrap node {node} {host}] FAILED: {e}", file=sys.stderr, flush=True)
-        return 1
+        return fail(run, e)
     finally:
         for pr in reversed(procs):
             pr.stop()
         kill_all(descendants(os.getpid()))  # anything re-parented to us (subreaper) that outlived its parent
         run.events("bootstrap_end")
+
+
+def fail(run: NodeRun, e: NodeFailure) -> int:
+    first = str(e).splitlines()[0]
+    run.events("failed", error=first, remote=e.remote)
+    if not e.remote:
+        run.abort.write(run.host, first)
+    print(f"[bootstrap node {run.node} {run.host}] FAILED: {e}", file=sys.stderr, flush=True)
+    return 1
 
 
 def _metrics_mtime(job_dir: Path) -> float | None:
@@ -304,8 +336,10 @@ def supervise(run: NodeRun, vllm: Supervised, trainer: Supervised, stop_requeste
         rc = vllm.poll()
         if rc is not None and not stop_requested:
             run.events("vllm_exit", code=rc)
-            raise NodeFailure(f"{run.where}: vLLM server {vllm.describe()} died with code {rc} during training; "
-                              f"stopping the node's trainer ranks\n  last lines of {vllm.log_path}:\n{tail(vllm.log_path)}")
+            raise NodeFailure(
+                f"{run.where}: vLLM server {vllm.describe()} died with code {rc} during training; "
+                f"stopping the node's trainer ranks\n  last lines of {vllm.log_path}:\n{tail(vllm.log_path)}"
+            )
         rc = trainer.poll()
         if rc is not None:
             run.events("trainer_exit", code=rc)
@@ -323,14 +357,18 @@ def supervise(run: NodeRun, vllm: Supervised, trainer: Supervised, stop_requeste
             # a rank that died of another node's failure (its peers vanished): wait for that node's abort,
             # which names the real cause, before claiming to be the first failure
             run.abort.settle(30.0 if any(m in cause for m in PEER_LOST) else 3.0)
-            raise NodeFailure(f"{run.where}: {trainer.describe()} exited with code {rc}{why}"
-                              f"{': ' + cause if cause else ''}\n"
-                              f"  last lines of {trainer.log_path}:\n{tail(trainer.log_path)}")
+            raise NodeFailure(
+                f"{run.where}: {trainer.describe()} exited with code {rc}{why}"
+                f"{': ' + cause if cause else ''}\n"
+                f"  last lines of {trainer.log_path}:\n{tail(trainer.log_path)}"
+            )
         if stall:
             m = _metrics_mtime(run.job_dir)
             if m is not None and time.time() - max(m, trainer.started) > stall:
-                raise NodeFailure(f"{run.where}: no training step for {stall:.0f} s (trainer.stall_timeout_s); "
-                                  f"{trainer.describe()}\n  last lines of {trainer.log_path}:\n{tail(trainer.log_path)}")
+                raise NodeFailure(
+                    f"{run.where}: no training step for {stall:.0f} s (trainer.stall_timeout_s); "
+                    f"{trainer.describe()}\n  last lines of {trainer.log_path}:\n{tail(trainer.log_path)}"
+                )
         time.sleep(POLL_S)
 
 
@@ -350,8 +388,9 @@ def requeue(run: NodeRun) -> None:
 
 
 def main(argv: list[str] | None = None) -> int:
-    ap = argparse.ArgumentParser(prog="python -m launcher.bootstrap", description=__doc__,
-                                 formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap = argparse.ArgumentParser(
+        prog="python -m launcher.bootstrap", description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
+    )
     ap.add_argument("plan", help="the job's plan.json")
     ap.add_argument("--node", type=int, default=None, help="node index (default: $SLURM_NODEID, else 0)")
     a = ap.parse_args(argv)

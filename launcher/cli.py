@@ -1,11 +1,11 @@
 """slurm-grpo: GRPO on SLURM with one vLLM server per node.
 
-  slurm-grpo dry-run CONFIG [--set a.b=c ...]   print the plan, the sbatch text and every node's commands
-  slurm-grpo submit CONFIG [--dry-run]          write the job folder and sbatch it (via submitit)
-  slurm-grpo local CONFIG                       run the same bootstrap here as a one-node job (no SLURM)
-  slurm-grpo status|logs|cancel JOB_DIR|JOB_ID  look after a job
-  slurm-grpo make-tiny-model DIR                build a tiny Qwen2 + tokenizer locally (tests, CPU smoke run)
-  slurm-grpo simulate CONFIG --nodes 1,2,...    predicted step time, per-node design vs one global server
+slurm-grpo dry-run CONFIG [--set a.b=c ...]   print the plan, the sbatch text and every node's commands
+slurm-grpo submit CONFIG [--dry-run]          write the job folder and sbatch it (via submitit)
+slurm-grpo local CONFIG                       run the same bootstrap here as a one-node job (no SLURM)
+slurm-grpo status|logs|cancel JOB_DIR|JOB_ID  look after a job
+slurm-grpo make-tiny-model DIR                build a tiny Qwen2 + tokenizer locally (tests, CPU smoke run)
+slurm-grpo simulate CONFIG --nodes 1,2,...    predicted step time, per-node design vs one global server
 """
 
 from __future__ import annotations
@@ -27,8 +27,14 @@ from launcher.topology import Plan
 
 def _add_config_args(p: argparse.ArgumentParser) -> None:
     p.add_argument("config", help="YAML job config, e.g. configs/smoke_cpu.yaml")
-    p.add_argument("--set", dest="overrides", action="append", default=[], metavar="SECTION.KEY=VALUE",
-                   help="override a config value (YAML syntax), e.g. --set slurm.nodes=4; may be repeated")
+    p.add_argument(
+        "--set",
+        dest="overrides",
+        action="append",
+        default=[],
+        metavar="SECTION.KEY=VALUE",
+        help="override a config value (YAML syntax), e.g. --set slurm.nodes=4; may be repeated",
+    )
 
 
 def _load(a: argparse.Namespace, **force: object) -> JobConfig:
@@ -40,8 +46,16 @@ def node_table(p: Plan) -> str:
     rows = [("node", "vLLM GPUs", "trainer GPUs", "global ranks", "server", "weight port")]
     for n in p.nodes:
         ranks = [r.global_rank for r in n.ranks]
-        rows.append((str(n.node), ",".join(map(str, n.vllm_gpus)), ",".join(map(str, n.trainer_gpus)),
-                     f"{ranks[0]}-{ranks[-1]}" if len(ranks) > 1 else str(ranks[0]), n.server_url, str(n.weight_transfer_port)))
+        rows.append(
+            (
+                str(n.node),
+                ",".join(map(str, n.vllm_gpus)),
+                ",".join(map(str, n.trainer_gpus)),
+                f"{ranks[0]}-{ranks[-1]}" if len(ranks) > 1 else str(ranks[0]),
+                n.server_url,
+                str(n.weight_transfer_port),
+            )
+        )
     if len(rows) > 12:  # 256 nodes: show the pattern, not a wall
         rows = rows[:6] + [("...",) * 6] + rows[-3:]
     widths = [max(len(r[i]) for r in rows) for i in range(6)]
@@ -57,8 +71,15 @@ def render_dry_run(cfg: JobConfig, p: Plan) -> str:
 
     out = ["# resolved config", config_mod.to_yaml(cfg).rstrip(), "", "# plan"]
     out += [f"  {d}" for d in p.derivation]
-    out += ["", node_table(p), "", "# sbatch text (what `submit` hands to sbatch)", sbatch_text(cfg, p).rstrip(), "",
-            "# per-node commands (run by launcher.bootstrap on each node)"]
+    out += [
+        "",
+        node_table(p),
+        "",
+        "# sbatch text (what `submit` hands to sbatch)",
+        sbatch_text(cfg, p).rstrip(),
+        "",
+        "# per-node commands (run by launcher.bootstrap on each node)",
+    ]
     shown = list(range(p.num_nodes)) if p.num_nodes <= 4 else [0, 1, p.num_nodes - 1]
     for n in shown:
         host = "$FIRST_NODE" if p.num_nodes > 1 else "127.0.0.1"
@@ -89,8 +110,10 @@ def cmd_submit(a: argparse.Namespace) -> int:
         return 0
     write_job_dir(cfg, p)
     s = submit(cfg, p)
-    print(f"submitted job {s.job_id}\njob folder: {s.job_dir}\nsbatch text: {s.sbatch_path}\n"
-          f"watch it: slurm-grpo status {s.job_dir}")
+    print(
+        f"submitted job {s.job_id}\njob folder: {s.job_dir}\nsbatch text: {s.sbatch_path}\n"
+        f"watch it: slurm-grpo status {s.job_dir}"
+    )
     return 0
 
 
@@ -111,8 +134,11 @@ class Progress(threading.Thread):
                 eta = per * (self.total - r["step"])
                 bar = "#" * int(20 * r["step"] / self.total)
                 push = max((r.get("push_s") or {"": 0}).values())
-                print(f"[{bar:<20}] step {r['step']}/{self.total} reward {r['reward']:.3f} "
-                      f"push {push:.2f}s parity {r.get('parity_max')} ETA {eta:.0f}s", flush=True)
+                print(
+                    f"[{bar:<20}] step {r['step']}/{self.total} reward {r['reward']:.3f} "
+                    f"push {push:.2f}s parity {r.get('parity_max')} ETA {eta:.0f}s",
+                    flush=True,
+                )
             seen = len(rows)
 
 
@@ -188,9 +214,11 @@ def build_parser() -> argparse.ArgumentParser:
     p = sub.add_parser("local", help="run the job on this machine as one node (vLLM + trainer ranks), no SLURM")
     _add_config_args(p)
     p.set_defaults(fn=cmd_local)
-    for name, fn, text in (("status", cmd_status, "SLURM state per node, server health, last metrics, summary"),
-                           ("logs", cmd_logs, "last lines of every node's logs"),
-                           ("cancel", cmd_cancel, "scancel the job")):
+    for name, fn, text in (
+        ("status", cmd_status, "SLURM state per node, server health, last metrics, summary"),
+        ("logs", cmd_logs, "last lines of every node's logs"),
+        ("cancel", cmd_cancel, "scancel the job"),
+    ):
         p = sub.add_parser(name, help=text)
         p.add_argument("job", help="job folder (runs/NAME-STAMP) or SLURM job id")
         if name == "logs":
@@ -199,8 +227,11 @@ def build_parser() -> argparse.ArgumentParser:
         p.set_defaults(fn=fn)
     # the builder needs torch, which launcher/ never imports: it runs as `python -m trainer.tiny_model`,
     # which owns the options (and the --help) passed through here
-    p = sub.add_parser("make-tiny-model", add_help=False, help="build a random Qwen2 (head_dim 64) and a locally trained "
-                       "tokenizer (see make-tiny-model --help)")
+    p = sub.add_parser(
+        "make-tiny-model",
+        add_help=False,
+        help="build a random Qwen2 (head_dim 64) and a locally trained tokenizer (see make-tiny-model --help)",
+    )
     p.add_argument("args", nargs=argparse.REMAINDER)
     p.set_defaults(fn=cmd_make_tiny_model)
     p = sub.add_parser("simulate", help="predict step time vs node count: per-node servers vs one global server")

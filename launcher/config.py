@@ -164,14 +164,14 @@ def field_docs(cls: type) -> dict[str, str]:
     docs: dict[str, str] = {}
     for prev, node in zip(body, body[1:]):
         if isinstance(prev, ast.AnnAssign) and isinstance(node, ast.Expr) and isinstance(node.value, ast.Constant):
-            docs[prev.target.id] = str(node.value.value)  # type: ignore[attr-defined]
+            docs[prev.target.id] = str(node.value.value)  # type: ignore[attr-defined,union-attr]
     return docs
 
 
 def _default(f: dataclasses.Field) -> Any:
     if f.default is not dataclasses.MISSING:
         return f.default
-    return f.default_factory()  # type: ignore[misc]
+    return f.default_factory()  # type: ignore[misc,operator]
 
 
 def _menu(cls: type) -> str:
@@ -342,8 +342,19 @@ def grpo_config_fields() -> set[str] | None:
 
 
 # trainer fields the project sets itself; passing them through grpo would fight the plan
-_OWNED_GRPO = {"use_vllm", "vllm_mode", "vllm_server_base_url", "vllm_server_host", "vllm_server_port",
-               "output_dir", "use_cpu", "fsdp", "fsdp_config", "save_strategy", "report_to"}
+_OWNED_GRPO = {
+    "use_vllm",
+    "vllm_mode",
+    "vllm_server_base_url",
+    "vllm_server_host",
+    "vllm_server_port",
+    "output_dir",
+    "use_cpu",
+    "fsdp",
+    "fsdp_config",
+    "save_strategy",
+    "report_to",
+}
 
 
 def validate(cfg: JobConfig) -> None:
@@ -357,17 +368,22 @@ def validate(cfg: JobConfig) -> None:
     if s.signal_seconds < 0 or s.signal_seconds > 3600:
         raise ConfigError(f"slurm.signal_seconds must be between 0 and 3600, got {s.signal_seconds}")
     if not _PROFILE.match(s.setup_profile):
-        raise ConfigError(f"slurm.setup_profile {s.setup_profile!r} must be the name of a file in slurm_templates/ without .sh.j2")
+        raise ConfigError(
+            f"slurm.setup_profile {s.setup_profile!r} must be the name of a file in slurm_templates/ without .sh.j2"
+        )
     for k in s.extra_sbatch:
         if not _FLAG.match(k):
             raise ConfigError(f"slurm.extra_sbatch key {k!r} must be an sbatch flag name without dashes, e.g. reservation")
     if not v.model:
-        raise ConfigError("vllm.model is required: a local model folder (e.g. one made by `slurm-grpo make-tiny-model DIR`) or a hub name")
+        raise ConfigError(
+            "vllm.model is required: a local model folder (e.g. one made by `slurm-grpo make-tiny-model DIR`) or a hub name"
+        )
     _positive("vllm.tensor_parallel_size", v.tensor_parallel_size, "vLLM needs at least one GPU")
     if v.tensor_parallel_size >= s.gpus_per_node and not (s.gpus_per_node == 1 and v.tensor_parallel_size == 1):
         raise ConfigError(
             f"vllm.tensor_parallel_size ({v.tensor_parallel_size}) leaves no trainer GPU on a {s.gpus_per_node}-GPU node; "
-            f"lower it or ask for more GPUs per node (slurm.gpus_per_node)")
+            f"lower it or ask for more GPUs per node (slurm.gpus_per_node)"
+        )
     if not 0 < v.gpu_memory_utilization <= 1:
         raise ConfigError(f"vllm.gpu_memory_utilization must be in (0, 1], got {v.gpu_memory_utilization}")
     if v.max_model_len < 0:
@@ -382,8 +398,11 @@ def validate(cfg: JobConfig) -> None:
         port = getattr(getattr(cfg, sec), key)
         if not 1024 <= port <= 65535:
             raise ConfigError(f"{port_name} ({port}) must be between 1024 and 65535 (ports below 1024 need root)")
-    ports = {"vllm.port": v.port, "trainer.rendezvous_port": t.rendezvous_port,
-             "trainer.weight_transfer_port": t.weight_transfer_port}
+    ports = {
+        "vllm.port": v.port,
+        "trainer.rendezvous_port": t.rendezvous_port,
+        "trainer.weight_transfer_port": t.weight_transfer_port,
+    }
     seen: dict[int, str] = {}
     for name, port in ports.items():
         if port in seen:
@@ -392,7 +411,9 @@ def validate(cfg: JobConfig) -> None:
     if not t.dataset:
         raise ConfigError("trainer.dataset is required: a JSONL/Parquet file or a `datasets` folder with a 'prompt' column")
     if not t.reward_funcs:
-        raise ConfigError("trainer.reward_funcs is empty; name at least one reward, e.g. [letter_a_fraction] or pkg.module:function")
+        raise ConfigError(
+            "trainer.reward_funcs is empty; name at least one reward, e.g. [letter_a_fraction] or pkg.module:function"
+        )
     for r in t.reward_funcs:
         if ":" in r:
             mod, _, fn = r.partition(":")
@@ -405,7 +426,9 @@ def validate(cfg: JobConfig) -> None:
     for name in ("request_timeout_s", "push_timeout_s"):
         _positive(f"trainer.{name}", getattr(t, name), "every wait needs a deadline")
     if t.num_generations < 2:
-        raise ConfigError(f"trainer.num_generations ({t.num_generations}) must be at least 2: GRPO compares completions within a group")
+        raise ConfigError(
+            f"trainer.num_generations ({t.num_generations}) must be at least 2: GRPO compares completions within a group"
+        )
     if t.learning_rate <= 0:
         raise ConfigError(f"trainer.learning_rate must be positive, got {t.learning_rate}")
     if t.beta < 0:
@@ -422,15 +445,19 @@ def validate(cfg: JobConfig) -> None:
         raise ConfigError(f"trainer.parity_action {t.parity_action!r} must be fail or warn")
     owned = sorted(set(t.grpo) & (_OWNED_GRPO | {f.name for f in dataclasses.fields(TrainerConfig)}))
     if owned:
-        raise ConfigError(f"trainer.grpo.{owned[0]} is set by slurm-grpo itself (or is a trainer.* key); "
-                          f"remove it from trainer.grpo (use trainer.{owned[0]} if that key exists)")
+        raise ConfigError(
+            f"trainer.grpo.{owned[0]} is set by slurm-grpo itself (or is a trainer.* key); "
+            f"remove it from trainer.grpo (use trainer.{owned[0]} if that key exists)"
+        )
     known = grpo_config_fields()
     if known is not None:
         bad = sorted(set(t.grpo) - known)
         if bad:
             near = sorted(k for k in known if k.startswith(bad[0][:4]))[:8]
-            raise ConfigError(f"trainer.grpo.{bad[0]} is not a trl.GRPOConfig field"
-                              + (f"; similar fields: {', '.join(near)}" if near else "; see trl's GRPOConfig docs"))
+            raise ConfigError(
+                f"trainer.grpo.{bad[0]} is not a trl.GRPOConfig field"
+                + (f"; similar fields: {', '.join(near)}" if near else "; see trl's GRPOConfig docs")
+            )
     if not _NAME.match(j.name):
         raise ConfigError(f"job.name {j.name!r} may use letters, digits, '-', '_' and '.' only (1-64 characters), e.g. grpo-7b")
     if "\n" in j.job_dir or "\x00" in j.job_dir:
@@ -438,9 +465,13 @@ def validate(cfg: JobConfig) -> None:
     if j.device not in ("cuda", "cpu"):
         raise ConfigError(f"job.device {j.device!r} must be cuda or cpu")
     if j.device == "cpu" and v.weight_transfer_backend in ("nccl", "ipc"):
-        raise ConfigError(f"vllm.weight_transfer_backend {v.weight_transfer_backend} needs GPUs; with job.device cpu use gloo (or auto)")
+        raise ConfigError(
+            f"vllm.weight_transfer_backend {v.weight_transfer_backend} needs GPUs; with job.device cpu use gloo (or auto)"
+        )
     if j.device == "cpu" and t.dtype != "float32":
-        raise ConfigError("trainer.dtype must be float32 with job.device cpu (vLLM's CPU build and gloo run float32 here); set trainer.dtype: float32")
+        raise ConfigError(
+            "trainer.dtype must be float32 with job.device cpu (vLLM's CPU build and gloo run float32 here); set trainer.dtype: float32"
+        )
     if not j.python or any(c in j.python for c in "\n\x00"):
         raise ConfigError("job.python must be a path or name of a Python interpreter")
 

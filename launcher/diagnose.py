@@ -24,8 +24,11 @@ NOT_CAUSES = ("ChildFailedError", "SignalException")
 PEER_LOST = ("closed by peer", "reset by peer", "remote worker", "Broken pipe", "NCCL communicator was aborted")
 # torchrun's failure summary: a first observed failure that is a signal (SIGKILL by the OOM killer or a user)
 # is this node's own root cause, even when the surviving local ranks printed "reset by peer" before it
-KILLED_RE = re.compile(r"Root Cause \(first observed failure\):.*?rank\s*:\s*(\d+) \(local_rank: (\d+)\)"
-                       r".*?exitcode\s*:\s*(-\d+) \(pid: (\d+)\)\s*\((\w+)\)", re.S)
+KILLED_RE = re.compile(
+    r"Root Cause \(first observed failure\):.*?rank\s*:\s*(\d+) \(local_rank: (\d+)\)"
+    r".*?exitcode\s*:\s*(-\d+) \(pid: (\d+)\)\s*\((\w+)\)",
+    re.S,
+)
 
 
 def root_cause(path: Path) -> str:
@@ -33,12 +36,14 @@ def root_cause(path: Path) -> str:
     summary names it, or else the first exception line a rank printed (ranks that die of the first one's
     death - peer closed, SIGTERM - print theirs after it)."""
     text = tail(path, 100_000, max_bytes=4_000_000)
-    text = text[max(0, text.rfind("===== ")):]  # Proc writes this header at each start
+    text = text[max(0, text.rfind("===== ")) :]  # Proc writes this header at each start
     k = KILLED_RE.search(text)
     if k:
         rank, local, code, pid, sig = k.groups()
-        return (f"rank {rank} (local rank {local}, pid {pid}) was killed by {sig} (exit code {code}); "
-                f"if nobody sent it, look for the OOM killer in the node's kernel log")
+        return (
+            f"rank {rank} (local rank {local}, pid {pid}) was killed by {sig} (exit code {code}); "
+            f"if nobody sent it, look for the OOM killer in the node's kernel log"
+        )
     for line in text.splitlines():
         m = CAUSE_RE.match(line.strip())
         if m and not m.group(1).endswith(NOT_CAUSES):

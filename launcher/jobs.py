@@ -50,12 +50,17 @@ def summarize(rows: list[dict[str, Any]], k: int = 0) -> dict[str, Any]:
     parity = [r["parity_max"] for r in steps if r.get("parity_max") is not None]
     tps = [r["gen_tokens_per_s"] for r in steps if r.get("gen_tokens_per_s")]
     return {
-        "steps": len(steps), "last_step": steps[-1]["step"], "window": k,
-        "reward_first": round(first, 4), "reward_last": round(last, 4),
+        "steps": len(steps),
+        "last_step": steps[-1]["step"],
+        "window": k,
+        "reward_first": round(first, 4),
+        "reward_last": round(last, 4),
         "push_s_median": {n: round(sorted(v)[len(v) // 2], 4) for n, v in sorted(push.items())},
         "parity_max": float(f"{max(parity):.3g}") if parity else None,
         "gen_tokens_per_s_median": round(sorted(tps)[len(tps) // 2], 1) if tps else None,
-        "step_s_median": round(sorted(r["step_s"] for r in steps)[len(steps) // 2], 3) if all("step_s" in r for r in steps) else None,
+        "step_s_median": round(sorted(r["step_s"] for r in steps)[len(steps) // 2], 3)
+        if all("step_s" in r for r in steps)
+        else None,
     }
 
 
@@ -63,15 +68,21 @@ def format_summary(s: dict[str, Any]) -> str:
     if not s:
         return "no training steps recorded yet"
     push = ", ".join(f"node {n}: {v:.3f} s" for n, v in s["push_s_median"].items()) or "none"
-    return (f"steps {s['steps']} (last {s['last_step']}); reward first {s['window']} steps {s['reward_first']:.4f} -> "
-            f"last {s['window']} {s['reward_last']:.4f}; push median {push}; parity max {s['parity_max']}; "
-            f"generation {s['gen_tokens_per_s_median']} tokens/s; step {s['step_s_median']} s")
+    return (
+        f"steps {s['steps']} (last {s['last_step']}); reward first {s['window']} steps {s['reward_first']:.4f} -> "
+        f"last {s['window']} {s['reward_last']:.4f}; push median {push}; parity max {s['parity_max']}; "
+        f"generation {s['gen_tokens_per_s_median']} tokens/s; step {s['step_s_median']} s"
+    )
 
 
 def slurm_state(job_id: str) -> list[str]:
     try:
-        out = subprocess.run(["sacct", "-j", job_id, "-n", "-P", "-o", "JobID,State,NodeList,Elapsed,ExitCode"],
-                             capture_output=True, text=True, timeout=30)
+        out = subprocess.run(
+            ["sacct", "-j", job_id, "-n", "-P", "-o", "JobID,State,NodeList,Elapsed,ExitCode"],
+            capture_output=True,
+            text=True,
+            timeout=30,
+        )
     except (OSError, subprocess.TimeoutExpired) as e:
         return [f"(sacct not available: {e})"]
     if out.returncode != 0:
@@ -79,8 +90,12 @@ def slurm_state(job_id: str) -> list[str]:
     return [ln for ln in out.stdout.splitlines() if ln.strip()]
 
 
-PHASES = (("server start", "vllm_start", "vllm_healthy"), ("trainer launch + rendezvous", "trainer_start", "rendezvous_done"),
-          ("model load + shard", "rendezvous_done", "model_loaded"), ("trainer build + first step", "model_loaded", "first_step"))
+PHASES = (
+    ("server start", "vllm_start", "vllm_healthy"),
+    ("trainer launch + rendezvous", "trainer_start", "rendezvous_done"),
+    ("model load + shard", "rendezvous_done", "model_loaded"),
+    ("trainer build + first step", "model_loaded", "first_step"),
+)
 
 
 def startup_phases(job_dir: Path, node: int) -> dict[str, float]:
@@ -88,8 +103,8 @@ def startup_phases(job_dir: Path, node: int) -> dict[str, float]:
     and the node's trainer leader both append to it), plus the total from bootstrap start to step 1."""
     ev = read_jsonl(job_dir / "logs" / f"node{node}-events.jsonl")
     starts = [i for i, e in enumerate(ev) if e["event"] == "bootstrap_start"]
-    t = {}
-    for e in ev[starts[-1]:] if starts else []:
+    t: dict[str, float] = {}
+    for e in ev[starts[-1] :] if starts else []:
         t.setdefault(e["event"], e["t"])
     out = {name: round(t[b] - t[a], 2) for name, a, b in PHASES if a in t and b in t}
     if "bootstrap_start" in t and "first_step" in t:
@@ -112,9 +127,13 @@ def status(job_dir: Path) -> str:
         ev = read_jsonl(job_dir / "logs" / f"node{n}-events.jsonl")
         names = [e["event"] for e in ev]
         host = next((e.get("host") for e in ev if e["event"] == "bootstrap_start"), "?")
-        health = next((f"healthy after {e['seconds']:.0f} s" for e in reversed(ev) if e["event"] == "vllm_healthy"), "not healthy yet")
+        health = next(
+            (f"healthy after {e['seconds']:.0f} s" for e in reversed(ev) if e["event"] == "vllm_healthy"), "not healthy yet"
+        )
         if "vllm_exit" in names or "failed" in names:
-            health += "; " + next(e.get("error", f"vllm exited {e.get('code')}") for e in reversed(ev) if e["event"] in ("failed", "vllm_exit"))
+            health += "; " + next(
+                e.get("error", f"vllm exited {e.get('code')}") for e in reversed(ev) if e["event"] in ("failed", "vllm_exit")
+            )
         lines.append(f"node {n} ({host}): vLLM {health}; last event: {names[-1] if names else 'none'}")
         phases = startup_phases(job_dir, n)
         if phases:

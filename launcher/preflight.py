@@ -27,8 +27,10 @@ def check_model(model: str) -> None:
         return  # a hub name: vLLM and transformers resolve it (from the node's HF cache when offline)
     p = Path(model).expanduser()
     if not p.is_dir():
-        raise PreflightError(f"vllm.model {model!r}: no such folder on this node (model folders must be on a "
-                             f"file system every node mounts; build a test one with `slurm-grpo make-tiny-model DIR`)")
+        raise PreflightError(
+            f"vllm.model {model!r}: no such folder on this node (model folders must be on a "
+            f"file system every node mounts; build a test one with `slurm-grpo make-tiny-model DIR`)"
+        )
     missing = []
     if not (p / "config.json").is_file():
         missing.append("config.json")
@@ -60,8 +62,9 @@ def read_jsonl_prompts(path: str) -> list[dict]:
         except ValueError as e:
             raise PreflightError(f"trainer.dataset {path}: line {i} is not valid JSON ({e}); fix or remove that line") from None
         if not isinstance(row, dict) or "prompt" not in row:
-            raise PreflightError(f"trainer.dataset {path}: line {i} has no 'prompt' field; each line must be an "
-                                 f'object like {{"prompt": "..."}}')
+            raise PreflightError(
+                f'trainer.dataset {path}: line {i} has no \'prompt\' field; each line must be an object like {{"prompt": "..."}}'
+            )
         rows.append(row)
     if not rows:
         raise PreflightError(f"trainer.dataset {path} is empty")
@@ -71,8 +74,10 @@ def read_jsonl_prompts(path: str) -> list[dict]:
 def check_dataset(path: str) -> None:
     p = Path(path)
     if not p.exists():
-        raise PreflightError(f"trainer.dataset {path!r} does not exist on this node (paths are read on the nodes; "
-                             f"use an absolute path on a shared file system)")
+        raise PreflightError(
+            f"trainer.dataset {path!r} does not exist on this node (paths are read on the nodes; "
+            f"use an absolute path on a shared file system)"
+        )
     if p.is_dir():
         if not any((p / f).exists() for f in ("dataset_info.json", "state.json", "dataset_dict.json")):
             raise PreflightError(f"trainer.dataset {path!r} is a folder but not one saved by `datasets` (no dataset_info.json)")

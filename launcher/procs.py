@@ -27,7 +27,7 @@ def descendants(pid: int) -> list[int]:
             stat = (d / "stat").read_text()
         except OSError:
             continue
-        ppid = int(stat[stat.rindex(")") + 2:].split()[1])
+        ppid = int(stat[stat.rindex(")") + 2 :].split()[1])
         children.setdefault(ppid, []).append(int(d.name))
     out, todo = [], [pid]
     while todo:
@@ -78,8 +78,7 @@ class Proc:
     for the child (dispositions set to ignore survive exec): the server must outlive the time-limit
     warning that SLURM sends to every process of the step, so that the trainer can finish its step."""
 
-    def __init__(self, cmd: NodeCommand, job_dir: Path, node: int, grace_s: float = 20.0,
-                 ignore_signals: tuple[int, ...] = ()):
+    def __init__(self, cmd: NodeCommand, job_dir: Path, node: int, grace_s: float = 20.0, ignore_signals: tuple[int, ...] = ()):
         self.cmd, self.node, self.grace_s = cmd, node, grace_s
         self.log_path = job_dir / cmd.log
         env = {k: v for k, v in os.environ.items()}
@@ -89,8 +88,9 @@ class Proc:
         self._log.flush()
         saved = {sig: signal.signal(sig, signal.SIG_IGN) for sig in ignore_signals}
         try:
-            self.popen = subprocess.Popen(cmd.argv, env=env, stdout=self._log, stderr=subprocess.STDOUT,
-                                          stdin=subprocess.DEVNULL, start_new_session=True)
+            self.popen = subprocess.Popen(
+                cmd.argv, env=env, stdout=self._log, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL, start_new_session=True
+            )
         finally:
             for sig, old in saved.items():
                 signal.signal(sig, old)

@@ -78,14 +78,18 @@ def main(a) -> int:
     per = cfg.slurm.gpus_per_node - cfg.vllm.tensor_parallel_size or 1
     nodes = [int(x) for x in a.nodes.split(",")]
     rows = predict(nodes, params, per, cfg.trainer.per_device_train_batch_size, cfg.trainer.max_completion_length, figures)
-    print(f"assumptions: model {params:.3g}B params (push = {figures['bytes_per_param'] * params:.3g} GB), {per} trainer ranks/node, "
-          f"{cfg.trainer.per_device_train_batch_size} completions/rank x {cfg.trainer.max_completion_length} tokens; "
-          + ", ".join(f"{k}={v:g}" for k, v in figures.items()))
+    print(
+        f"assumptions: model {params:.3g}B params (push = {figures['bytes_per_param'] * params:.3g} GB), {per} trainer ranks/node, "
+        f"{cfg.trainer.per_device_train_batch_size} completions/rank x {cfg.trainer.max_completion_length} tokens; "
+        + ", ".join(f"{k}={v:g}" for k, v in figures.items())
+    )
     print(__doc__.split("Per step", 1)[1].strip().split("\n", 1)[1])
     print(f"{'nodes':>6} {'ours gen':>9} {'push':>7} {'step':>8} | {'stock gen':>9} {'push':>7} {'step':>8} | {'speedup':>7}")
     for r in rows:
-        print(f"{r.nodes:>6} {r.ours_gen_s:>9.2f} {r.ours_push_s:>7.3f} {r.ours_step_s:>8.2f} | {r.stock_gen_s:>9.2f} "
-              f"{r.stock_push_s:>7.3f} {r.stock_step_s:>8.2f} | {r.speedup:>6.1f}x")
+        print(
+            f"{r.nodes:>6} {r.ours_gen_s:>9.2f} {r.ours_push_s:>7.3f} {r.ours_step_s:>8.2f} | {r.stock_gen_s:>9.2f} "
+            f"{r.stock_push_s:>7.3f} {r.stock_step_s:>8.2f} | {r.speedup:>6.1f}x"
+        )
     if a.plot:
         import matplotlib
 

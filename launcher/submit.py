@@ -26,8 +26,7 @@ def render_setup(cfg: JobConfig) -> list[str]:
     path = TEMPLATES / f"{cfg.slurm.setup_profile}.sh.j2"
     if not path.is_file():
         have = sorted(p.name.removesuffix(".sh.j2") for p in TEMPLATES.glob("*.sh.j2"))
-        raise ConfigError(f"slurm.setup_profile {cfg.slurm.setup_profile!r} has no template {path}; "
-                          f"profiles: {', '.join(have)}")
+        raise ConfigError(f"slurm.setup_profile {cfg.slurm.setup_profile!r} has no template {path}; profiles: {', '.join(have)}")
     env = jinja2.Environment(undefined=jinja2.StrictUndefined, keep_trailing_newline=True, autoescape=False)
     env.filters["q"] = lambda v: shlex.quote(str(v))
     known = {"venv": "", "conda_env": "", "pythonpath": "", "modules": "", "nccl_ifname": "", "ib_hca": ""}
@@ -46,14 +45,24 @@ def executor_parameters(cfg: JobConfig, p: Plan) -> dict:
     for k, v in sorted(s.extra_sbatch.items()):
         extra[k] = v
     params: dict[str, object] = dict(
-        job_name=cfg.job.name, nodes=s.nodes, ntasks_per_node=1, gpus_per_node=s.gpus_per_node,
-        signal_delay_s=s.signal_seconds, setup=render_setup(cfg), additional_parameters=extra,
+        job_name=cfg.job.name,
+        nodes=s.nodes,
+        ntasks_per_node=1,
+        gpus_per_node=s.gpus_per_node,
+        signal_delay_s=s.signal_seconds,
+        setup=render_setup(cfg),
+        additional_parameters=extra,
         stderr_to_stdout=True,
         # one task per node must see all of the node's GPUs and CPUs; the bootstrap splits them
         srun_args=["--kill-on-bad-exit=1", "--cpu-bind=none"],
     )
-    for key, value in (("partition", s.partition), ("account", s.account), ("qos", s.qos),
-                       ("constraint", s.constraint), ("mem", s.mem)):
+    for key, value in (
+        ("partition", s.partition),
+        ("account", s.account),
+        ("qos", s.qos),
+        ("constraint", s.constraint),
+        ("mem", s.mem),
+    ):
         if value:
             params[key] = value
     if s.cpus_per_task:
@@ -66,7 +75,7 @@ def executor_parameters(cfg: JobConfig, p: Plan) -> dict:
 def make_executor(cfg: JobConfig, p: Plan, render_only: bool = False):
     import submitit  # imported here: `slurm-grpo --help` must not pay for it
 
-    cls = submitit.SlurmExecutor
+    cls: type = submitit.SlurmExecutor
     if render_only:
         # submitit refuses to build an executor where there is no `srun` (a laptop doing a dry-run);
         # rendering does not need it, so the dry-run uses the same class with that check answered.

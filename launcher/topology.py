@@ -105,11 +105,15 @@ def resolve_backend(cfg: JobConfig, shared_gpu: bool) -> str:
     b = cfg.vllm.weight_transfer_backend
     if b != "auto":
         if shared_gpu and b == "nccl":
-            raise ConfigError("vllm.weight_transfer_backend nccl needs the trainer on another GPU than vLLM (NCCL refuses "
-                              "two ranks on one GPU); on a one-GPU node use ipc or auto")
+            raise ConfigError(
+                "vllm.weight_transfer_backend nccl needs the trainer on another GPU than vLLM (NCCL refuses "
+                "two ranks on one GPU); on a one-GPU node use ipc or auto"
+            )
         if not shared_gpu and b == "ipc":
-            raise ConfigError("vllm.weight_transfer_backend ipc needs vLLM and the trainer on the same GPU "
-                              "(slurm.gpus_per_node: 1); with more GPUs use nccl or auto")
+            raise ConfigError(
+                "vllm.weight_transfer_backend ipc needs vLLM and the trainer on the same GPU "
+                "(slurm.gpus_per_node: 1); with more GPUs use nccl or auto"
+            )
         return b
     if cfg.job.device == "cpu":
         return "gloo"
@@ -121,16 +125,22 @@ def plan(cfg: JobConfig, job_dir: str) -> Plan:
     tp, g = v.tensor_parallel_size, s.gpus_per_node
     shared = g == 1 and tp == 1
     if shared and cfg.job.device == "cpu":
-        raise ConfigError("slurm.gpus_per_node 1 with job.device cpu leaves no slot for a trainer rank beside vLLM; "
-                          "use gpus_per_node >= 2 (one vLLM slot plus trainer slots)")
+        raise ConfigError(
+            "slurm.gpus_per_node 1 with job.device cpu leaves no slot for a trainer rank beside vLLM; "
+            "use gpus_per_node >= 2 (one vLLM slot plus trainer slots)"
+        )
     if tp > g:
-        raise ConfigError(f"vllm.tensor_parallel_size ({tp}) is larger than the node ({g} GPUs); lower it or raise slurm.gpus_per_node")
+        raise ConfigError(
+            f"vllm.tensor_parallel_size ({tp}) is larger than the node ({g} GPUs); lower it or raise slurm.gpus_per_node"
+        )
     heads = _model_heads(v.model)
     if heads is not None:
         nh, nkv = heads
         if nh % tp:
-            raise ConfigError(f"vllm.tensor_parallel_size ({tp}) does not divide the model's {nh} attention heads "
-                              f"({v.model}/config.json); pick a TP size that divides {nh}")
+            raise ConfigError(
+                f"vllm.tensor_parallel_size ({tp}) does not divide the model's {nh} attention heads "
+                f"({v.model}/config.json); pick a TP size that divides {nh}"
+            )
     vllm_gpus = [0] if shared else list(range(tp))
     trainer_gpus = [0] if shared else list(range(tp, g))
     per_node = len(trainer_gpus)
@@ -139,36 +149,64 @@ def plan(cfg: JobConfig, job_dir: str) -> Plan:
     if (batch * world) % t.num_generations:
         raise ConfigError(
             f"the global batch ({batch} per rank x {world} ranks = {batch * world} completions) is not a multiple of "
-            f"trainer.num_generations ({t.num_generations}); make per_device_train_batch_size x ranks divisible by it")
+            f"trainer.num_generations ({t.num_generations}); make per_device_train_batch_size x ranks divisible by it"
+        )
     if t.fsdp == "hsdp" and s.nodes > 1 and per_node < 1:
         raise ConfigError("trainer.fsdp hsdp needs at least one trainer rank per node")
     backend = resolve_backend(cfg, shared)
     rdzv_host = "127.0.0.1" if s.nodes == 1 else FIRST_NODE
     nodes = []
     for n in range(s.nodes):
-        ranks = [RankPlan(global_rank=n * per_node + i, local_rank=i, node=n, gpu=gpu, cuda_index=i)
-                 for i, gpu in enumerate(trainer_gpus)]
-        nodes.append(NodePlan(node=n, vllm_gpus=vllm_gpus, trainer_gpus=trainer_gpus,
-                              server_url=f"http://127.0.0.1:{v.port}", weight_transfer_port=t.weight_transfer_port,
-                              ranks=ranks, shared_gpu=shared))
+        ranks = [
+            RankPlan(global_rank=n * per_node + i, local_rank=i, node=n, gpu=gpu, cuda_index=i)
+            for i, gpu in enumerate(trainer_gpus)
+        ]
+        nodes.append(
+            NodePlan(
+                node=n,
+                vllm_gpus=vllm_gpus,
+                trainer_gpus=trainer_gpus,
+                server_url=f"http://127.0.0.1:{v.port}",
+                weight_transfer_port=t.weight_transfer_port,
+                ranks=ranks,
+                shared_gpu=shared,
+            )
+        )
     # the ranks get the time-limit warning minus 30 s for their checkpoint; the bootstrap outwaits torchrun by 10 s
     shutdown = max(30, s.signal_seconds - 30)
     derivation = [
         f"vLLM GPUs per node = first tensor_parallel_size = {vllm_gpus}"
         + (" (shared with the trainer: one-GPU node)" if shared else ""),
-        f"trainer ranks per node = gpus_per_node - tensor_parallel_size = {g} - {tp} = {per_node}" if not shared
+        f"trainer ranks per node = gpus_per_node - tensor_parallel_size = {g} - {tp} = {per_node}"
+        if not shared
         else "trainer ranks per node = 1 (shares GPU 0 with vLLM)",
         f"world size = ranks per node x nodes = {per_node} x {s.nodes} = {world}",
         f"completions per step = per_device_train_batch_size x world = {batch} x {world} = {batch * world} "
         f"= {batch * world // t.num_generations} prompts x {t.num_generations} generations",
         f"weight push backend = {backend} ({'set' if v.weight_transfer_backend != 'auto' else 'auto: ' + cfg.job.device + (', shared GPU' if shared else '')})",
-        f"sharding = {t.fsdp}: " + ("shard over the node's ranks, replicate across nodes" if t.fsdp == "hsdp" else "shard over all ranks"),
+        f"sharding = {t.fsdp}: "
+        + ("shard over the node's ranks, replicate across nodes" if t.fsdp == "hsdp" else "shard over all ranks"),
         f"rendezvous = {rdzv_host}:{t.rendezvous_port} (torchrun static rendezvous: a TCPStore on the first node, so ranks follow the plan)",
         f"process-group timeout = push_timeout_s + request_timeout_s = {t.push_timeout_s:g} + {t.request_timeout_s:g} s",
         f"trainer shutdown = max(30, signal_seconds - 30) = {shutdown} s (preemption checkpoint), bootstrap grace {shutdown + 10} s",
     ]
-    return Plan(job_name=cfg.job.name, job_dir=job_dir, device=cfg.job.device, num_nodes=s.nodes, gpus_per_node=g,
-                ranks_per_node=per_node, world_size=world, tensor_parallel_size=tp, weight_transfer_backend=backend,
-                rendezvous_host=rdzv_host, rendezvous_port=t.rendezvous_port, vllm_port=v.port, nodes=nodes,
-                config=cfg, process_group_timeout_s=t.push_timeout_s + t.request_timeout_s, trainer_shutdown_s=shutdown,
-                bootstrap_grace_s=shutdown + 10, derivation=derivation)
+    return Plan(
+        job_name=cfg.job.name,
+        job_dir=job_dir,
+        device=cfg.job.device,
+        num_nodes=s.nodes,
+        gpus_per_node=g,
+        ranks_per_node=per_node,
+        world_size=world,
+        tensor_parallel_size=tp,
+        weight_transfer_backend=backend,
+        rendezvous_host=rdzv_host,
+        rendezvous_port=t.rendezvous_port,
+        vllm_port=v.port,
+        nodes=nodes,
+        config=cfg,
+        process_group_timeout_s=t.push_timeout_s + t.request_timeout_s,
+        trainer_shutdown_s=shutdown,
+        bootstrap_grace_s=shutdown + 10,
+        derivation=derivation,
+    )

@@ -8,7 +8,9 @@ cd "$(dirname "$0")/.."
 TIERS=${TIERS:-unit integration cluster}
 bash scripts/install.sh
 . .venv/bin/activate
-ruff check launcher trainer tests
+ruff check launcher trainer bench tests gpu
+ruff format --check launcher trainer bench tests gpu
+mypy launcher trainer bench tests
 rc=0
 for tier in $TIERS; do
   echo "===== tier: $tier ($(date +%T))"

@@ -32,8 +32,9 @@ def tiny_model(tmp_path_factory) -> str:
 
 
 def cli(*args: str, env: dict | None = None, timeout: float = 120, cwd: Path = REPO) -> subprocess.CompletedProcess:
-    return subprocess.run([PY, "-m", "launcher", *args], capture_output=True, text=True, timeout=timeout, cwd=cwd,
-                          env={**os.environ, **(env or {})})
+    return subprocess.run(
+        [PY, "-m", "launcher", *args], capture_output=True, text=True, timeout=timeout, cwd=cwd, env={**os.environ, **(env or {})}
+    )
 
 
 def read(path: Path) -> list[dict]:

@@ -33,9 +33,11 @@ def cluster_env() -> dict:
     # a stale env.sh of a cluster that is gone would otherwise fail every test with munge/sbatch noise
     r = subprocess.run(["sinfo", "-h", "-o", "%T"], capture_output=True, text=True, env=env, timeout=30)
     if r.returncode != 0:
-        pytest.fail(f"the test cluster of {ENV_FILE} does not answer (sinfo: {r.stderr.strip()[:200]}); "
-                    f"restart it: bash scripts/stop_cluster.sh --base /tmp/slurm-grpo-cluster; bash scripts/start_cluster.sh "
-                    f"2 3 --cpus 4 --mem 12000 --base /tmp/slurm-grpo-cluster (scripts/test.sh does both)")
+        pytest.fail(
+            f"the test cluster of {ENV_FILE} does not answer (sinfo: {r.stderr.strip()[:200]}); "
+            f"restart it: bash scripts/stop_cluster.sh --base /tmp/slurm-grpo-cluster; bash scripts/start_cluster.sh "
+            f"2 3 --cpus 4 --mem 12000 --base /tmp/slurm-grpo-cluster (scripts/test.sh does both)"
+        )
     return env
 
 
@@ -48,12 +50,33 @@ PLANTED = {"HF_TOKEN": "hf_PLANTED_fake_token_314159", "WANDB_API_KEY": "PLANTED
 
 
 def submit(job: Path, model: str, env: dict, *sets: str) -> str:
-    r = subprocess.run([PY, "-m", "launcher", "submit", "configs/cluster_cpu.yaml", "--set", f"vllm.model={model}",
-                        "--set", f"job.job_dir={job}", "--set", f"job.python={PY}",
-                        "--set", f"trainer.dataset={REPO}/data/letters.jsonl", *[x for s in sets for x in ("--set", s)]],
-                       capture_output=True, text=True, env=env, cwd=REPO, timeout=60)
+    r = subprocess.run(
+        [
+            PY,
+            "-m",
+            "launcher",
+            "submit",
+            "configs/cluster_cpu.yaml",
+            "--set",
+            f"vllm.model={model}",
+            "--set",
+            f"job.job_dir={job}",
+            "--set",
+            f"job.python={PY}",
+            "--set",
+            f"trainer.dataset={REPO}/data/letters.jsonl",
+            *[x for s in sets for x in ("--set", s)],
+        ],
+        capture_output=True,
+        text=True,
+        env=env,
+        cwd=REPO,
+        timeout=60,
+    )
     assert r.returncode == 0, r.stderr
-    return re.search(r"submitted job (\d+)", r.stdout).group(1)
+    m = re.search(r"submitted job (\d+)", r.stdout)
+    assert m, f"no job id in the submit output:\n{r.stdout}\n{r.stderr}"
+    return m.group(1)
 
 
 def events(job: Path, node: int) -> list[dict]:
@@ -99,8 +122,10 @@ def wait_until(cond, timeout: float, what: str, job_id: str, env: dict, job: Pat
 
 
 def connect_from_n2(port: int, host: str = "10.200.0.11") -> str:
-    probe = (f"import socket\ntry:\n socket.create_connection(({host!r}, {port}), timeout=3); print('OPEN')\n"
-             f"except OSError as e: print('CLOSED', e)")
+    probe = (
+        f"import socket\ntry:\n socket.create_connection(({host!r}, {port}), timeout=3); print('OPEN')\n"
+        f"except OSError as e: print('CLOSED', e)"
+    )
     return subprocess.run(["nsenter", "--net=/run/netns/slc-n2", PY, "-c", probe], capture_output=True, text=True).stdout
 
 
@@ -124,8 +149,14 @@ def test_two_node_job_preempted_requeued_resumes_and_completes(tmp_path, tiny_mo
     wait_until(lambda: steps_done(job) >= 4, 600, "step 4", job_id, env, job)
     subprocess.run(["scancel", "--signal=USR2", job_id], check=True, env=env)
     t_sig = time.time()
-    req = wait_until(lambda: [e for n in (0, 1) for e in events(job, n) if e["event"] == "requeue"], 180,
-                     "the job to requeue itself", job_id, env, job)
+    req = wait_until(
+        lambda: [e for n in (0, 1) for e in events(job, n) if e["event"] == "requeue"],
+        180,
+        "the job to requeue itself",
+        job_id,
+        env,
+        job,
+    )
     report("preemption signal (USR2) -> checkpoint written and job requeued, 2-node cluster", req[0]["t"] - t_sig, "REQUEUED")
     # a requeued job waits for its begin time; the test plays the scheduler and lets it start now
     time.sleep(2)
@@ -142,7 +173,11 @@ def test_two_node_job_preempted_requeued_resumes_and_completes(tmp_path, tiny_mo
     resumed = [x for x in rows if x.get("event") == "resumed"]
     assert len(resumed) == 1 and resumed[0]["from_step"] >= 4, resumed
     k = resumed[0]["from_step"]
-    meta = json.loads((Path(resumed[0]["checkpoint"]) / "meta.json").read_text()) if Path(resumed[0]["checkpoint"]).exists() else None
+    meta = (
+        json.loads((Path(resumed[0]["checkpoint"]) / "meta.json").read_text())
+        if Path(resumed[0]["checkpoint"]).exists()
+        else None
+    )
     steps = s["final_step"]
     assert steps == 16
     assert [x["step"] for x in rows if "reward" in x] == list(range(1, steps + 1))  # none lost, none twice
@@ -217,14 +252,15 @@ def test_paused_server_on_one_node_times_out_and_stops_both_nodes(tmp_path, tiny
             os.killpg(server, signal.SIGSTOP)
             t = time.time()
             time.sleep(0.2)  # let a line already being written land
-            if log.read_bytes()[offset + i:].count(b"POST /v1/completions") == 1:
+            if log.read_bytes()[offset + i :].count(b"POST /v1/completions") == 1:
                 return t  # the generation has not answered: the server is stopped under it
             os.killpg(server, signal.SIGCONT)
             offset = log.stat().st_size
         raise AssertionError("never caught node 1's server before its generation answered")
 
-    job, error, took, state = run_fault_job(tmp_path, tiny_model, "paused", inject,
-                                            "trainer.request_timeout_s=20", "trainer.push_timeout_s=20")
+    job, error, took, state = run_fault_job(
+        tmp_path, tiny_model, "paused", inject, "trainer.request_timeout_s=20", "trainer.push_timeout_s=20"
+    )
     report("vLLM server on node 1 paused (SIGSTOP) during generation -> whole 2-node job gone", took, state)
     assert "generation" in error and "no answer within 20 s" in error, error
     assert took < 20 + 60, took

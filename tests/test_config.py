@@ -49,7 +49,7 @@ def test_every_field_documented():
 
 
 def _with(section: str, **kw):
-    raw = {k: dict(v) for k, v in BASE.items()}
+    raw = {k: dict(v) for k, v in BASE.items()}  # type: ignore[call-overload]
     raw.setdefault(section, {}).update(kw)
     return raw
 
@@ -141,14 +141,17 @@ def test_tp_must_divide_heads(tmp_path):
         make_plan(cfg)
 
 
-@pytest.mark.parametrize("args,needle", [
-    (["dry-run", "configs/does-not-exist.yaml"], "not found"),
-    (["dry-run", "configs/smoke_cpu.yaml", "--set", "slurm.nodes=0"], "slurm.nodes must be positive"),
-    (["dry-run", "configs/smoke_cpu.yaml", "--set", "trainer.maxsteps=3"], "unknown key 'trainer.maxsteps'"),
-    (["dry-run", "configs/smoke_cpu.yaml", "--set", "noequals"], "not of the form"),
-    (["submit", "configs/smoke_cpu.yaml", "--set", "job.name=a b"], "job.name"),
-    (["status", "/nonexistent/job"], "neither a job folder"),
-])
+@pytest.mark.parametrize(
+    "args,needle",
+    [
+        (["dry-run", "configs/does-not-exist.yaml"], "not found"),
+        (["dry-run", "configs/smoke_cpu.yaml", "--set", "slurm.nodes=0"], "slurm.nodes must be positive"),
+        (["dry-run", "configs/smoke_cpu.yaml", "--set", "trainer.maxsteps=3"], "unknown key 'trainer.maxsteps'"),
+        (["dry-run", "configs/smoke_cpu.yaml", "--set", "noequals"], "not of the form"),
+        (["submit", "configs/smoke_cpu.yaml", "--set", "job.name=a b"], "job.name"),
+        (["status", "/nonexistent/job"], "neither a job folder"),
+    ],
+)
 def test_cli_errors_are_one_line_and_submit_nothing(args, needle):
     r = cli(*args, env={"PATH": "/nonexistent-no-sbatch:" + __import__("os").environ["PATH"]})
     assert r.returncode != 0
@@ -161,5 +164,7 @@ def test_readme_config_reference_is_current():
     from pathlib import Path
 
     readme = (Path(__file__).parent.parent / "README.md").read_text()
-    assert C.reference_markdown() in readme, ("README's config reference is stale; regenerate it with "
-                                              "python -c 'from launcher.config import reference_markdown as r; print(r())'")
+    assert C.reference_markdown() in readme, (
+        "README's config reference is stale; regenerate it with "
+        "python -c 'from launcher.config import reference_markdown as r; print(r())'"
+    )

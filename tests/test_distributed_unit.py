@@ -1,12 +1,15 @@
 """Distributed units on CPU with gloo and several processes (one process proves little about collectives):
-the completion-to-rank mapping with split and duplicate prompts, and the memory bound of the gather.
-The server is faked at the process boundary (a function in place of the HTTP call)."""
+the completion-to-rank mapping with split and duplicate prompts, the memory bound of the push gather, and the
+packed push over a real loopback gloo group. The server is faked at the process boundary (a function in
+place of the HTTP call); the transfer's receiving side is the project's own (trainer.gloo_engine)."""
 
 from __future__ import annotations
 
 import os
 import socket
 import weakref
+from collections.abc import Callable
+from typing import Any
 
 import torch
 import torch.distributed as dist
@@ -21,25 +24,50 @@ def _free_port() -> int:
     return port
 
 
-def _worker(rank: int, world: int, port: int, q) -> None:
-    from torch.distributed.device_mesh import init_device_mesh
-    from torch.distributed.fsdp import fully_shard
-
-    from trainer.generation import node_generate
-    from trainer.parallel import Parallel
-    from trainer.weight_push import iter_full_params
-
+def _entry(rank: int, world: int, port: int, q, fn: Callable[[int, int, int], Any]) -> None:
     os.environ.update(MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port))
     dist.init_process_group("gloo", rank=rank, world_size=world)
-    # two "nodes" of two ranks each
-    groups = [dist.new_group([0, 1]), dist.new_group([2, 3])]
+    q.put((rank, fn(rank, world, port)))
+    dist.destroy_process_group()
+
+
+def run_ranks(world: int, fn: Callable[[int, int, int], Any]) -> dict[int, Any]:
+    """fn(rank, world, port) on `world` spawned gloo ranks; returns each rank's result."""
+    ctx = mp.get_context("spawn")
+    q = ctx.Queue()
+    port = _free_port()
+    procs = [ctx.Process(target=_entry, args=(r, world, port, q, fn)) for r in range(world)]
+    for p in procs:
+        p.start()
+    res = dict(q.get(timeout=120) for _ in procs)
+    for p in procs:
+        p.join(30)
+        assert p.exitcode == 0
+    return res
+
+
+def generation_mapping(rank: int, world: int, _port: int) -> dict:
+    from trainer.generation import node_generate
+    from trainer.parallel import Parallel
+
+    groups = [dist.new_group([0, 1]), dist.new_group([2, 3])]  # two "nodes" of two ranks each
     node = rank // 2
-    par = Parallel(rank=rank, local_rank=rank % 2, world=world, node=node, node_group=groups[node],
-                   node_ranks=[2 * node, 2 * node + 1], leader=2 * node, mesh=None, device=torch.device("cpu"))
+    par = Parallel(
+        rank=rank,
+        local_rank=rank % 2,
+        world=world,
+        node=node,
+        node_group=groups[node],
+        node_ranks=[2 * node, 2 * node + 1],
+        leader=2 * node,
+        mesh=None,  # type: ignore[arg-type]
+        device=torch.device("cpu"),
+        allreduce_check={},
+    )
     # prompt groups of 3 copies split across ranks and nodes, and the same prompt on several ranks
     same = [7, 7, 7]
     local = {0: [[1, 2], [1, 2], same], 1: [same, [3], [3]], 2: [same, same, [9, 9]], 3: [[9, 9], [9, 9], [1, 2]]}[rank]
-    calls = []
+    calls: list[int] = []
 
     def fake_server(flat):
         calls.append(len(flat))
@@ -47,42 +75,94 @@ def _worker(rank: int, world: int, port: int, q) -> None:
         return [([100 * node + i] + p, [-0.5] * (1 + len(p))) for i, p in enumerate(flat)]
 
     mine, _ = node_generate(par, local, fake_server)
-    ok_map = [c[1:] for c, _ in mine] == local and all(c[0] // 100 == node for c, _ in mine)
-    positions = [c[0] % 100 for c, _ in mine]
-    # memory bound of the gather: at most one full parameter alive at a time
+    return {
+        "own_prompts": [c[1:] for c, _ in mine] == local,
+        "own_node": all(c[0] // 100 == node for c, _ in mine),
+        "positions": [c[0] % 100 for c, _ in mine],
+        "server_calls": calls,
+    }
+
+
+def test_each_rank_gets_its_own_completions_in_order_with_one_request_per_node():
+    res = run_ranks(4, generation_mapping)
+    for rank, r in res.items():
+        assert r["own_prompts"] and r["own_node"], f"rank {rank} got completions of other prompts or another node: {r}"
+        assert r["positions"] == [3 * (rank % 2) + i for i in range(3)], r  # its own slice, in order
+    assert [res[r]["server_calls"] for r in range(4)] == [[6], [], [6], []]  # one request per node leader
+
+
+def gather_peak(rank: int, world: int, _port: int) -> dict:
+    from torch.distributed.device_mesh import init_device_mesh
+    from torch.distributed.fsdp import fully_shard
+
+    from trainer.weight_push import iter_full_params
+
     mesh = init_device_mesh("cpu", (world,))
+    torch.manual_seed(0)
     model = torch.nn.Sequential(*[torch.nn.Linear(64, 64) for _ in range(4)])
+    ref = {n: p.detach().to(torch.bfloat16) for n, p in model.named_parameters()}
     for m in model:
         fully_shard(m, mesh=mesh)
     fully_shard(model, mesh=mesh)
-    alive, peak, full_ok = [], 0, True
-    ref = {n: p for n, p in torch.nn.Sequential(*[torch.nn.Linear(64, 64) for _ in range(4)]).named_parameters()}
-    for name, t in iter_full_params(model):
+    alive: list = []
+    peak, equal = 0, True
+    for name, t in iter_full_params(model, torch.bfloat16):
         alive = [w for w in alive if w() is not None] + [weakref.ref(t)]
         peak = max(peak, sum(w().numel() for w in alive if w() is not None))
-        full_ok &= list(t.shape) == list(ref[name].shape)
+        equal &= t.dtype == torch.bfloat16 and torch.equal(t, ref[name])
         del t
-    q.put((rank, ok_map, positions, calls, peak, full_ok))
-    dist.destroy_process_group()
+    return {"peak_elements": peak, "equal_to_the_unsharded_cast": equal}
 
 
-def test_node_generation_mapping_and_gather_memory():
-    ctx = mp.get_context("spawn")
-    q = ctx.Queue()
-    port = _free_port()
-    procs = [ctx.Process(target=_worker, args=(r, 4, port, q)) for r in range(4)]
-    for p in procs:
-        p.start()
-    res = {}
-    for _ in procs:
-        rank, ok, positions, calls, peak, full_ok = q.get(timeout=120)
-        res[rank] = (ok, positions, calls, peak, full_ok)
-    for p in procs:
-        p.join(30)
-        assert p.exitcode == 0
-    for rank, (ok, positions, _calls, peak, full_ok) in res.items():
-        assert ok, f"rank {rank} got completions of other prompts or another node"
-        assert positions == [3 * (rank % 2) + i for i in range(3)], positions  # its own slice, in order
-        assert full_ok, "gathered tensors are not full-size"
-        assert peak <= 64 * 64, f"rank {rank}: {peak} elements alive during the gather; bound is one weight (4096)"
-    assert res[0][2] == [6] and res[2][2] == [6] and res[1][2] == [] and res[3][2] == []  # one request per node leader
+def test_the_push_gather_holds_one_full_parameter_at_a_time_in_the_serving_dtype():
+    for rank, r in run_ranks(4, gather_peak).items():
+        assert r["equal_to_the_unsharded_cast"], f"rank {rank}: gathered bf16 tensors differ from the model's cast"
+        assert r["peak_elements"] <= 64 * 64, f"rank {rank}: {r['peak_elements']} elements alive; bound is one weight (4096)"
+
+
+def packed_push(rank: int, world: int, port: int) -> dict:
+    from datetime import timedelta
+
+    from vllm.distributed.weight_transfer.packed_tensor import pack_tensors
+
+    from trainer.gloo_engine import loopback_gloo_group, receive_packed
+    from trainer.senders import broadcast_packed, chunk_metas, loopback_store
+    from trainer.weight_push import param_metadata
+
+    torch.manual_seed(0)  # the same model on both ranks: the receiver checks what it got against it
+    model = torch.nn.Sequential(
+        torch.nn.Embedding(50, 16), torch.nn.Linear(16, 40), torch.nn.LayerNorm(40), torch.nn.Linear(40, 50, bias=False)
+    )
+    params = {n: p.detach().to(torch.bfloat16) for n, p in model.named_parameters()}
+    meta = param_metadata(model, torch.bfloat16)
+    bucket = 3000  # bytes: several chunks, one tensor (the embedding, 1600 B) close to the bucket
+    tport = port + 1
+    timeout = timedelta(seconds=30)
+    if rank == 0:
+        store = loopback_store(tport, 2, timeout)
+        group = loopback_gloo_group(store, 0, 2, timeout)
+        chunks = broadcast_packed(group, iter(params.items()), bucket)
+        vllm_cut = 0
+        it = iter(params.items())
+        while pack_tensors(it, lambda x: x[1], bucket) is not None:
+            vllm_cut += 1
+        return {
+            "chunks_sent": chunks,
+            "chunks_vllm_pack_tensors": vllm_cut,
+            "chunks_receiver_rule": len(list(chunk_metas(meta, bucket))),
+        }
+    store = dist.TCPStore("127.0.0.1", tport, 2, is_master=False, timeout=timeout)
+    group = loopback_gloo_group(store, 1, 2, timeout)
+    got = [w for chunk in receive_packed(group, meta, bucket) for w in chunk]
+    return {
+        "names_in_order": [n for n, _ in got] == list(params),
+        "bit_equal": all(torch.equal(t, params[n]) and t.dtype == torch.bfloat16 for n, t in got),
+        "received": len(got),
+    }
+
+
+def test_the_packed_gloo_push_delivers_every_parameter_bit_for_bit_in_vllms_chunks():
+    res = run_ranks(2, packed_push)
+    sent, recv = res[0], res[1]
+    assert recv["names_in_order"] and recv["bit_equal"] and recv["received"] == 6, recv
+    assert sent["chunks_sent"] == sent["chunks_vllm_pack_tensors"] == sent["chunks_receiver_rule"] > 1, sent

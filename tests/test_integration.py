@@ -18,9 +18,24 @@ pytestmark = pytest.mark.integration
 
 
 def local(job_dir: Path, model: str, *sets: str, timeout: float = 900) -> subprocess.CompletedProcess:
-    return subprocess.run([PY, "-m", "launcher", "local", "configs/smoke_cpu.yaml", "--set", f"vllm.model={model}",
-                           "--set", f"job.job_dir={job_dir}", *[x for s in sets for x in ("--set", s)]],
-                          capture_output=True, text=True, timeout=timeout, cwd=REPO)
+    return subprocess.run(
+        [
+            PY,
+            "-m",
+            "launcher",
+            "local",
+            "configs/smoke_cpu.yaml",
+            "--set",
+            f"vllm.model={model}",
+            "--set",
+            f"job.job_dir={job_dir}",
+            *[x for s in sets for x in ("--set", s)],
+        ],
+        capture_output=True,
+        text=True,
+        timeout=timeout,
+        cwd=REPO,
+    )
 
 
 def test_local_run_learns_pushes_land_and_resume_continues(tmp_path, tiny_model):
@@ -62,9 +77,24 @@ def test_local_run_learns_pushes_land_and_resume_continues(tmp_path, tiny_model)
 
 
 def start_local(job_dir: Path, model: str, *sets: str) -> subprocess.Popen:
-    return subprocess.Popen([PY, "-m", "launcher", "local", "configs/smoke_cpu.yaml", "--set", f"vllm.model={model}",
-                             "--set", f"job.job_dir={job_dir}", *[x for s in sets for x in ("--set", s)]],
-                            cwd=REPO, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    return subprocess.Popen(
+        [
+            PY,
+            "-m",
+            "launcher",
+            "local",
+            "configs/smoke_cpu.yaml",
+            "--set",
+            f"vllm.model={model}",
+            "--set",
+            f"job.job_dir={job_dir}",
+            *[x for s in sets for x in ("--set", s)],
+        ],
+        cwd=REPO,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+    )
 
 
 def poll_until(cond, p: subprocess.Popen, what: str, timeout: float = 600, every: float = 0.5) -> None:
@@ -83,8 +113,7 @@ def wait_for_step(p: subprocess.Popen, job_dir: Path, step: int, timeout: float 
 def pids(job_dir: Path) -> tuple[int, int]:
     """(vLLM server pid, torchrun pid) of the latest start, from the bootstrap's events."""
     ev = read(job_dir / "logs" / "node0-events.jsonl")
-    return ([e["pid"] for e in ev if e["event"] == "vllm_start"][-1],
-            [e["pid"] for e in ev if e["event"] == "trainer_start"][-1])
+    return ([e["pid"] for e in ev if e["event"] == "vllm_start"][-1], [e["pid"] for e in ev if e["event"] == "trainer_start"][-1])
 
 
 def children(pid: int) -> list[int]:
@@ -100,7 +129,7 @@ def assert_all_gone(*pids_: int) -> None:
                 stat = (d / "stat").read_text()
             except OSError:
                 continue
-            state, _ppid, pgid = stat[stat.rindex(")") + 2:].split()[:3]
+            state, _ppid, pgid = stat[stat.rindex(")") + 2 :].split()[:3]
             if state not in "ZX" and (int(d.name) in pids_ or int(pgid) in pids_):
                 left.append(f"{d.name} ({state}) {(d / 'cmdline').read_bytes()[:120]!r}")
     assert not left, f"still alive after the run stopped: {left}"
@@ -171,7 +200,7 @@ def test_rank_killed_mid_checkpoint_keeps_the_last_good_one_and_resume_uses_it(t
     rows = read(job / "metrics.jsonl")
     i = max(k for k, x in enumerate(rows) if x.get("event") == "resumed")
     assert rows[i]["from_step"] == 3
-    assert [x["step"] for x in rows[i + 1:] if "reward" in x] == [4, 5, 6, 7, 8]
+    assert [x["step"] for x in rows[i + 1 :] if "reward" in x] == [4, 5, 6, 7, 8]
     assert not list(ck.glob("*.tmp"))  # cleaned by the next write
     assert latest(ck)[0] == 8
 
@@ -180,8 +209,14 @@ def test_server_paused_during_a_push_is_a_timeout_not_a_hang(tmp_path, tiny_mode
     """SIGSTOP the server the moment a push begins (its log shows /start_weight_update answered): the
     push hits its deadline, the run stops naming the push, and the stopped server is cleaned up too."""
     job = tmp_path / "pause"
-    p = start_local(job, tiny_model, "trainer.max_steps=500", "trainer.push_timeout_s=15",
-                    "trainer.request_timeout_s=15", "trainer.save_steps=0")
+    p = start_local(
+        job,
+        tiny_model,
+        "trainer.max_steps=500",
+        "trainer.push_timeout_s=15",
+        "trainer.request_timeout_s=15",
+        "trainer.save_steps=0",
+    )
     wait_for_step(p, job, 2)
     vllm_pid, torchrun_pid = pids(job)
     workers = children(torchrun_pid)

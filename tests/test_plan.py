@@ -9,8 +9,13 @@ from launcher.topology import FIRST_NODE, Plan, plan
 
 
 def make(nodes: int, gpus: int, tp: int, **trainer):
-    cfg = C.from_dict({"vllm": {"model": "/m", "tensor_parallel_size": tp},
-                       "slurm": {"nodes": nodes, "gpus_per_node": gpus}, "trainer": trainer})
+    cfg = C.from_dict(
+        {
+            "vllm": {"model": "/m", "tensor_parallel_size": tp},
+            "slurm": {"nodes": nodes, "gpus_per_node": gpus},
+            "trainer": trainer,
+        }
+    )
     return plan(cfg, "/jobs/x")
 
 
@@ -45,8 +50,9 @@ def test_one_gpu_node_shares_the_gpu_with_ipc():
 
 
 def test_cpu_backend_is_gloo():
-    cfg = C.from_dict({"vllm": {"model": "/m"}, "slurm": {"gpus_per_node": 3}, "job": {"device": "cpu"},
-                       "trainer": {"dtype": "float32"}})
+    cfg = C.from_dict(
+        {"vllm": {"model": "/m"}, "slurm": {"gpus_per_node": 3}, "job": {"device": "cpu"}, "trainer": {"dtype": "float32"}}
+    )
     assert plan(cfg, "/j").weight_transfer_backend == "gloo"
 
 
@@ -55,3 +61,21 @@ def test_json_round_trip():
     q = Plan.from_dict(__import__("json").loads(p.to_json()))
     assert q == p
     assert q.rank(3).node == 1 and q.rank(3).local_rank == 1
+
+
+def test_gpu_indices_map_through_the_allocation_slurm_gave_the_node():
+    """On clusters without device cgroups a node's bootstrap sees CUDA_VISIBLE_DEVICES=4,5,6,7 (its share of the
+    machine): vLLM must get 4 and the trainer 5,6,7, never 0 and 1,2,3 (another job's GPUs)."""
+    from launcher.commands import trainer_command, vllm_command
+
+    cfg = C.from_dict({"slurm": {"nodes": 1, "gpus_per_node": 4}, "vllm": {"model": "m"}})
+    p = plan(cfg, "/tmp/j")
+    assert vllm_command(p, 0, allocated="4,5,6,7").env["CUDA_VISIBLE_DEVICES"] == "4"
+    assert trainer_command(p, 0, "127.0.0.1", allocated="4,5,6,7").env["CUDA_VISIBLE_DEVICES"] == "5,6,7"
+    assert (
+        trainer_command(p, 0, "127.0.0.1", allocated="GPU-a,GPU-b,GPU-c,GPU-d").env["CUDA_VISIBLE_DEVICES"] == "GPU-b,GPU-c,GPU-d"
+    )
+    assert trainer_command(p, 0, "127.0.0.1").env["CUDA_VISIBLE_DEVICES"] == "1,2,3"  # nothing set: the node's own 0..N-1
+    assert [r.cuda_index for r in p.nodes[0].ranks] == [0, 1, 2]  # each rank's index inside its torchrun's list
+    with pytest.raises(C.ConfigError, match=r"CUDA_VISIBLE_DEVICES='4,5' lists 2"):
+        trainer_command(p, 0, "127.0.0.1", allocated="4,5")

@@ -22,9 +22,14 @@ from .conftest import PY, REPO
 
 
 def job(tmp_path: Path, model: str, dataset: str, port: int = 18000) -> Path:
-    cfg = C.from_dict({"job": {"device": "cpu"}, "vllm": {"model": model, "port": port, "dtype": "float32"},
-                       "slurm": {"nodes": 1, "gpus_per_node": 3},
-                       "trainer": {"dataset": dataset, "dtype": "float32", "rendezvous_port": port + 1, "weight_transfer_port": port + 2}})
+    cfg = C.from_dict(
+        {
+            "job": {"device": "cpu"},
+            "vllm": {"model": model, "port": port, "dtype": "float32"},
+            "slurm": {"nodes": 1, "gpus_per_node": 3},
+            "trainer": {"dataset": dataset, "dtype": "float32", "rendezvous_port": port + 1, "weight_transfer_port": port + 2},
+        }
+    )
     d = tmp_path / "job"
     write_job_dir(cfg, plan(cfg, str(d)))
     return d
@@ -32,8 +37,9 @@ def job(tmp_path: Path, model: str, dataset: str, port: int = 18000) -> Path:
 
 def bootstrap(d: Path) -> tuple[subprocess.CompletedProcess, float]:
     t0 = time.time()
-    r = subprocess.run([PY, "-m", "launcher.bootstrap", str(d / "plan.json")], capture_output=True, text=True,
-                       cwd=REPO, timeout=120)
+    r = subprocess.run(
+        [PY, "-m", "launcher.bootstrap", str(d / "plan.json")], capture_output=True, text=True, cwd=REPO, timeout=120
+    )
     return r, time.time() - t0
 
 
@@ -61,11 +67,14 @@ def test_port_in_use(tmp_path, tiny_model):
     assert_failed_before_start(d, r, took, f"port {port}", "vllm.port", "already in use")
 
 
-@pytest.mark.parametrize("breakage, needles", [
-    ("missing", ["no such folder", "gone"]),
-    ("no weights", ["missing weights"]),
-    ("no config", ["missing config.json"]),
-])
+@pytest.mark.parametrize(
+    "breakage, needles",
+    [
+        ("missing", ["no such folder", "gone"]),
+        ("no weights", ["missing weights"]),
+        ("no config", ["missing config.json"]),
+    ],
+)
 def test_model_folder(tmp_path, tiny_model, breakage, needles):
     m = copy_model(tiny_model, tmp_path / "model")
     if breakage == "missing":
@@ -81,11 +90,14 @@ def test_model_folder(tmp_path, tiny_model, breakage, needles):
     assert_failed_before_start(d, r, took, "vllm.model", *needles)
 
 
-@pytest.mark.parametrize("content, needles", [
-    ('{"prompt": "ok"}\n{"prompt": "fine"}\n{"prompt": broken\n', ["line 3 is not valid JSON"]),
-    ('{"prompt": "ok"}\n{"text": "no prompt"}\n', ["line 2 has no 'prompt' field"]),
-    ("\n\n", ["is empty"]),
-])
+@pytest.mark.parametrize(
+    "content, needles",
+    [
+        ('{"prompt": "ok"}\n{"prompt": "fine"}\n{"prompt": broken\n', ["line 3 is not valid JSON"]),
+        ('{"prompt": "ok"}\n{"text": "no prompt"}\n', ["line 2 has no 'prompt' field"]),
+        ("\n\n", ["is empty"]),
+    ],
+)
 def test_malformed_dataset(tmp_path, tiny_model, content, needles):
     data = tmp_path / "bad data.jsonl"
     data.write_text(content)

@@ -24,9 +24,15 @@ CASES = {
     "smoke_cpu": ("configs/smoke_cpu.yaml", []),
     "gpu_4x8_hpc": ("configs/gpu_7b_4nodes.yaml", []),
     "gpu_1node": ("configs/gpu_1node.yaml", []),
-    "weird_values": ("configs/gpu_1node.yaml", ["slurm.account=acme; rm -rf /", "slurm.constraint=$(whoami)",
-                                                "slurm.setup_vars={venv: \"/opt/my env/'v'\"}",
-                                                "slurm.extra_sbatch={comment: 'a \"b\" `c`'}"]),
+    "weird_values": (
+        "configs/gpu_1node.yaml",
+        [
+            "slurm.account=acme; rm -rf /",
+            "slurm.constraint=$(whoami)",
+            "slurm.setup_vars={venv: \"/opt/my env/'v'\"}",
+            "slurm.extra_sbatch={comment: 'a \"b\" `c`'}",
+        ],
+    ),
 }
 
 
@@ -54,7 +60,8 @@ def test_sbatch_shape():
     text = render("gpu_4x8_hpc")
     assert "#SBATCH --nodes=4" in text and "#SBATCH --ntasks-per-node=1" in text and "#SBATCH --gpus-per-node=8" in text
     assert "#SBATCH --signal=USR2@" in text and "#SBATCH --requeue" in text
-    assert "module load" in text and "NCCL_SOCKET_IFNAME" in text
+    # the example loads no cuda/nccl module: torch 2.13's own CUDA 13 and NCCL 2.29 must not be shadowed
+    assert "module purge" in text and "module load" not in text and "NCCL_SOCKET_IFNAME" in text
     # the payload is a readable command, not submitit's pickled function
     last = [ln for ln in text.splitlines() if ln.startswith("srun ")][0]
     assert "-m launcher.bootstrap" in last and "submitit.core._submit" not in text
@@ -79,8 +86,10 @@ def test_shell_special_values_never_reach_a_shell_unquoted():
 
 
 def test_launcher_imports_neither_torch_nor_vllm():
-    code = ("import sys, launcher.cli, launcher.submit, launcher.bootstrap, launcher.jobs, launcher.jobdir, launcher.simulate;"
-            "bad = [m for m in ('torch', 'vllm', 'trl', 'transformers') if m in sys.modules]; print(bad); sys.exit(1 if bad else 0)")
+    code = (
+        "import sys, launcher.cli, launcher.submit, launcher.bootstrap, launcher.jobs, launcher.jobdir, launcher.simulate;"
+        "bad = [m for m in ('torch', 'vllm', 'trl', 'transformers') if m in sys.modules]; print(bad); sys.exit(1 if bad else 0)"
+    )
     r = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, cwd=REPO)
     assert r.returncode == 0, f"launcher imported {r.stdout.strip()}"
 

@@ -11,7 +11,7 @@ import pytest
 
 from trainer.server_client import ServerClient, ServerError
 
-HEADERS_THEN_STALL = b"HTTP/1.1 200 OK\r\nContent-Type: application/json\r\nContent-Length: 100\r\n\r\n{\"a\":"
+HEADERS_THEN_STALL = b'HTTP/1.1 200 OK\r\nContent-Type: application/json\r\nContent-Length: 100\r\n\r\n{"a":'
 
 
 def stalling_server(reply: bytes) -> int:
@@ -36,8 +36,13 @@ def free_port() -> int:
         return s.getsockname()[1]
 
 
-@pytest.mark.parametrize("reply, needle", [(b"", "no answer within 1 s"),  # paused before answering
-                                           (HEADERS_THEN_STALL, "no answer within 1 s (the answer stopped part way)")])
+@pytest.mark.parametrize(
+    "reply, needle",
+    [
+        (b"", "no answer within 1 s"),  # paused before answering
+        (HEADERS_THEN_STALL, "no answer within 1 s (the answer stopped part way)"),
+    ],
+)
 def test_a_stalled_server_is_a_deadline_not_a_hang(reply, needle):
     client = ServerClient(f"http://127.0.0.1:{stalling_server(reply)}", "m", node=1, timeout_s=1)
     t0 = time.time()

@@ -12,8 +12,15 @@ def test_one_node_is_the_same_design_and_the_gap_grows_with_nodes():
 
 
 def test_figures_enter_as_documented():
-    f = {**DEFAULTS, "tokens_per_s_server": 1000.0, "tps_anchor_params_b": 1.0, "bytes_per_param": 4.0,
-         "intra_bw_gbs": 2.0, "inter_bw_gbs": 1.0, "train_s": 3.0}
+    f = {
+        **DEFAULTS,
+        "tokens_per_s_server": 1000.0,
+        "tps_anchor_params_b": 1.0,
+        "bytes_per_param": 4.0,
+        "intra_bw_gbs": 2.0,
+        "inter_bw_gbs": 1.0,
+        "train_s": 3.0,
+    }
     one, two = predict([1, 2], params_b=2.0, ranks_per_node=2, batch=4, tokens=50, f=f)
     tps = 1000.0 * 1.0 / 2.0  # a model twice the anchor decodes at half the rate
     assert abs(one.ours_gen_s - 2 * 4 * 50 / tps) < 1e-9

@@ -38,8 +38,10 @@ def save(root: Path, step: int, model, optimizer, scheduler, extra: dict) -> Pat
     msd, osd = get_state_dict(model, optimizer)
     dcp.save({"model": msd, "optim": osd}, checkpoint_id=str(tmp))
     if dist.get_rank() == 0:
-        torch.save({"scheduler": scheduler.state_dict() if scheduler is not None else None,
-                    "rng": torch.get_rng_state()}, tmp / "trainer_state.pt")
+        torch.save(
+            {"scheduler": scheduler.state_dict() if scheduler is not None else None, "rng": torch.get_rng_state()},
+            tmp / "trainer_state.pt",
+        )
         with open(tmp / "meta.json", "w") as f:  # written last: its presence marks a complete checkpoint
             json.dump({"step": step, "time": time.time(), "world_size": dist.get_world_size(), **extra}, f)
             f.flush()
@@ -57,12 +59,14 @@ def load(path: Path, model, optimizer, scheduler) -> int:
     """Collective. Restores model and optimizer shards, the LR schedule and the step; returns the step."""
     meta = json.loads((path / "meta.json").read_text())
     if meta["world_size"] != dist.get_world_size():
-        raise RuntimeError(f"checkpoint {path} was written by {meta['world_size']} ranks, this job has "
-                           f"{dist.get_world_size()}; resharding on resume is not supported yet")
+        raise RuntimeError(
+            f"checkpoint {path} was written by {meta['world_size']} ranks, this job has "
+            f"{dist.get_world_size()}; resharding on resume is not supported yet"
+        )
     msd, osd = get_state_dict(model, optimizer)
     state = {"model": msd, "optim": osd}
     dcp.load(state, checkpoint_id=str(path))
-    set_state_dict(model, optimizer, model_state_dict=state["model"], optim_state_dict=state["optim"])
+    set_state_dict(model, optimizer, model_state_dict=state["model"], optim_state_dict=state["optim"])  # type: ignore[arg-type]
     ts = torch.load(path / "trainer_state.pt", weights_only=False)
     if scheduler is not None and ts["scheduler"] is not None:
         scheduler.load_state_dict(ts["scheduler"])

@@ -51,12 +51,23 @@ class GenerationSettings:
     @staticmethod
     def from_plan(plan: Plan, node: int, dtype: torch.dtype) -> GenerationSettings:
         t, n = plan.config.trainer, plan.nodes[node]
-        push = PushSettings(backend=plan.weight_transfer_backend, transfer_port=n.weight_transfer_port,
-                            server_world=plan.tensor_parallel_size, timeout_s=t.push_timeout_s, dtype=dtype,
-                            bucket_bytes=t.bucket_mb * 2**20)
-        return GenerationSettings(server_url=n.server_url, model=plan.config.vllm.model, node=node,
-                                  request_timeout_s=t.request_timeout_s, push=push, parity_tolerance=t.parity_tolerance,
-                                  parity_action=t.parity_action)
+        push = PushSettings(
+            backend=plan.weight_transfer_backend,
+            transfer_port=n.weight_transfer_port,
+            server_world=plan.tensor_parallel_size,
+            timeout_s=t.push_timeout_s,
+            dtype=dtype,
+            bucket_bytes=t.bucket_mb * 2**20,
+        )
+        return GenerationSettings(
+            server_url=n.server_url,
+            model=plan.config.vllm.model,
+            node=node,
+            request_timeout_s=t.request_timeout_s,
+            push=push,
+            parity_tolerance=t.parity_tolerance,
+            parity_action=t.parity_action,
+        )
 
 
 class StepClock:
@@ -75,14 +86,14 @@ def node_generate(par: Parallel, prompts: list[list[int]], ask_server: Callable[
     dist.gather_object(prompts, gathered, dst=par.leader, group=par.node_group)
     out: list[Any] | None = None
     tokens = 0
-    if par.is_leader:
+    if gathered is not None:  # the node leader
         flat = [p for rank_prompts in gathered for p in rank_prompts]
         try:
             comps = ask_server(flat)
             assert len(comps) == len(flat), (len(comps), len(flat))
             out, i = [], 0
             for rank_prompts in gathered:
-                out.append(comps[i:i + len(rank_prompts)])
+                out.append(comps[i : i + len(rank_prompts)])
                 i += len(rank_prompts)
             tokens = sum(len(c) for c, _ in comps)
         except Exception as e:  # hand the error to every rank of the node, so none waits forever
@@ -95,8 +106,18 @@ def node_generate(par: Parallel, prompts: list[list[int]], ask_server: Callable[
 
 
 class NodeLocalGeneration:
-    def __init__(self, *, model, accelerator, processing_class, par: Parallel, settings: GenerationSettings,
-                 clock: StepClock, on_stats: Callable[[dict[str, Any]], None], **kw):
+    def __init__(
+        self,
+        *,
+        model,
+        accelerator,
+        processing_class,
+        par: Parallel,
+        settings: GenerationSettings,
+        clock: StepClock,
+        on_stats: Callable[[dict[str, Any]], None],
+        **kw,
+    ):
         self.par, self.settings, self.clock, self.on_stats = par, settings, clock, on_stats
         self.model, self.accelerator = model, accelerator
         self.temperature = kw.get("temperature", 1.0)
@@ -110,8 +131,9 @@ class NodeLocalGeneration:
         if par.is_leader:
             self.vllm_client = ServerClient(s.server_url, s.model, par.node, s.request_timeout_s)
         self.pusher = NodePusher(model, self.vllm_client, s.push, par.device)
-        self.parity = ParityChecker(model, self.vllm_client, par, processing_class, s.parity_tolerance,
-                                    s.parity_action, s.parity_probe, s.push.dtype)
+        self.parity = ParityChecker(
+            model, self.vllm_client, par, processing_class, s.parity_tolerance, s.parity_action, s.parity_probe, s.push.dtype
+        )
         self.stats: dict[str, Any] = {}
 
     # ------------------------------------------------------------------ generation
@@ -124,9 +146,17 @@ class NodeLocalGeneration:
 
         def ask_server(flat: list[list[int]]):
             assert client is not None  # node_generate asks on the leader only
-            return client.complete(flat, max_tokens=self.max_completion_length, temperature=self.temperature,
-                                   top_p=self.top_p, top_k=self.top_k, min_p=self.min_p,
-                                   repetition_penalty=self.repetition_penalty, extra=self.generation_kwargs, step=step)
+            return client.complete(
+                flat,
+                max_tokens=self.max_completion_length,
+                temperature=self.temperature,
+                top_p=self.top_p,
+                top_k=self.top_k,
+                min_p=self.min_p,
+                repetition_penalty=self.repetition_penalty,
+                extra=self.generation_kwargs,
+                step=step,
+            )
 
         mine, node_tokens = node_generate(self.par, prompts, ask_server)
         if client is not None:
@@ -157,8 +187,12 @@ class NodeLocalGeneration:
         self.push(step)
         if not self.par.is_leader:
             return None
-        return {"node": self.par.node, "parity_final": self.stats.get("parity"), "push_s_final": self.stats.get("push_s"),
-                "pushes": self.pusher.pushes,
-                "server_requests": self.vllm_client.requests_sent if self.vllm_client else None,
-                "trainer_peak_gpu_gb": round(torch.cuda.max_memory_allocated() / 1e9, 2) if self.par.device.type == "cuda" else None,
-                "parity_history": [{k: h[k] for k in ("step", "kind", "max_diff")} for h in self.parity.history]}
+        return {
+            "node": self.par.node,
+            "parity_final": self.stats.get("parity"),
+            "push_s_final": self.stats.get("push_s"),
+            "pushes": self.pusher.pushes,
+            "server_requests": self.vllm_client.requests_sent if self.vllm_client else None,
+            "trainer_peak_gpu_gb": round(torch.cuda.max_memory_allocated() / 1e9, 2) if self.par.device.type == "cuda" else None,
+            "parity_history": [{k: h[k] for k in ("step", "kind", "max_diff")} for h in self.parity.history],
+        }

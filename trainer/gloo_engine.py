@@ -8,6 +8,7 @@ tests run the packing the GPU path uses. Both sides bind 127.0.0.1: the push nev
 
 from __future__ import annotations
 
+from collections.abc import Iterator
 from dataclasses import dataclass
 from datetime import timedelta
 
@@ -26,7 +27,7 @@ class GlooWeightTransferInitInfo(NCCLWeightTransferInitInfo):
 
 
 def loopback_gloo_group(store: dist.Store, rank: int, world_size: int, timeout: timedelta) -> dist.ProcessGroupGloo:
-    opts = dist.ProcessGroupGloo._Options()
+    opts = dist.ProcessGroupGloo._Options()  # type: ignore[attr-defined]
     opts._devices = [dist.ProcessGroupGloo.create_device(hostname="127.0.0.1")]
     opts._timeout = timeout
     return dist.ProcessGroupGloo(store, rank, world_size, opts)
@@ -41,8 +42,9 @@ class GlooWeightTransferEngine(NCCLWeightTransferEngine):
         timeout = timedelta(seconds=init_info.timeout_s)
         self.packed = init_info.packed
         self.packed_buffer_size_bytes = init_info.packed_buffer_size_bytes
-        store = dist.TCPStore(init_info.master_address, init_info.master_port, init_info.world_size,
-                              is_master=False, timeout=timeout)
+        store = dist.TCPStore(
+            str(init_info.master_address), int(init_info.master_port or 0), init_info.world_size, is_master=False, timeout=timeout
+        )
         self.model_update_group = loopback_gloo_group(store, rank, init_info.world_size, timeout)  # type: ignore[assignment]
 
     def update_weights(self, update_info) -> None:
@@ -50,19 +52,30 @@ class GlooWeightTransferEngine(NCCLWeightTransferEngine):
         self.receive_weights(self.parse_update_info(update_info))
 
     def receive_weights(self, update_info) -> None:
-        opts = dist.BroadcastOptions()
-        opts.rootRank = 0
-        group: dist.ProcessGroupGloo = self.model_update_group  # type: ignore[assignment]
-        meta = [ParamMeta(n, d, list(s)) for n, d, s in zip(update_info.names, update_info.dtype_names, update_info.shapes,
-                                                             strict=True)]
         if not self.packed:
             raise RuntimeError("the gloo engine receives packed chunks only; the trainer's init info said packed=false")
-        for chunk in chunk_metas(meta, self.packed_buffer_size_bytes):
-            sizes = [m.nbytes for m in chunk]
-            buf = torch.empty(sum(sizes), dtype=torch.uint8)
-            group.broadcast([buf], opts).wait()
-            self.model.load_weights(unpack_tensor(buf, [m.name for m in chunk], [m.shape for m in chunk],
-                                                  [getattr(torch, m.dtype) for m in chunk], sizes))
+        meta = [
+            ParamMeta(n, d, list(s))
+            for n, d, s in zip(update_info.names, update_info.dtype_names, update_info.shapes, strict=True)
+        ]
+        for weights in receive_packed(self.model_update_group, meta, self.packed_buffer_size_bytes):  # type: ignore[arg-type]
+            self.model.load_weights(weights)  # type: ignore[operator]
 
     def shutdown(self) -> None:
         self.model_update_group = None
+
+
+def receive_packed(
+    group: dist.ProcessGroupGloo, meta: list[ParamMeta], bucket_bytes: int
+) -> Iterator[list[tuple[str, torch.Tensor]]]:
+    """The receiving side of trainer.senders.broadcast_packed: per chunk (cut from the metadata by the same rule),
+    one broadcast into a fresh buffer, yielded as (name, tensor) views of it."""
+    opts = dist.BroadcastOptions()
+    opts.rootRank = 0
+    for chunk in chunk_metas(meta, bucket_bytes):
+        sizes = [m.nbytes for m in chunk]
+        buf = torch.empty(sum(sizes), dtype=torch.uint8)
+        group.broadcast([buf], opts).wait()  # type: ignore[attr-defined]
+        yield unpack_tensor(
+            buf, [m.name for m in chunk], [m.shape for m in chunk], [getattr(torch, m.dtype) for m in chunk], sizes
+        )

@@ -57,14 +57,16 @@ def trl_generation_backend(make: Callable[..., NodeLocalGeneration]):
     import trl.trainer.grpo_trainer as gt
 
     if not hasattr(gt, "VLLMGeneration"):
-        raise RuntimeError("trl.trainer.grpo_trainer.VLLMGeneration is gone: this TRL is not the pinned 1.16.0; "
-                           "install the version in pyproject.toml")
+        raise RuntimeError(
+            "trl.trainer.grpo_trainer.VLLMGeneration is gone: this TRL is not the pinned 1.16.0; "
+            "install the version in pyproject.toml"
+        )
     old = gt.VLLMGeneration
-    gt.VLLMGeneration = make
+    gt.VLLMGeneration = make  # type: ignore[misc,assignment]
     try:
         yield
     finally:
-        gt.VLLMGeneration = old
+        gt.VLLMGeneration = old  # type: ignore[misc]
 
 
 class NodeStats:
@@ -87,8 +89,16 @@ class NodeStats:
 class SlurmGrpoCallback(TrainerCallback):
     """Resume, per-step metrics, periodic and preemption checkpoints; sets the step clock at each step."""
 
-    def __init__(self, job_dir: Path, par: Parallel, t: TrainerConfig, stats: NodeStats, clock: StepClock,
-                 preemption: PreemptionFlag, on_first_step: Callable[[], None] | None = None):
+    def __init__(
+        self,
+        job_dir: Path,
+        par: Parallel,
+        t: TrainerConfig,
+        stats: NodeStats,
+        clock: StepClock,
+        preemption: PreemptionFlag,
+        on_first_step: Callable[[], None] | None = None,
+    ):
         self.job_dir, self.par, self.t, self.stats, self.clock = job_dir, par, t, stats, clock
         self.preemption = preemption
         self.on_first_step = on_first_step
@@ -124,22 +134,30 @@ class SlurmGrpoCallback(TrainerCallback):
             return
         by = self.stats.by_node
         row = {
-            "step": state.global_step, "reward": logs.get("reward"), "reward_std": logs.get("reward_std"),
-            "loss": logs.get("loss"), "kl": logs.get("kl"), "step_s": round(time.time() - self.step_t0, 3),
+            "step": state.global_step,
+            "reward": logs.get("reward"),
+            "reward_std": logs.get("reward_std"),
+            "loss": logs.get("loss"),
+            "kl": logs.get("kl"),
+            "step_s": round(time.time() - self.step_t0, 3),
             "push_s": {str(n): round(s.get("push_s", 0.0), 4) for n, s in sorted(by.items()) if "push_s" in s},
             "gen_s": {str(n): round(s["gen_s"], 4) for n, s in sorted(by.items()) if s.get("gen_s")},
             "parity": {str(n): s.get("parity") for n, s in sorted(by.items())},
             "parity_stale": {str(n): s.get("parity_stale") for n, s in sorted(by.items())},
             "parity_max": max((s["parity"] for s in by.values() if s.get("parity") is not None), default=None),
-            "gen_tokens_per_s_node": {str(n): round(s["gen_tokens"] / max(s["gen_s"], 1e-9), 1)
-                                      for n, s in sorted(by.items()) if s.get("gen_s")},
+            "gen_tokens_per_s_node": {
+                str(n): round(s["gen_tokens"] / max(s["gen_s"], 1e-9), 1) for n, s in sorted(by.items()) if s.get("gen_s")
+            },
             "server_requests": {str(n): s.get("server_requests") for n, s in sorted(by.items())},
         }
         tps = row["gen_tokens_per_s_node"]
         row["gen_tokens_per_s"] = round(sum(tps.values()), 1) if tps else None
         self.metrics.write(row)
-        print(f"step {row['step']}/{state.max_steps} reward {row['reward']:.4f} push {row['push_s']} "
-              f"parity {row['parity_max']} step {row['step_s']:.2f}s", flush=True)
+        print(
+            f"step {row['step']}/{state.max_steps} reward {row['reward']:.4f} push {row['push_s']} "
+            f"parity {row['parity_max']} step {row['step_s']:.2f}s",
+            flush=True,
+        )
 
     # -------------------------------------------------------------- checkpoints, preemption
     def on_step_end(self, args, state, control, **kw):
@@ -163,31 +181,57 @@ class SlurmGrpoCallback(TrainerCallback):
             return
         tr = self.trainer
         # reason "preempt" is what the bootstrap looks for before it requeues the job
-        checkpoint.save(self.job_dir / "checkpoints", state.global_step, tr.model, tr.optimizer, tr.lr_scheduler,
-                        {"reason": reason, "attempt": os.environ.get("SLURM_GRPO_ATTEMPT", ""),
-                         "reward_last": (tr.state.log_history[-1] if tr.state.log_history else {}).get("reward")})
+        checkpoint.save(
+            self.job_dir / "checkpoints",
+            state.global_step,
+            tr.model,
+            tr.optimizer,
+            tr.lr_scheduler,
+            {
+                "reason": reason,
+                "attempt": os.environ.get("SLURM_GRPO_ATTEMPT", ""),
+                "reward_last": (tr.state.log_history[-1] if tr.state.log_history else {}).get("reward"),
+            },
+        )
         self.last_saved = state.global_step
+
 
 def grpo_config(job_dir: Path, t: TrainerConfig, device: str):
     from trl import GRPOConfig
 
     bf16 = t.dtype == "bfloat16" and device == "cuda"
     return GRPOConfig(
-        output_dir=str(job_dir / "hf"), max_steps=t.max_steps, per_device_train_batch_size=t.per_device_train_batch_size,
-        num_generations=t.num_generations, max_completion_length=t.max_completion_length,
-        learning_rate=t.learning_rate, beta=t.beta, temperature=t.temperature, seed=t.seed,
-        logging_steps=1, save_strategy="no", report_to=[], use_cpu=device == "cpu", bf16=bf16,
-        use_vllm=True, vllm_mode="server", disable_tqdm=True, dataloader_num_workers=0,
-        **t.grpo)
+        output_dir=str(job_dir / "hf"),
+        max_steps=t.max_steps,
+        per_device_train_batch_size=t.per_device_train_batch_size,
+        num_generations=t.num_generations,
+        max_completion_length=t.max_completion_length,
+        learning_rate=t.learning_rate,
+        beta=t.beta,
+        temperature=t.temperature,
+        seed=t.seed,
+        logging_steps=1,
+        save_strategy="no",
+        report_to=[],
+        use_cpu=device == "cpu",
+        bf16=bf16,
+        use_vllm=True,
+        vllm_mode="server",
+        disable_tqdm=True,
+        dataloader_num_workers=0,
+        **t.grpo,
+    )
 
 
-def build_trainer(model, tokenizer, dataset, rewards, args, callback: SlurmGrpoCallback,
-                  make_backend: Callable[..., NodeLocalGeneration]):
+def build_trainer(
+    model, tokenizer, dataset, rewards, args, callback: SlurmGrpoCallback, make_backend: Callable[..., NodeLocalGeneration]
+):
     from trl import GRPOTrainer
 
     with trl_generation_backend(make_backend):
-        tr = GRPOTrainer(model=model, reward_funcs=rewards, args=args, train_dataset=dataset, processing_class=tokenizer,
-                         callbacks=[callback])
+        tr = GRPOTrainer(
+            model=model, reward_funcs=rewards, args=args, train_dataset=dataset, processing_class=tokenizer, callbacks=[callback]
+        )
     if not isinstance(tr.vllm_generation, NodeLocalGeneration):
         raise RuntimeError("GRPOTrainer did not use the node-local generation backend; TRL changed how it builds it")
     callback.trainer = tr

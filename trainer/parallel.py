@@ -58,16 +58,23 @@ def init(plan: Plan) -> Parallel:
     node = int(os.environ.get("SLURM_GRPO_NODE", rank // plan.ranks_per_node))
     expect = plan.rank(rank)
     if world != plan.world_size or expect.node != node or expect.local_rank != local:
-        raise RuntimeError(f"torchrun gave rank {rank}/{world} local {local} on node {node}, but the plan says "
-                           f"world {plan.world_size}, rank {rank} is local {expect.local_rank} on node {expect.node}")
+        raise RuntimeError(
+            f"torchrun gave rank {rank}/{world} local {local} on node {node}, but the plan says "
+            f"world {plan.world_size}, rank {rank} is local {expect.local_rank} on node {expect.node}"
+        )
     if plan.device == "cuda":
         device = torch.device("cuda", expect.cuda_index)
         torch.cuda.set_device(device)
         backend = "cpu:gloo,cuda:nccl"  # gloo for object collectives on CPU tensors, NCCL for the model
     else:
         device, backend = torch.device("cpu"), "gloo"
-    dist.init_process_group(backend, rank=rank, world_size=world, timeout=timedelta(seconds=plan.process_group_timeout_s),
-                            device_id=device if plan.device == "cuda" else None)
+    dist.init_process_group(
+        backend,
+        rank=rank,
+        world_size=world,
+        timeout=timedelta(seconds=plan.process_group_timeout_s),
+        device_id=device if plan.device == "cuda" else None,
+    )
     groups = {}
     for n in plan.nodes:  # every rank creates every group, in the same order (new_group is collective)
         groups[n.node] = dist.new_group([r.global_rank for r in n.ranks], backend="gloo")
@@ -76,8 +83,18 @@ def init(plan: Plan) -> Parallel:
         mesh = init_device_mesh(device.type, (plan.num_nodes, plan.ranks_per_node), mesh_dim_names=("replicate", "shard"))
     else:
         mesh = init_device_mesh(device.type, (world,), mesh_dim_names=("shard",))
-    return Parallel(rank=rank, local_rank=local, world=world, node=node, node_group=groups[node], node_ranks=node_ranks,
-                    leader=node_ranks[0], mesh=mesh, device=device, allreduce_check=check_allreduce(rank, world, device))
+    return Parallel(
+        rank=rank,
+        local_rank=local,
+        world=world,
+        node=node,
+        node_group=groups[node],
+        node_ranks=node_ranks,
+        leader=node_ranks[0],
+        mesh=mesh,
+        device=device,
+        allreduce_check=check_allreduce(rank, world, device),
+    )
 
 
 def shard_model(model: torch.nn.Module, par: Parallel, param_dtype: torch.dtype) -> torch.nn.Module:
@@ -90,5 +107,5 @@ def shard_model(model: torch.nn.Module, par: Parallel, param_dtype: torch.dtype)
     fully_shard(model, mesh=par.mesh, mp_policy=mp)
     # transformers' Trainer then leaves the model alone (no DDP/accelerate FSDP wrap on top of ours):
     # the same flag `from_pretrained(distributed_config=...)` sets. Pinned in tests/test_pinned_internals.py.
-    model._is_distributed_loading_by_transformers = True
+    model._is_distributed_loading_by_transformers = True  # type: ignore[assignment]
     return model

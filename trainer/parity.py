@@ -22,8 +22,11 @@ class ParityError(RuntimeError):
 
 
 def server_prompt_logprobs(client: ServerClient, ids: list[int], step: int = 0) -> list[float]:
-    out = client.post("/v1/completions", {"model": client.model, "prompt": [ids], "max_tokens": 1, "temperature": 1.0,
-                                          "prompt_logprobs": 0}, step=step)
+    out = client.post(
+        "/v1/completions",
+        {"model": client.model, "prompt": [ids], "max_tokens": 1, "temperature": 1.0, "prompt_logprobs": 0},
+        step=step,
+    )
     rows = out["choices"][0]["prompt_logprobs"][1:]
     return [float(row[str(tok)]["logprob"]) for row, tok in zip(rows, ids[1:], strict=True)]
 
@@ -37,8 +40,17 @@ def trainer_prompt_logprobs(model: torch.nn.Module, ids: list[int], device) -> l
 
 
 class ParityChecker:
-    def __init__(self, model, client: ServerClient | None, par: Parallel, tokenizer, tolerance: float, action: str,
-                 probe_text: str, compute_dtype: torch.dtype):
+    def __init__(
+        self,
+        model,
+        client: ServerClient | None,
+        par: Parallel,
+        tokenizer,
+        tolerance: float,
+        action: str,
+        probe_text: str,
+        compute_dtype: torch.dtype,
+    ):
         self.model, self.client, self.par, self.action = model, client, par, action
         self.ids = tokenizer(probe_text)["input_ids"][:48]
         assert len(self.ids) >= 2, "parity probe text tokenizes to fewer than 2 tokens"
@@ -58,9 +70,11 @@ class ParityChecker:
         diff = max(abs(a - b) for a, b in zip(mine, theirs, strict=True))
         self.history.append({"step": step, "kind": kind, "max_diff": diff, "server": theirs, "trainer": mine})
         if kind == "after_push" and diff > self.tolerance:
-            msg = (f"node {self.par.node}: parity check failed at step {step}: the server at {self.client.base_url} "
-                   f"disagrees with the trainer by {diff:.3g} in logprob (tolerance {self.tolerance:g}); the weight push "
-                   f"did not land. Set trainer.parity_action: warn to go on anyway.")
+            msg = (
+                f"node {self.par.node}: parity check failed at step {step}: the server at {self.client.base_url} "
+                f"disagrees with the trainer by {diff:.3g} in logprob (tolerance {self.tolerance:g}); the weight push "
+                f"did not land. Set trainer.parity_action: warn to go on anyway."
+            )
             if self.action == "fail":
                 raise ParityError(msg)
             print("WARNING: " + msg, flush=True)

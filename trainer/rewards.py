@@ -38,7 +38,9 @@ def resolve(name: str) -> Callable:
     try:
         mod = importlib.import_module(mod_name)
     except ImportError as e:
-        raise ValueError(f"reward {name!r}: cannot import module {mod_name!r} ({e}); is it on PYTHONPATH on every node?") from None
+        raise ValueError(
+            f"reward {name!r}: cannot import module {mod_name!r} ({e}); is it on PYTHONPATH on every node?"
+        ) from None
     fn = getattr(mod, fn_name, None)
     if not callable(fn):
         raise ValueError(f"reward {name!r}: module {mod_name!r} has no function {fn_name!r}")

@@ -66,10 +66,18 @@ class Run:
             per_node = {str(f["node"]): f for f in finals if f is not None}
             MetricsWriter(job_dir).write({"event": "final", "step": step, "nodes": per_node})
             latest = checkpoint.latest(job_dir / "checkpoints")
-            write_summary_and_plot(job_dir, {"train_s": round(self.train_s, 2), "final_step": step,
-                                             "resumed_from": self.callback.resumed_from, "nodes": per_node,
-                                             "allreduce_check": self.par.allreduce_check, "dtensor_params": dtensor_params,
-                                             "final_checkpoint": str(latest[1]) if latest else None})
+            write_summary_and_plot(
+                job_dir,
+                {
+                    "train_s": round(self.train_s, 2),
+                    "final_step": step,
+                    "resumed_from": self.callback.resumed_from,
+                    "nodes": per_node,
+                    "allreduce_check": self.par.allreduce_check,
+                    "dtensor_params": dtensor_params,
+                    "final_checkpoint": str(latest[1]) if latest else None,
+                },
+            )
 
 
 def build(plan: Plan, par: Parallel, preemption: grpo.PreemptionFlag) -> Run:
@@ -82,14 +90,25 @@ def build(plan: Plan, par: Parallel, preemption: grpo.PreemptionFlag) -> Run:
     dtype = getattr(torch, t.dtype)
     tokenizer = AutoTokenizer.from_pretrained(plan.config.vllm.model)
     # fp32 master weights; FSDP2 computes in the configured dtype (bf16 on GPU)
-    model = AutoModelForCausalLM.from_pretrained(plan.config.vllm.model, dtype=torch.float32)
-    model = parallel.shard_model(model.to(par.device), par, param_dtype=dtype)
+    loaded = AutoModelForCausalLM.from_pretrained(plan.config.vllm.model, dtype=torch.float32)
+    model = parallel.shard_model(loaded.to(par.device), par, param_dtype=dtype)  # type: ignore[arg-type]
     node_event("model_loaded")
     stats, clock = grpo.NodeStats(par), StepClock()
-    make_backend = functools.partial(NodeLocalGeneration, par=par, settings=GenerationSettings.from_plan(plan, par.node, dtype),
-                                     clock=clock, on_stats=stats.gather)
-    callback = grpo.SlurmGrpoCallback(job_dir, par, t, stats, clock, preemption,
-                                      on_first_step=lambda: node_event("first_step"))
-    trainer = grpo.build_trainer(model, tokenizer, data.load_prompts(t.dataset), [rewards.resolve(r) for r in t.reward_funcs],
-                                 grpo.grpo_config(job_dir, t, plan.device), callback, make_backend)
+    make_backend = functools.partial(
+        NodeLocalGeneration,
+        par=par,
+        settings=GenerationSettings.from_plan(plan, par.node, dtype),
+        clock=clock,
+        on_stats=stats.gather,
+    )
+    callback = grpo.SlurmGrpoCallback(job_dir, par, t, stats, clock, preemption, on_first_step=lambda: node_event("first_step"))
+    trainer = grpo.build_trainer(
+        model,
+        tokenizer,
+        data.load_prompts(t.dataset),
+        [rewards.resolve(r) for r in t.reward_funcs],
+        grpo.grpo_config(job_dir, t, plan.device),
+        callback,
+        make_backend,
+    )
     return Run(plan=plan, par=par, trainer=trainer, callback=callback)

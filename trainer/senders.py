@@ -86,8 +86,15 @@ def checked(params: Params, meta: list[ParamMeta]) -> Params:
         yield name, t
 
 
-def call_while(client: ServerClient, route: str, body: dict, timeout_s: float, step: int, work: Callable[[], None],
-               device: torch.device | None = None) -> None:
+def call_while(
+    client: ServerClient,
+    route: str,
+    body: dict,
+    timeout_s: float,
+    step: int,
+    work: Callable[[], None],
+    device: torch.device | None = None,
+) -> None:
     """POST `route` while `work` runs (the two ends of a collective must both be in it): each in its own thread,
     while this one waits for both within timeout_s. Whichever fails first ends the wait at once with its error
     (a failed POST would leave the other end of a broadcast waiting forever: NCCL has no timeout); past the
@@ -122,8 +129,10 @@ def call_while(client: ServerClient, route: str, body: dict, timeout_s: float, s
     if errors:
         raise errors["work"]
     if len(finished) < 2:
-        raise ServerError(f"node {client.node}: {route} on {client.base_url} did not finish within {timeout_s:.0f} s "
-                          f"(trainer.push_timeout_s) at step {step}; see logs/node{client.node}-vllm.log")
+        raise ServerError(
+            f"node {client.node}: {route} on {client.base_url} did not finish within {timeout_s:.0f} s "
+            f"(trainer.push_timeout_s) at step {step}; see logs/node{client.node}-vllm.log"
+        )
 
 
 # ----------------------------------------------------------------------------- broadcast transports
@@ -139,11 +148,25 @@ class BroadcastSender:
     def __init__(self, client: ServerClient, port: int, server_world: int, timeout_s: float, bucket_bytes: int):
         self.client, self.timeout_s, self.bucket_bytes = client, timeout_s, bucket_bytes
         world = 1 + server_world
-        init_info = {"master_address": "127.0.0.1", "master_port": port, "rank_offset": 1, "world_size": world,
-                     "packed": True, "packed_buffer_size_bytes": bucket_bytes, "packed_num_buffers": 2,
-                     **self.extra_init_info()}
-        call_while(client, "/init_weight_transfer_engine", {"init_info": init_info}, timeout_s, 0,
-                   lambda: self.join(port, world), self.device)
+        init_info = {
+            "master_address": "127.0.0.1",
+            "master_port": port,
+            "rank_offset": 1,
+            "world_size": world,
+            "packed": True,
+            "packed_buffer_size_bytes": bucket_bytes,
+            "packed_num_buffers": 2,
+            **self.extra_init_info(),
+        }
+        call_while(
+            client,
+            "/init_weight_transfer_engine",
+            {"init_info": init_info},
+            timeout_s,
+            0,
+            lambda: self.join(port, world),
+            self.device,
+        )
 
     def extra_init_info(self) -> dict:
         return {}
@@ -161,9 +184,11 @@ class BroadcastSender:
             try:
                 self.broadcast_all(checked(params, meta))
             except RuntimeError as e:  # the transport's own errors name neither the node nor the server
-                raise ServerError(f"node {self.client.node}: sending weights ({self.backend}) to the vLLM server "
-                                  f"{self.client.base_url} failed at step {step}: {str(e).splitlines()[0]} "
-                                  f"(see logs/node{self.client.node}-vllm.log)") from None
+                raise ServerError(
+                    f"node {self.client.node}: sending weights ({self.backend}) to the vLLM server "
+                    f"{self.client.base_url} failed at step {step}: {str(e).splitlines()[0]} "
+                    f"(see logs/node{self.client.node}-vllm.log)"
+                ) from None
 
         call_while(self.client, "/update_weights", {"update_info": update_info(meta)}, self.timeout_s, step, send, self.device)
         self.client.post("/finish_weight_update", {}, step=step)
@@ -185,17 +210,28 @@ class GlooSender(BroadcastSender):
         self.group = loopback_gloo_group(self.store, 0, world, timeout)
 
     def broadcast_all(self, params: Params) -> None:
-        from vllm.distributed.weight_transfer.packed_tensor import pack_tensors
+        broadcast_packed(self.group, params, self.bucket_bytes)
 
-        opts = dist.BroadcastOptions()
-        opts.rootRank = 0
-        in_flight: list[tuple[dist.Work, torch.Tensor]] = []  # at most 2: the gather of chunk k+1 overlaps sending k
-        while (chunk := pack_tensors(params, lambda item: item[1], self.bucket_bytes)) is not None:
-            if len(in_flight) == 2:
-                in_flight.pop(0)[0].wait()
-            in_flight.append((self.group.broadcast([chunk.packed_tensor], opts), chunk.packed_tensor))
-        for work, _ in in_flight:
-            work.wait()
+
+def broadcast_packed(group: dist.ProcessGroupGloo, params: Params, bucket_bytes: int) -> int:
+    """Rank 0's side of a packed gloo push (trainer.gloo_engine.receive_packed is the other): vLLM's pack_tensors
+    cuts the chunks, at most 2 broadcasts are in flight, so the gather of chunk k+1 overlaps sending chunk k.
+    Returns the number of chunks."""
+    from vllm.distributed.weight_transfer.packed_tensor import pack_tensors
+
+    opts = dist.BroadcastOptions()
+    opts.rootRank = 0
+    in_flight: list[tuple[dist.Work, torch.Tensor]] = []
+    chunks = 0
+    while (chunk := pack_tensors(params, lambda item: item[1], bucket_bytes)) is not None:
+        if len(in_flight) == 2:
+            in_flight.pop(0)[0].wait()
+        work = group.broadcast([chunk.packed_tensor], opts)  # type: ignore[attr-defined]
+        in_flight.append((work, chunk.packed_tensor))
+        chunks += 1
+    for pending, _ in in_flight:
+        pending.wait()
+    return chunks
 
 
 def loopback_store(port: int, world: int, timeout: timedelta) -> dist.TCPStore:
@@ -208,8 +244,16 @@ def loopback_store(port: int, world: int, timeout: timedelta) -> dist.TCPStore:
     sock.bind(("127.0.0.1", port))
     sock.listen(128)
     # the store owns the descriptor from here on (it closes it); detach so Python does not close it too
-    return dist.TCPStore("127.0.0.1", port, world, is_master=True, timeout=timeout, wait_for_workers=False,
-                         master_listen_fd=sock.detach(), use_libuv=True)
+    return dist.TCPStore(
+        "127.0.0.1",
+        port,
+        world,
+        is_master=True,
+        timeout=timeout,
+        wait_for_workers=False,
+        master_listen_fd=sock.detach(),
+        use_libuv=True,
+    )
 
 
 class NcclSender(BroadcastSender):
@@ -218,8 +262,9 @@ class NcclSender(BroadcastSender):
 
     backend = "nccl"
 
-    def __init__(self, client: ServerClient, port: int, server_world: int, timeout_s: float, bucket_bytes: int,
-                 device: torch.device):
+    def __init__(
+        self, client: ServerClient, port: int, server_world: int, timeout_s: float, bucket_bytes: int, device: torch.device
+    ):
         self.device = device
         super().__init__(client, port, server_world, timeout_s, bucket_bytes)
 
@@ -227,21 +272,31 @@ class NcclSender(BroadcastSender):
         from vllm.distributed.device_communicators.pynccl import PyNcclCommunicator
         from vllm.distributed.utils import StatelessProcessGroup
 
-        pg = StatelessProcessGroup.create(host="127.0.0.1", port=port, rank=0, world_size=world,
-                                          store_timeout=int(self.timeout_s))
+        pg = StatelessProcessGroup.create(
+            host="127.0.0.1", port=port, rank=0, world_size=world, store_timeout=int(self.timeout_s)
+        )
+        assert self.device is not None
         self.comm = PyNcclCommunicator(pg, device=self.device)
         if self.comm.disabled or not getattr(self.comm, "available", True):
             # a disabled communicator's broadcast is a no-op: the server would wait for bytes that never come
-            raise ServerError(f"node {self.client.node}: vLLM's PyNccl is disabled or NCCL was not found in the trainer "
-                              f"(VLLM_DISABLE_PYNCCL, or no libnccl); the nccl weight push cannot run")
+            raise ServerError(
+                f"node {self.client.node}: vLLM's PyNccl is disabled or NCCL was not found in the trainer "
+                f"(VLLM_DISABLE_PYNCCL, or no libnccl); the nccl weight push cannot run"
+            )
 
     def broadcast_all(self, params: Params) -> None:
         from vllm.distributed.weight_transfer.packed_tensor import packed_nccl_broadcast_producer
 
         # vLLM makes the chunk's stream current around pack + broadcast and restores it; the FSDP gathers of
         # the next chunk run there too
-        packed_nccl_broadcast_producer(iterator=params, group=self.comm, src=0, post_iter_func=lambda item: item[1],
-                                       buffer_size_bytes=self.bucket_bytes, num_buffers=2)
+        packed_nccl_broadcast_producer(
+            iterator=params,
+            group=self.comm,
+            src=0,
+            post_iter_func=lambda item: item[1],
+            buffer_size_bytes=self.bucket_bytes,
+            num_buffers=2,
+        )
 
 
 # ----------------------------------------------------------------------------- ipc
@@ -275,7 +330,7 @@ class IpcSender:
             if offset + m.nbytes > self.buffer_bytes:  # vLLM's packed_ipc_producer rule: a chunk never overflows
                 self._post_chunk(chunk, handle, step, deadline)
                 chunk, offset = [], 0
-            self.buffer[offset:offset + m.nbytes].copy_(t.contiguous().view(-1).view(torch.uint8))
+            self.buffer[offset : offset + m.nbytes].copy_(t.contiguous().view(-1).view(torch.uint8))
             chunk.append(m)
             offset += m.nbytes
         self._post_chunk(chunk, handle, step, deadline)
@@ -288,7 +343,9 @@ class IpcSender:
         torch.cuda.current_stream().synchronize()  # the server must see the whole chunk written
         left = deadline - time.time()
         if left <= 0:
-            raise ServerError(f"node {self.client.node}: weight push (ipc) to {self.client.base_url} at step {step} "
-                              f"did not finish within trainer.push_timeout_s={self.timeout_s:.0f} s")
+            raise ServerError(
+                f"node {self.client.node}: weight push (ipc) to {self.client.base_url} at step {step} "
+                f"did not finish within trainer.push_timeout_s={self.timeout_s:.0f} s"
+            )
         info = {**update_info(chunk), "tensor_sizes": [m.nbytes for m in chunk], "ipc_handles_pickled": handle}
         self.client.post("/update_weights", {"update_info": info}, timeout_s=left, step=step)

@@ -19,11 +19,12 @@ class ServerClient:
         self.requests_sent = 0
 
     def _fail(self, route: str, why: str, step: int) -> ServerError:
-        return ServerError(f"node {self.node}: vLLM server {self.base_url}{route} failed at step {step}: {why} "
-                           f"(deadline trainer.request_timeout_s={self.timeout_s:.0f} s; see logs/node{self.node}-vllm.log)")
+        return ServerError(
+            f"node {self.node}: vLLM server {self.base_url}{route} failed at step {step}: {why} "
+            f"(deadline trainer.request_timeout_s={self.timeout_s:.0f} s; see logs/node{self.node}-vllm.log)"
+        )
 
-    def request(self, method: str, route: str, body: dict | None = None, timeout_s: float | None = None,
-                step: int = 0) -> Any:
+    def request(self, method: str, route: str, body: dict | None = None, timeout_s: float | None = None, step: int = 0) -> Any:
         """step: the training step, named in errors so they say when they happened."""
         timeout = timeout_s or self.timeout_s
         try:
@@ -49,16 +50,37 @@ class ServerClient:
         """What TRL's trainer asks of its client (`["model_config"]["logprobs_mode"]`); we start servers with it."""
         return {"model_config": {"logprobs_mode": "processed_logprobs"}}
 
-    def complete(self, prompts: list[list[int]], *, max_tokens: int, temperature: float, top_p: float = 1.0,
-                 top_k: int = 0, min_p: float = 0.0, repetition_penalty: float = 1.0, seed: int | None = None,
-                 extra: dict | None = None, step: int = 0) -> list[tuple[list[int], list[float]]]:
+    def complete(
+        self,
+        prompts: list[list[int]],
+        *,
+        max_tokens: int,
+        temperature: float,
+        top_p: float = 1.0,
+        top_k: int = 0,
+        min_p: float = 0.0,
+        repetition_penalty: float = 1.0,
+        seed: int | None = None,
+        extra: dict | None = None,
+        step: int = 0,
+    ) -> list[tuple[list[int], list[float]]]:
         """One completion per prompt entry (n=1, no dedup: identical prompts get their own samples), in order."""
         if not prompts:
             return []
-        body: dict[str, Any] = {"model": self.model, "prompt": prompts, "n": 1, "max_tokens": max_tokens,
-                                "temperature": temperature, "top_p": top_p, "top_k": top_k if top_k > 0 else -1,
-                                "min_p": min_p, "repetition_penalty": repetition_penalty, "logprobs": 0,
-                                "return_token_ids": True, **(extra or {})}
+        body: dict[str, Any] = {
+            "model": self.model,
+            "prompt": prompts,
+            "n": 1,
+            "max_tokens": max_tokens,
+            "temperature": temperature,
+            "top_p": top_p,
+            "top_k": top_k if top_k > 0 else -1,
+            "min_p": min_p,
+            "repetition_penalty": repetition_penalty,
+            "logprobs": 0,
+            "return_token_ids": True,
+            **(extra or {}),
+        }
         if seed is not None:
             body["seed"] = seed
         out = self.post("/v1/completions", body, step=step)

@@ -23,8 +23,16 @@ def _corpus() -> list[str]:
     return lines + ["1 + 2 = 3", "a b c d e f g h i j k l m n o p q r s t u v w x y z", "aaaa aa a"]
 
 
-def make_tiny_model(out: str | os.PathLike, hidden: int = 128, layers: int = 2, vocab: int = 300,
-                    seed: int = 0, dtype: str = "float32", kv_heads: int = 1, intermediate: int = 0) -> dict:
+def make_tiny_model(
+    out: str | os.PathLike,
+    hidden: int = 128,
+    layers: int = 2,
+    vocab: int = 300,
+    seed: int = 0,
+    dtype: str = "float32",
+    kv_heads: int = 1,
+    intermediate: int = 0,
+) -> dict:
     """Random Qwen2 weights from a config (never the hub). The defaults make the CPU test model; the
     transformer body of Qwen2-0.5B is hidden 896, 24 layers, kv_heads 2, intermediate 4864 (the
     vocabulary stays this tokenizer's: a random model samples every id of its vocabulary)."""
@@ -39,8 +47,11 @@ def make_tiny_model(out: str | os.PathLike, hidden: int = 128, layers: int = 2, 
     tok = Tokenizer(models.BPE(unk_token=None))
     tok.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False)
     tok.decoder = decoders.ByteLevel()
-    bpe = trainers.BpeTrainer(vocab_size=vocab, special_tokens=["<|endoftext|>", "<|im_start|>", "<|im_end|>"],
-                              initial_alphabet=pre_tokenizers.ByteLevel.alphabet())
+    bpe = trainers.BpeTrainer(
+        vocab_size=vocab,
+        special_tokens=["<|endoftext|>", "<|im_start|>", "<|im_end|>"],
+        initial_alphabet=pre_tokenizers.ByteLevel.alphabet(),
+    )
     tok.train_from_iterator(_corpus(), bpe)
     hf = PreTrainedTokenizerFast(tokenizer_object=tok, eos_token="<|endoftext|>", pad_token="<|endoftext|>", bos_token=None)
     hf.chat_template = CHAT_TEMPLATE
@@ -48,21 +59,43 @@ def make_tiny_model(out: str | os.PathLike, hidden: int = 128, layers: int = 2, 
     heads = hidden // 64
     if heads % kv_heads:
         raise ValueError(f"kv_heads ({kv_heads}) must divide the {heads} attention heads (hidden / 64)")
-    cfg = Qwen2Config(vocab_size=len(hf), hidden_size=hidden, intermediate_size=intermediate or 2 * hidden,
-                      num_hidden_layers=layers, num_attention_heads=heads, num_key_value_heads=kv_heads, head_dim=64, max_position_embeddings=512,
-                      eos_token_id=hf.eos_token_id, bos_token_id=hf.eos_token_id, pad_token_id=hf.pad_token_id,
-                      tie_word_embeddings=True, torch_dtype=dtype)
+    cfg = Qwen2Config(  # type: ignore[call-arg]
+        vocab_size=len(hf),
+        hidden_size=hidden,
+        intermediate_size=intermediate or 2 * hidden,
+        num_hidden_layers=layers,
+        num_attention_heads=heads,
+        num_key_value_heads=kv_heads,
+        head_dim=64,
+        max_position_embeddings=512,
+        eos_token_id=hf.eos_token_id,
+        bos_token_id=hf.eos_token_id,
+        pad_token_id=hf.pad_token_id,
+        tie_word_embeddings=True,
+        torch_dtype=dtype,
+    )
     torch.manual_seed(seed)
     model = Qwen2ForCausalLM(cfg).to(getattr(torch, dtype))
     model.save_pretrained(path)
-    return {"vocab": len(hf), "params": sum(p.numel() for p in model.parameters()), "hidden": hidden, "layers": layers,
-            "kv_heads": kv_heads, "intermediate": cfg.intermediate_size, "dtype": dtype}
+    return {
+        "vocab": len(hf),
+        "params": sum(p.numel() for p in model.parameters()),
+        "hidden": hidden,
+        "layers": layers,
+        "kv_heads": kv_heads,
+        "intermediate": cfg.intermediate_size,
+        "dtype": dtype,
+    }
 
 
 def main(argv: list[str] | None = None) -> int:
-    ap = argparse.ArgumentParser(prog="slurm-grpo make-tiny-model", description=(
-        "Build a random Qwen2 (head_dim 64) and a locally trained tokenizer, no hub. "
-        "E.g. --hidden 896 --layers 24 --kv-heads 2 --intermediate 4864 --dtype bfloat16 for a 0.5B-class body."))
+    ap = argparse.ArgumentParser(
+        prog="slurm-grpo make-tiny-model",
+        description=(
+            "Build a random Qwen2 (head_dim 64) and a locally trained tokenizer, no hub. "
+            "E.g. --hidden 896 --layers 24 --kv-heads 2 --intermediate 4864 --dtype bfloat16 for a 0.5B-class body."
+        ),
+    )
     ap.add_argument("dir", help="output folder")
     ap.add_argument("--hidden", type=int, default=128, help="hidden size (multiple of 64; default 128)")
     ap.add_argument("--layers", type=int, default=2, help="decoder layers (default 2)")
@@ -73,8 +106,16 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--dtype", default="float32", choices=["float32", "bfloat16"], help="saved weights (default float32)")
     a = ap.parse_args(argv)
     try:
-        info = make_tiny_model(a.dir, hidden=a.hidden, layers=a.layers, seed=a.seed, dtype=a.dtype, kv_heads=a.kv_heads,
-                               intermediate=a.intermediate, vocab=a.vocab)
+        info = make_tiny_model(
+            a.dir,
+            hidden=a.hidden,
+            layers=a.layers,
+            seed=a.seed,
+            dtype=a.dtype,
+            kv_heads=a.kv_heads,
+            intermediate=a.intermediate,
+            vocab=a.vocab,
+        )
     except ValueError as e:
         print(f"slurm-grpo make-tiny-model: error: {e}", file=sys.stderr)
         return 2

@@ -91,5 +91,7 @@ def reset_prefix_cache(client: ServerClient, step: int) -> None:
         if not isinstance(out, dict) or out.get("success", True) is not False:
             return
         time.sleep(0.1)
-    raise ServerError(f"node {client.node}: {client.base_url}/reset_prefix_cache answered success=false 20 times at "
-                      f"step {step}; the server would reuse KV cached under the old weights")
+    raise ServerError(
+        f"node {client.node}: {client.base_url}/reset_prefix_cache answered success=false 20 times at "
+        f"step {step}; the server would reuse KV cached under the old weights"
+    )

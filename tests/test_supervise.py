@@ -1,0 +1,127 @@
+"""The bootstrap's failure logic (launcher.bootstrap.supervise) in seconds: the node's two processes are
+faked at the process boundary (poll/signal/log, the way submitit fakes the scheduler), the job folder, the
+abort file and the checkpoints are real files."""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import time
+from pathlib import Path
+
+import pytest
+
+from launcher import bootstrap, config
+from launcher.bootstrap import JobAbort, NodeFailure, NodeRun, supervise
+from launcher.jobdir import PREEMPTED_EXIT, Events
+from launcher.topology import plan
+
+
+class FakeProc:
+    """poll() answers None until `exit_after` polls, then `code`; signals are recorded."""
+
+    def __init__(self, log_path: Path, name: str, code: int | None = None, exit_after: int = 0, log: str = ""):
+        self.log_path, self.name, self.code, self.exit_after = log_path, name, code, exit_after
+        self.started, self.polls = time.time(), 0
+        self.signals: list[int] = []
+        log_path.write_text(f"===== start {name}\n{log}")
+
+    def poll(self) -> int | None:
+        self.polls += 1
+        return self.code if self.code is not None and self.polls > self.exit_after else None
+
+    def signal(self, sig: int) -> None:
+        self.signals.append(sig)
+
+    def describe(self) -> str:
+        return f"{self.name} (pid 0, log {self.log_path})"
+
+
+@pytest.fixture
+def node_run(tmp_path, monkeypatch):
+    monkeypatch.setattr(bootstrap, "POLL_S", 0.01)
+    monkeypatch.delenv("SLURM_JOB_ID", raising=False)
+    (tmp_path / "logs").mkdir()
+    (tmp_path / "checkpoints").mkdir()
+    cfg = config.from_dict(
+        {
+            "job": {"device": "cpu"},
+            "slurm": {"nodes": 2, "gpus_per_node": 3},
+            "vllm": {"model": "m"},
+            "trainer": {"dtype": "float32", "stall_timeout_s": 1},
+        }
+    )
+    p = plan(cfg, str(tmp_path))
+    return NodeRun(
+        plan=p, node=1, host="n2", attempt="7.0", events=Events(tmp_path, 1), abort=JobAbort(tmp_path, "7.0", 1, p.num_nodes)
+    )
+
+
+def procs(run: NodeRun, vllm: dict, trainer: dict) -> tuple[FakeProc, FakeProc]:
+    logs = run.job_dir / "logs"
+    return FakeProc(logs / "node1-vllm.log", "vllm", **vllm), FakeProc(logs / "node1-trainer.log", "trainer", **trainer)
+
+
+def events(run: NodeRun) -> list[str]:
+    return [json.loads(x)["event"] for x in run.events.path.read_text().splitlines()]
+
+
+def test_a_finished_trainer_is_success(node_run):
+    v, t = procs(node_run, {}, {"code": 0, "exit_after": 3})
+    assert supervise(node_run, v, t, []) == 0
+    assert events(node_run) == ["trainer_exit"]
+
+
+def test_a_dead_server_names_the_node_the_process_and_its_log(node_run):
+    v, t = procs(node_run, {"code": -9, "exit_after": 2, "log": "RuntimeError: CUDA out of memory\n"}, {})
+    with pytest.raises(NodeFailure) as e:
+        supervise(node_run, v, t, [])
+    msg = str(e.value)
+    assert msg.startswith("node 1 (n2): vLLM server vllm") and "died with code -9" in msg, msg
+    assert "node1-vllm.log" in msg and "CUDA out of memory" in msg, msg
+    assert "vllm_exit" in events(node_run)
+
+
+def test_a_failed_trainer_names_the_rank_that_raised(node_run):
+    log = "[rank3]: ValueError: bad reward\n[rank2]: RuntimeError: Connection reset by peer\n"
+    v, t = procs(node_run, {}, {"code": 1, "exit_after": 1, "log": log})
+    t0 = time.time()
+    with pytest.raises(NodeFailure) as e:
+        supervise(node_run, v, t, [])
+    assert "exited with code 1: ValueError: bad reward" in str(e.value), str(e.value)
+    assert time.time() - t0 < 5, "a trainer's own error waits only briefly for another node's abort"
+
+
+def test_another_nodes_abort_stops_this_node_without_claiming_the_failure(node_run):
+    JobAbort(node_run.job_dir, "7.0", 0, 2).write("n1", "node 0 (n1): vLLM server died")
+    v, t = procs(node_run, {}, {})
+    with pytest.raises(NodeFailure) as e:
+        supervise(node_run, v, t, [])
+    assert e.value.remote and "because node 0 (n1) failed: node 0 (n1): vLLM server died" in str(e.value)
+
+
+def test_a_preemption_signal_is_forwarded_and_a_checkpoint_means_requeue(node_run):
+    ck = node_run.job_dir / "checkpoints" / "step-000004"
+    ck.mkdir()
+    (ck / "meta.json").write_text(json.dumps({"step": 4, "reason": "preempt", "attempt": "7.0"}))
+    v, t = procs(node_run, {"code": -15}, {"code": 1, "exit_after": 3})  # SLURM stopped the server too
+    assert supervise(node_run, v, t, [signal.SIGTERM]) == PREEMPTED_EXIT
+    assert t.signals == [signal.SIGUSR2], "the trainer is asked to checkpoint (SIGUSR2), once"
+    assert events(node_run)[:2] == ["preempt_signal", "trainer_exit"]
+
+
+def test_a_preemption_without_its_checkpoint_is_a_failure(node_run):
+    v, t = procs(node_run, {}, {"code": 1, "exit_after": 3})
+    with pytest.raises(NodeFailure, match=r"after signal 15 \(no preemption checkpoint was written\)"):
+        supervise(node_run, v, t, [signal.SIGTERM])
+
+
+def test_no_step_within_the_stall_timeout_stops_the_node(node_run):
+    (node_run.job_dir / "metrics.jsonl").write_text("{}\n")
+    old = time.time() - 10
+    os.utime(node_run.job_dir / "metrics.jsonl", (old, old))
+    v, t = procs(node_run, {}, {})
+    t.started = old
+    with pytest.raises(NodeFailure, match=r"no training step for 1 s \(trainer.stall_timeout_s\)"):
+        supervise(node_run, v, t, [])
