@@ -27,6 +27,7 @@ from pathlib import Path
 
 from launcher import config as C
 from launcher.bootstrap import wait_healthy
+from launcher.cli import cli_argv
 from launcher.commands import vllm_command
 from launcher.jobs import read_jsonl, startup_phases
 from launcher.procs import Proc
@@ -144,17 +145,7 @@ def bench_dry_run() -> dict:
             runs.append(time.perf_counter() - t0)
         t0 = time.perf_counter()
         subprocess.run(
-            [
-                PY,
-                "-m",
-                "launcher",
-                "dry-run",
-                "configs/gpu_7b_4nodes.yaml",
-                "--set",
-                f"slurm.nodes={n}",
-                "--set",
-                "job.job_dir=/tmp/bench-dry",
-            ],
+            cli_argv(PY, "dry-run", "configs/gpu_7b_4nodes.yaml", f"slurm.nodes={n}", "job.job_dir=/tmp/bench-dry"),
             check=True,
             capture_output=True,
             cwd=REPO,
@@ -167,21 +158,15 @@ def bench_local_run(work: Path, model: str) -> dict:
     job = work / "local-run"
     say("local run (configs/smoke_cpu.yaml, 6 steps) for start-up phases and step time")
     r = subprocess.run(
-        [
+        cli_argv(
             PY,
-            "-m",
-            "launcher",
             "local",
             "configs/smoke_cpu.yaml",
-            "--set",
             f"vllm.model={model}",
-            "--set",
             f"job.job_dir={job}",
-            "--set",
             "trainer.max_steps=6",
-            "--set",
             "trainer.save_steps=0",
-        ],
+        ),
         cwd=REPO,
         capture_output=True,
         text=True,
@@ -207,23 +192,16 @@ def bench_cluster_run(work: Path, model: str, env_file: str) -> dict:
     job = Path(tempfile.mkdtemp(prefix="bench-cluster-", dir="/tmp"))
     say("2-node cluster job (configs/cluster_cpu.yaml, 3 steps) for start-up phases")
     r = subprocess.run(
-        [
+        cli_argv(
             PY,
-            "-m",
-            "launcher",
             "submit",
             "configs/cluster_cpu.yaml",
-            "--set",
             f"vllm.model={model}",
-            "--set",
             f"job.job_dir={job}",
-            "--set",
             f"job.python={PY}",
-            "--set",
             "trainer.max_steps=3",
-            "--set",
             f"trainer.dataset={REPO}/data/letters.jsonl",
-        ],
+        ),
         cwd=REPO,
         env=env,
         capture_output=True,

@@ -9,6 +9,8 @@ import statistics
 import sys
 from pathlib import Path
 
+from launcher.topology import Plan
+
 job, out = Path(sys.argv[1]), Path(sys.argv[2])
 rows = [json.loads(x) for x in (job / "metrics.jsonl").read_text().splitlines() if x.strip()]
 steps = [r for r in rows if "reward" in r]
@@ -16,7 +18,7 @@ later = steps[1:] or steps  # step 1 carries one-time warm-up
 summary = json.loads((job / "summary.json").read_text()) if (job / "summary.json").exists() else {}
 d2d = json.loads((out / "d2d.json").read_text())
 versions = json.loads((out / "versions.json").read_text())
-plan = json.loads((job / "plan.json").read_text())
+plan = Plan.load(job / "plan.json")
 push = [r["push_s"]["0"] for r in later if r.get("push_s", {}).get("0")]
 push_med = statistics.median(push) if push else None
 gen_tps = [r["gen_tokens_per_s"] for r in later if r.get("gen_tokens_per_s")]
@@ -24,8 +26,8 @@ vllm_log = (job / "logs" / "node0-vllm.log").read_text(errors="replace")
 mem = [float(x) for x in (out / "gpu_mem_used_mib.txt").read_text().split()] if (out / "gpu_mem_used_mib.txt").exists() else []
 res = {
     "versions": versions,
-    "backend": plan["weight_transfer_backend"],
-    "shared_gpu": plan["nodes"][0]["shared_gpu"],
+    "backend": plan.weight_transfer_backend,
+    "shared_gpu": plan.nodes[0].shared_gpu,
     "steps": len(steps),
     "reward_first5": statistics.mean(r["reward"] for r in steps[:5]) if steps else None,
     "reward_last5": statistics.mean(r["reward"] for r in steps[-5:]) if steps else None,

@@ -12,13 +12,15 @@ import json
 import statistics
 import sys
 import time
+from pathlib import Path
 
 import torch
 from transformers import AutoModelForCausalLM, AutoTokenizer, TrainerCallback
-from trl import GRPOConfig, GRPOTrainer
+from trl import GRPOTrainer
 
 from launcher import config as C
 from trainer import data, rewards
+from trainer.grpo import grpo_config
 
 
 class StepTimes(TrainerCallback):
@@ -49,28 +51,15 @@ def timed(obj, name: str, into: list[float]) -> None:
 
 
 def main(config: str, model_path: str, out: str, steps: int) -> None:
-    t = C.load(config, [f"vllm.model={model_path}"]).trainer
-    v = C.load(config, [f"vllm.model={model_path}"]).vllm
-    args = GRPOConfig(
-        output_dir="/tmp/trl-colocate",
-        max_steps=steps,
-        per_device_train_batch_size=t.per_device_train_batch_size,
-        num_generations=t.num_generations,
-        max_completion_length=t.max_completion_length,
-        learning_rate=t.learning_rate,
-        beta=t.beta,
-        temperature=t.temperature,
-        seed=t.seed,
-        logging_steps=1,
-        save_strategy="no",
-        report_to=[],
-        bf16=True,
-        use_vllm=True,
+    cfg = C.load(config, [f"vllm.model={model_path}", f"trainer.max_steps={steps}"])
+    t, v = cfg.trainer, cfg.vllm
+    args = grpo_config(
+        Path("/tmp/trl-colocate"),
+        t,
+        "cuda",
         vllm_mode="colocate",
         vllm_gpu_memory_utilization=v.gpu_memory_utilization,
         vllm_max_model_length=v.max_model_len,
-        disable_tqdm=True,
-        dataloader_num_workers=0,
     )
     t_start = time.time()
     model = AutoModelForCausalLM.from_pretrained(model_path, dtype=torch.float32)

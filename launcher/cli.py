@@ -25,6 +25,11 @@ from launcher.jobs import cancel, find_job_dir, format_summary, log_files, read_
 from launcher.topology import Plan
 
 
+def cli_argv(python: str, command: str, config: str, *sets: str) -> list[str]:
+    """`python -m launcher COMMAND CONFIG --set a.b=c ...`: the command line tests and the benchmark run."""
+    return [python, "-m", "launcher", command, config, *[x for s in sets for x in ("--set", s)]]
+
+
 def _add_config_args(p: argparse.ArgumentParser) -> None:
     p.add_argument("config", help="YAML job config, e.g. configs/smoke_cpu.yaml")
     p.add_argument(

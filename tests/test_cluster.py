@@ -14,6 +14,7 @@ from pathlib import Path
 
 import pytest
 
+from launcher.cli import cli_argv
 from launcher.topology import Plan
 
 from .conftest import PY, REPO, read, report
@@ -51,22 +52,16 @@ PLANTED = {"HF_TOKEN": "hf_PLANTED_fake_token_314159", "WANDB_API_KEY": "PLANTED
 
 def submit(job: Path, model: str, env: dict, *sets: str) -> str:
     r = subprocess.run(
-        [
+        cli_argv(
             PY,
-            "-m",
-            "launcher",
             "submit",
             "configs/cluster_cpu.yaml",
-            "--set",
             f"vllm.model={model}",
-            "--set",
             f"job.job_dir={job}",
-            "--set",
             f"job.python={PY}",
-            "--set",
             f"trainer.dataset={REPO}/data/letters.jsonl",
-            *[x for s in sets for x in ("--set", s)],
-        ],
+            *sets,
+        ),
         capture_output=True,
         text=True,
         env=env,

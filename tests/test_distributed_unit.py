@@ -91,33 +91,64 @@ def test_each_rank_gets_its_own_completions_in_order_with_one_request_per_node()
     assert [res[r]["server_calls"] for r in range(4)] == [[6], [], [6], []]  # one request per node leader
 
 
-def gather_peak(rank: int, world: int, _port: int) -> dict:
+def sharded_mlp(world: int, param_dtype: torch.dtype) -> tuple[torch.nn.Module, dict[str, torch.Tensor]]:
+    """Four Linear layers (one FSDP2 unit each) under a root unit, as trainer.parallel.shard_model lays out a
+    decoder, and the unsharded reference of every parameter."""
     from torch.distributed.device_mesh import init_device_mesh
-    from torch.distributed.fsdp import fully_shard
-
-    from trainer.weight_push import iter_full_params
+    from torch.distributed.fsdp import MixedPrecisionPolicy, fully_shard
 
     mesh = init_device_mesh("cpu", (world,))
     torch.manual_seed(0)
-    model = torch.nn.Sequential(*[torch.nn.Linear(64, 64) for _ in range(4)])
-    ref = {n: p.detach().to(torch.bfloat16) for n, p in model.named_parameters()}
-    for m in model:
-        fully_shard(m, mesh=mesh)
-    fully_shard(model, mesh=mesh)
-    alive: list = []
-    peak, equal = 0, True
-    for name, t in iter_full_params(model, torch.bfloat16):
-        alive = [w for w in alive if w() is not None] + [weakref.ref(t)]
-        peak = max(peak, sum(w().numel() for w in alive if w() is not None))
-        equal &= t.dtype == torch.bfloat16 and torch.equal(t, ref[name])
-        del t
-    return {"peak_elements": peak, "equal_to_the_unsharded_cast": equal}
+    model = torch.nn.Sequential(*[torch.nn.Linear(64, 64) for _ in range(4)], torch.nn.LayerNorm(64))
+    ref = {n: p.detach().clone() for n, p in model.named_parameters()}
+    mp = MixedPrecisionPolicy(param_dtype=param_dtype, reduce_dtype=torch.float32)
+    for m in list(model)[:4]:
+        fully_shard(m, mesh=mesh, mp_policy=mp)
+    fully_shard(model, mesh=mesh, mp_policy=mp)  # the root unit holds the LayerNorm
+    return model, ref
 
 
-def test_the_push_gather_holds_one_full_parameter_at_a_time_in_the_serving_dtype():
-    for rank, r in run_ranks(4, gather_peak).items():
-        assert r["equal_to_the_unsharded_cast"], f"rank {rank}: gathered bf16 tensors differ from the model's cast"
-        assert r["peak_elements"] <= 64 * 64, f"rank {rank}: {r['peak_elements']} elements alive; bound is one weight (4096)"
+def gather_peak(rank: int, world: int, _port: int) -> dict:
+    from torch.distributed.tensor import DTensor
+
+    from trainer.weight_push import iter_full_params, iter_unsharded_params
+
+    out = {}
+    for param_dtype in (torch.float32, torch.bfloat16):
+        model, ref = sharded_mlp(world, param_dtype)
+        for walk, it in (("per_parameter", iter_full_params), ("per_unit", iter_unsharded_params)):
+            alive: list = []
+            peak, peak_unsharded, equal, names = 0, 0, True, []
+            for name, t in it(model, torch.bfloat16):
+                alive = [w for w in alive if w() is not None] + [weakref.ref(t)]
+                peak = max(peak, sum(w().numel() for w in alive if w() is not None))
+                # what the walk holds gathered: parameters currently registered unsharded on the model
+                unsharded = sum(p.numel() for p in model.parameters() if not isinstance(p, DTensor))
+                peak_unsharded = max(peak_unsharded, unsharded)
+                equal &= t.dtype == torch.bfloat16 and torch.equal(t, ref[name].to(torch.bfloat16))
+                names.append(name)
+                del t
+            resharded = all(isinstance(p, DTensor) for p in model.parameters())
+            out[f"{walk}/{param_dtype}"] = {
+                "peak_yielded": peak,
+                "peak_unsharded": peak_unsharded,
+                "equal": equal,
+                "order": names == list(ref),
+                "resharded_after": resharded,
+            }
+    return out
+
+
+def test_the_push_gathers_hold_one_unit_at_a_time_and_equal_the_models_cast():
+    layer, norm = 64 * 64 + 64, 2 * 64
+    for rank, res in run_ranks(4, gather_peak).items():
+        for walk, r in res.items():
+            assert r["equal"] and r["order"], f"rank {rank} {walk}: gathered tensors differ from the model's cast: {r}"
+            assert r["resharded_after"], f"rank {rank} {walk}: parameters left unsharded after the push"
+            if walk.startswith("per_parameter"):
+                assert r["peak_yielded"] <= 64 * 64, f"rank {rank} {walk}: {r}; bound is one weight (4096)"
+            else:  # the root unit (the norm) plus one layer, never the whole model (4 layers)
+                assert r["peak_unsharded"] <= norm + layer, f"rank {rank} {walk}: {r}; bound is root + one layer"
 
 
 def packed_push(rank: int, world: int, port: int) -> dict:

@@ -12,6 +12,8 @@ from pathlib import Path
 
 import pytest
 
+from launcher.cli import cli_argv
+
 from .conftest import PY, REPO, read, report
 
 pytestmark = pytest.mark.integration
@@ -19,18 +21,7 @@ pytestmark = pytest.mark.integration
 
 def local(job_dir: Path, model: str, *sets: str, timeout: float = 900) -> subprocess.CompletedProcess:
     return subprocess.run(
-        [
-            PY,
-            "-m",
-            "launcher",
-            "local",
-            "configs/smoke_cpu.yaml",
-            "--set",
-            f"vllm.model={model}",
-            "--set",
-            f"job.job_dir={job_dir}",
-            *[x for s in sets for x in ("--set", s)],
-        ],
+        cli_argv(PY, "local", "configs/smoke_cpu.yaml", f"vllm.model={model}", f"job.job_dir={job_dir}", *sets),
         capture_output=True,
         text=True,
         timeout=timeout,
@@ -78,18 +69,7 @@ def test_local_run_learns_pushes_land_and_resume_continues(tmp_path, tiny_model)
 
 def start_local(job_dir: Path, model: str, *sets: str) -> subprocess.Popen:
     return subprocess.Popen(
-        [
-            PY,
-            "-m",
-            "launcher",
-            "local",
-            "configs/smoke_cpu.yaml",
-            "--set",
-            f"vllm.model={model}",
-            "--set",
-            f"job.job_dir={job_dir}",
-            *[x for s in sets for x in ("--set", s)],
-        ],
+        cli_argv(PY, "local", "configs/smoke_cpu.yaml", f"vllm.model={model}", f"job.job_dir={job_dir}", *sets),
         cwd=REPO,
         stdout=subprocess.PIPE,
         stderr=subprocess.PIPE,

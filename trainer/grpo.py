@@ -196,11 +196,13 @@ class SlurmGrpoCallback(TrainerCallback):
         self.last_saved = state.global_step
 
 
-def grpo_config(job_dir: Path, t: TrainerConfig, device: str):
+def grpo_config(job_dir: Path, t: TrainerConfig, device: str, **overrides: Any):
+    """TRL's GRPOConfig for the trainer section. overrides: what gpu/trl_colocate.py changes to run TRL's own
+    colocate mode on the same work (the same function builds both, so the comparison cannot drift)."""
     from trl import GRPOConfig
 
     bf16 = t.dtype == "bfloat16" and device == "cuda"
-    return GRPOConfig(
+    settings: dict[str, Any] = dict(
         output_dir=str(job_dir / "hf"),
         max_steps=t.max_steps,
         per_device_train_batch_size=t.per_device_train_batch_size,
@@ -219,8 +221,8 @@ def grpo_config(job_dir: Path, t: TrainerConfig, device: str):
         vllm_mode="server",
         disable_tqdm=True,
         dataloader_num_workers=0,
-        **t.grpo,
     )
+    return GRPOConfig(**{**settings, **t.grpo, **overrides})
 
 
 def build_trainer(

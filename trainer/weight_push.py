@@ -12,6 +12,7 @@ from collections.abc import Iterator
 from dataclasses import dataclass
 
 import torch
+from torch.distributed.fsdp import FSDPModule
 from torch.distributed.tensor import DTensor
 
 from trainer.senders import GlooSender, IpcSender, NcclSender, ParamMeta, Sender
@@ -21,6 +22,56 @@ from trainer.server_client import ServerClient, ServerError
 def param_metadata(model: torch.nn.Module, dtype: torch.dtype) -> list[ParamMeta]:
     """(name, dtype sent, full shape) of every parameter, without gathering (DTensor.shape is the global shape)."""
     return [ParamMeta(n, str(dtype).removeprefix("torch."), list(p.shape)) for n, p in model.named_parameters()]
+
+
+def owning_units(model: torch.nn.Module) -> list[tuple[str, FSDPModule | None, torch.nn.Module, str]]:
+    """(name, the FSDP2 unit that shards it, the module holding it, its attribute name) per parameter, in
+    named_parameters() order. The unit is the innermost FSDPModule among the parameter's ancestors."""
+    modules = dict(model.named_modules())
+    out = []
+    for name, _ in model.named_parameters():
+        path, _, attr = name.rpartition(".")
+        unit: FSDPModule | None = None
+        parts = path.split(".") if path else []
+        for i in range(len(parts), -1, -1):
+            m = modules[".".join(parts[:i])]
+            if isinstance(m, FSDPModule):
+                unit = m
+                break
+        out.append((name, unit, modules[path], attr))
+    return out
+
+
+def iter_unsharded_params(model: torch.nn.Module, dtype: torch.dtype) -> Iterator[tuple[str, torch.Tensor]]:
+    """Like iter_full_params, but one all-gather per FSDP2 unit (a decoder layer) instead of one per parameter:
+    `unshard()` gathers a unit's parameters in one collective, in its mixed-precision param dtype (the serving
+    dtype, when trainer.dtype is), and registers them on the module; `reshard()` frees them. The root unit (the
+    embedding and final norm) stays unsharded for the whole walk. Peak extra memory: the root unit plus one layer.
+    Falls back to iter_full_params when the model is not FSDP2-sharded."""
+    plan = owning_units(model)
+    if not isinstance(model, FSDPModule) or any(unit is None for _, unit, _, _ in plan):
+        yield from iter_full_params(model, dtype)
+        return
+    with torch.no_grad():
+        model.unshard()
+        current: FSDPModule | None = None
+        try:
+            for name, unit, holder, attr in plan:
+                if unit is not model and unit is not current:
+                    if current is not None:
+                        current.reshard()
+                    current = unit
+                    current.unshard()  # type: ignore[union-attr]
+                t = getattr(holder, attr).detach()
+                if isinstance(t, DTensor):  # not an unsharded view: gather it alone
+                    t = t.full_tensor()
+                # a copy: the unit's gathered storage is freed by reshard(), while a packer may still hold the
+                # tensor (vLLM's pack_tensors keeps views until its chunk is full, across units)
+                yield name, t.to(dtype, copy=True).contiguous()
+        finally:
+            if current is not None:
+                current.reshard()
+            model.reshard()
 
 
 def iter_full_params(model: torch.nn.Module, dtype: torch.dtype | None = None) -> Iterator[tuple[str, torch.Tensor]]:
@@ -70,7 +121,7 @@ class NodePusher:
     def push(self, step: int) -> float:
         """Push all parameters; returns seconds on the leader (0.0 elsewhere). Collective over the model's mesh."""
         t0 = time.time()
-        params = iter_full_params(self.model, self.settings.dtype)
+        params = iter_unsharded_params(self.model, self.settings.dtype)
         if self.client is None:
             for _ in params:  # the leader's gathers need every rank of the mesh
                 pass
