@@ -105,15 +105,15 @@ class Proc:
         except ProcessLookupError:
             pass
 
-    def stop(self) -> None:
+    def stop(self, grace_s: float | None = None) -> None:
         """SIGTERM (and SIGCONT, for a stopped process) the group, SIGKILL the group and every descendant
-        found before the stop once grace_s has passed; always reaps."""
+        found before the stop once grace_s (default: the one given at start) has passed; always reaps."""
         tree = descendants(self.popen.pid)
         if self.popen.poll() is None:
             self.signal(signal.SIGTERM)
             self.signal(signal.SIGCONT)
             try:
-                self.popen.wait(self.grace_s)
+                self.popen.wait(self.grace_s if grace_s is None else grace_s)
             except subprocess.TimeoutExpired:
                 pass
         self.signal(signal.SIGKILL)

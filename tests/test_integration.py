@@ -212,5 +212,7 @@ def test_server_paused_during_a_push_is_a_timeout_not_a_hang(tmp_path, tiny_mode
     os.killpg(vllm_pid, signal.SIGSTOP)
     err, took = stopped_after(p, time.time(), "vLLM server paused (SIGSTOP) during a weight push, local")
     assert "weight push at step" in err and "node 0" in err, err[-3000:]
-    assert took < 15 + 60, took  # the push deadline, plus stopping the processes
+    # the push deadline, plus a bounded stop (launcher.bootstrap.FAILED_STOP_GRACE_S): 16-17 s measured, 19-41 s
+    # before the failed stop was bounded and the trainer exited at once
+    assert took < 15 + 15, took
     assert_all_gone(vllm_pid, torchrun_pid, *workers)
