@@ -58,3 +58,25 @@ def test_a_dead_server_is_a_connection_error_with_the_question_to_ask():
     client = ServerClient(f"http://127.0.0.1:{free_port()}", "m", node=0, timeout_s=5)
     with pytest.raises(ServerError, match=r"connection failed .*is the server still running"):
         client.post("/health", {})
+
+
+def test_a_prefix_cache_reset_that_answers_false_is_retried_then_an_error(monkeypatch):
+    """vLLM answers /reset_prefix_cache with {"success": false} while requests still run: the push retries,
+    and fails naming the node rather than serving KV cached under the old weights."""
+    from trainer import weight_push
+
+    monkeypatch.setattr(weight_push.time, "sleep", lambda s: None)
+    answers = iter([{"success": False}, {"success": False}, {"success": True}])
+    client = ServerClient("http://127.0.0.1:1", "m", node=2, timeout_s=1)
+    calls: list[str] = []
+
+    def post(route, body=None, timeout_s=None, step=0):
+        calls.append(route)
+        return next(answers)
+
+    monkeypatch.setattr(client, "post", post)
+    weight_push.reset_prefix_cache(client, step=3)
+    assert calls == ["/reset_prefix_cache"] * 3
+    monkeypatch.setattr(client, "post", lambda *a, **k: {"success": False})
+    with pytest.raises(ServerError, match=r"node 2: .*reset_prefix_cache answered success=false 20 times at step 3"):
+        weight_push.reset_prefix_cache(client, step=3)

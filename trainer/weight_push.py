@@ -42,6 +42,13 @@ def owning_units(model: torch.nn.Module) -> list[tuple[str, FSDPModule | None, t
     return out
 
 
+def settle_copies() -> None:
+    """Before reshard() frees a unit's gathered storage: the copies out of it were only enqueued on the current
+    CUDA stream, and the allocator may hand the freed block to the next unit's all-gather on FSDP's own stream."""
+    if torch.cuda.is_available() and torch.cuda.is_initialized():
+        torch.cuda.current_stream().synchronize()
+
+
 def iter_unsharded_params(model: torch.nn.Module, dtype: torch.dtype) -> Iterator[tuple[str, torch.Tensor]]:
     """Like iter_full_params, but one all-gather per FSDP2 unit (a decoder layer) instead of one per parameter:
     `unshard()` gathers a unit's parameters in one collective, in its mixed-precision param dtype (the serving
@@ -59,6 +66,7 @@ def iter_unsharded_params(model: torch.nn.Module, dtype: torch.dtype) -> Iterato
             for name, unit, holder, attr in plan:
                 if unit is not model and unit is not current:
                     if current is not None:
+                        settle_copies()
                         current.reshard()
                     current = unit
                     current.unshard()  # type: ignore[union-attr]
@@ -69,6 +77,7 @@ def iter_unsharded_params(model: torch.nn.Module, dtype: torch.dtype) -> Iterato
                 # tensor (vLLM's pack_tensors keeps views until its chunk is full, across units)
                 yield name, t.to(dtype, copy=True).contiguous()
         finally:
+            settle_copies()
             if current is not None:
                 current.reshard()
             model.reshard()
