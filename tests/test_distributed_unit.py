@@ -9,6 +9,7 @@ import os
 import socket
 import weakref
 from collections.abc import Callable
+from pathlib import Path
 from typing import Any
 
 import torch
@@ -197,3 +198,71 @@ def test_the_packed_gloo_push_delivers_every_parameter_bit_for_bit_in_vllms_chun
     sent, recv = res[0], res[1]
     assert recv["names_in_order"] and recv["bit_equal"] and recv["received"] == 6, recv
     assert sent["chunks_sent"] == sent["chunks_vllm_pack_tensors"] == sent["chunks_receiver_rule"] > 1, sent
+
+
+def _sharded_adam(world: int, zeroed: bool) -> tuple[torch.nn.Module, torch.optim.Optimizer]:
+    model, _ = sharded_mlp(world, torch.float32)
+    if zeroed:  # nothing of the saved run survives: what matches afterwards came from the checkpoint
+        with torch.no_grad():
+            for p in model.parameters():
+                p.zero_()
+    return model, torch.optim.AdamW(model.parameters(), lr=1e-2)
+
+
+def _full_state(model, opt) -> dict:
+    from torch.distributed.checkpoint.state_dict import StateDictOptions, get_state_dict
+
+    # full_state_dict + cpu_offload: the whole state on rank 0, nothing on the others
+    msd, osd = get_state_dict(model, opt, options=StateDictOptions(full_state_dict=True, cpu_offload=True))
+    if dist.get_rank() != 0:
+        return {}
+    flat = {f"model.{k}": v for k, v in msd.items()}
+    state: dict[str, dict] = osd["state"]  # type: ignore[assignment]
+    for fqn, st in state.items():
+        for k, v in st.items():
+            flat[f"optim.{fqn}.{k}"] = v
+    return flat
+
+
+def save_trained(rank: int, world: int, _port: int, root: str) -> None:
+    from trainer import checkpoint
+
+    model, opt = _sharded_adam(world, zeroed=False)
+    for _ in range(2):  # two AdamW steps: exp_avg, exp_avg_sq and step all non-trivial
+        loss = model(torch.ones(3, 64)).pow(2).mean()
+        loss.backward()
+        opt.step()
+        opt.zero_grad()
+    checkpoint.save(Path(root), 2, model, opt, None, {"reason": "test"})
+    full = _full_state(model, opt)
+    if rank == 0:
+        torch.save(full, Path(root) / "reference.pt")
+
+
+def load_resharded(rank: int, world: int, _port: int, root: str) -> dict:
+    from trainer import checkpoint
+
+    model, opt = _sharded_adam(world, zeroed=True)  # and an empty optimizer
+    step = checkpoint.load(Path(root) / "step-000002", model, opt, None)
+    got = _full_state(model, opt)
+    if rank != 0:
+        return {"step": step}
+    want = torch.load(Path(root) / "reference.pt", weights_only=False)
+    differ = sorted(k for k in want if not torch.equal(torch.as_tensor(got.get(k)), torch.as_tensor(want[k])))
+    return {"step": step, "keys_equal": sorted(got) == sorted(want), "differ": differ, "tensors": len(want)}
+
+
+def test_a_checkpoint_resumes_exactly_on_another_number_of_ranks(tmp_path):
+    """Elastic resume: a checkpoint of 4 ranks loads on 2 and one of 2 on 4, every full parameter and optimizer
+    tensor (AdamW exp_avg, exp_avg_sq, step) equal to what was saved (DCP reshards the DTensors)."""
+    import functools
+
+    for saved, loaded in ((4, 2), (2, 4)):
+        root = tmp_path / f"{saved}-to-{loaded}"
+        root.mkdir()
+        run_ranks(saved, functools.partial(save_trained, root=str(root)))
+        res = run_ranks(loaded, functools.partial(load_resharded, root=str(root)))
+        assert all(r["step"] == 2 for r in res.values()), res
+        r = res[0]
+        assert r["keys_equal"] and not r["differ"], f"{saved} -> {loaded} ranks: {r}"
+        assert r["tensors"] == 10 + 10 * 3, r  # 10 parameters (4 Linear + LayerNorm), AdamW step/exp_avg/exp_avg_sq each

@@ -58,10 +58,11 @@ def save(root: Path, step: int, model, optimizer, scheduler, extra: dict) -> Pat
 def load(path: Path, model, optimizer, scheduler) -> int:
     """Collective. Restores model and optimizer shards, the LR schedule and the step; returns the step."""
     meta = json.loads((path / "meta.json").read_text())
-    if meta["world_size"] != dist.get_world_size():
-        raise RuntimeError(
-            f"checkpoint {path} was written by {meta['world_size']} ranks, this job has "
-            f"{dist.get_world_size()}; resharding on resume is not supported yet"
+    if meta["world_size"] != dist.get_world_size() and dist.get_rank() == 0:
+        # DCP stores each tensor with its global shape and reads back whatever slice this rank's DTensor owns
+        print(
+            f"resharding checkpoint {path.name}: written by {meta['world_size']} ranks, loaded by {dist.get_world_size()}",
+            flush=True,
         )
     msd, osd = get_state_dict(model, optimizer)
     state = {"model": msd, "optim": osd}
