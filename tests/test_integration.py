@@ -53,6 +53,11 @@ def test_local_run_learns_pushes_land_and_resume_continues(tmp_path, tiny_model)
     assert resumed and resumed[0]["from_step"] == 16
     steps = [x["step"] for x in rows if "reward" in x]
     assert steps == list(range(1, 25)), steps  # no step lost, none done twice
+    # the resumed run's server starts from the base model: its first push (before step 17's generation) must
+    # bring it to the checkpoint's weights, which parity proves (stale before, equal after), per the metrics
+    first_resumed = next(x for x in rows if x.get("step") == 17 and "reward" in x)
+    assert first_resumed["parity_stale"]["0"] > 1e-3, first_resumed  # the server held the base model
+    assert first_resumed["parity"]["0"] <= 1e-4, first_resumed  # ... and holds the checkpoint's weights now
     # optimizer state continued: Adam's step count in the last checkpoint is 24, not 8
     import torch
     from torch.distributed.checkpoint.format_utils import dcp_to_torch_save
