@@ -16,8 +16,6 @@ import traceback
 
 
 def main(plan_path: str) -> int:
-    import torch
-
     from launcher.jobdir import PREEMPTED_EXIT
     from launcher.topology import Plan
     from trainer import parallel, run
@@ -26,11 +24,7 @@ def main(plan_path: str) -> int:
     preemption = PreemptionFlag()  # first: a preemption signal during the minutes of start-up must not kill us
     plan = Plan.load(plan_path)
     par = parallel.init(plan)
-    nccl = f", NCCL {'.'.join(map(str, torch.cuda.nccl.version()))}" if par.device.type == "cuda" else ""
-    par.log(
-        f"world {par.world}, node ranks {par.node_ranks}, leader {par.leader}, mesh {par.mesh}, device {par.device}"
-        f" (CUDA_VISIBLE_DEVICES={os.environ.get('CUDA_VISIBLE_DEVICES', '')!r}{nccl})"
-    )
+    par.log(par.describe())
     r = run.build(plan, par, preemption)
     if r.train() is run.Outcome.PREEMPTED:
         par.close()

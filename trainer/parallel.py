@@ -38,6 +38,16 @@ class Parallel:
     def log(self, *what: object) -> None:
         print(f"[trainer rank {self.rank} node {self.node}]", *what, flush=True)
 
+    def describe(self) -> str:
+        """The world as this rank sees it, with the GPUs it was given and the NCCL it loaded (a site NCCL
+        shadowing torch's own shows here)."""
+        gpus = f" (CUDA_VISIBLE_DEVICES={os.environ.get('CUDA_VISIBLE_DEVICES', '')!r}"
+        gpus += f", NCCL {'.'.join(map(str, torch.cuda.nccl.version()))})" if self.device.type == "cuda" else ")"
+        return (
+            f"world {self.world}, node ranks {self.node_ranks}, leader {self.leader}, mesh {self.mesh}, "
+            f"device {self.device}{gpus}"
+        )
+
     def close(self) -> None:
         dist.barrier()
         dist.destroy_process_group()

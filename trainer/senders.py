@@ -78,11 +78,9 @@ def chunk_metas(meta: list[ParamMeta], bucket_bytes: int) -> Iterator[list[Param
 def checked(params: Params, meta: list[ParamMeta]) -> Params:
     """Yield params, asserting each matches the metadata the receiver cuts its chunks by: a mismatch would
     corrupt a whole chunk, not one tensor."""
-    n = 0
     for (name, t), m in zip(params, meta, strict=True):
         if name != m.name or list(t.shape) != list(m.shape) or str(t.dtype).removeprefix("torch.") != m.dtype:
             raise RuntimeError(f"push order broken at {name} {tuple(t.shape)} {t.dtype}: the receiver expects {m}")
-        n += 1
         yield name, t
 
 
