@@ -3,6 +3,7 @@
 slurm-grpo dry-run CONFIG [--set a.b=c ...]   print the plan, the sbatch text and every node's commands
 slurm-grpo submit CONFIG [--dry-run]          write the job folder and sbatch it (via submitit)
 slurm-grpo local CONFIG                       run the same bootstrap here as a one-node job (no SLURM)
+slurm-grpo resume JOB_DIR [--set ...]         resubmit into the same folder, continue from its checkpoint
 slurm-grpo status|logs|cancel JOB_DIR|JOB_ID  look after a job
 slurm-grpo make-tiny-model DIR                build a tiny Qwen2 + tokenizer locally (tests, CPU smoke run)
 slurm-grpo simulate CONFIG --nodes 1,2,...    predicted step time, per-node design vs one global server
@@ -117,7 +118,36 @@ def cmd_submit(a: argparse.Namespace) -> int:
     s = submit(cfg, p)
     print(
         f"submitted job {s.job_id}\njob folder: {s.job_dir}\nsbatch text: {s.sbatch_path}\n"
-        f"watch it: slurm-grpo status {s.job_dir}"
+        f"watch it: slurm-grpo status {shlex.quote(str(s.job_dir))}"
+    )
+    return 0
+
+
+def cmd_resume(a: argparse.Namespace) -> int:
+    """Resubmit a job folder's own resolved config (plus --set overrides, e.g. fewer nodes) into the same folder;
+    the trainer continues from its newest complete checkpoint, resharded to the new number of ranks."""
+    from launcher.jobdir import complete_checkpoints, make_plan, write_job_dir
+    from launcher.submit import submit
+
+    d = find_job_dir(a.job).absolute()
+    done = complete_checkpoints(d / "checkpoints")
+    if not done:
+        raise ConfigError(
+            f"{d} has no complete checkpoint (checkpoints/step-N with meta.json) to resume from; submit the config again instead"
+        )
+    pinned = [f"job.job_dir={json.dumps(str(d))}", "trainer.resume=true"]
+    cfg = config_mod.load(d / "config.yaml", list(a.overrides) + pinned)
+    p = make_plan(cfg)
+    step, path = done[-1]
+    if a.dry_run:
+        print(f"# would resume {d} from step {step} ({path.name}) on {p.num_nodes} nodes x {p.ranks_per_node} ranks\n")
+        print(render_dry_run(cfg, p))
+        return 0
+    write_job_dir(cfg, p)
+    s = submit(cfg, p)
+    print(
+        f"resubmitted job folder {d} as job {s.job_id}: resumes from step {step} on {p.num_nodes} nodes "
+        f"({p.world_size} ranks)\nwatch it: slurm-grpo status {shlex.quote(str(d))}"
     )
     return 0
 
@@ -216,6 +246,22 @@ def build_parser() -> argparse.ArgumentParser:
     _add_config_args(p)
     p.add_argument("--dry-run", action="store_true", help="print what would be submitted and stop")
     p.set_defaults(fn=cmd_submit)
+    p = sub.add_parser(
+        "resume",
+        help="resubmit a job folder's config into the same folder, continuing from its "
+        "newest checkpoint (e.g. on the nodes left: --set slurm.nodes=2)",
+    )
+    p.add_argument("job", help="job folder (runs/NAME-STAMP) or SLURM job id")
+    p.add_argument(
+        "--set",
+        dest="overrides",
+        action="append",
+        default=[],
+        metavar="SECTION.KEY=VALUE",
+        help="override a value of the folder's config.yaml (YAML syntax); may be repeated",
+    )
+    p.add_argument("--dry-run", action="store_true", help="print what would be resubmitted and stop")
+    p.set_defaults(fn=cmd_resume)
     p = sub.add_parser("local", help="run the job on this machine as one node (vLLM + trainer ranks), no SLURM")
     _add_config_args(p)
     p.set_defaults(fn=cmd_local)

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import shlex
 import subprocess
 from pathlib import Path
 from typing import Any
@@ -112,6 +113,10 @@ def startup_phases(job_dir: Path, node: int) -> dict[str, float]:
     return out
 
 
+ENDED_RESUMABLE = ("NODE_FAIL", "TIMEOUT", "FAILED", "PREEMPTED", "OUT_OF_MEMORY", "CANCELLED")
+"""sacct states after which `slurm-grpo resume` is the next step."""
+
+
 def status(job_dir: Path) -> str:
     lines = [f"job folder: {job_dir}"]
     from launcher.topology import Plan
@@ -120,7 +125,14 @@ def status(job_dir: Path) -> str:
     jid = (job_dir / "job_id").read_text().strip() if (job_dir / "job_id").is_file() else None
     if jid:
         lines.append(f"SLURM job {jid}:")
-        lines += ["  " + ln.replace("|", "  ") for ln in slurm_state(jid)]
+        states = slurm_state(jid)
+        lines += ["  " + ln.replace("|", "  ") for ln in states]
+        main = next((ln.split("|") for ln in states if ln.split("|")[0] == jid), None)
+        if main and len(main) > 1 and main[1].split()[0] in ENDED_RESUMABLE:
+            lines.append(
+                f"next: slurm-grpo resume {shlex.quote(str(job_dir))}   (continues from the newest checkpoint; "
+                f"add --set slurm.nodes=N to go on with the nodes left)"
+            )
     else:
         lines.append("local run (no SLURM job id)")
     for n in range(plan.num_nodes):
