@@ -15,7 +15,6 @@ checkpoint is on disk the job is requeued (under SLURM with slurm.requeue) and r
 from __future__ import annotations
 
 import argparse
-import json
 import os
 import signal
 import socket
@@ -33,6 +32,7 @@ from launcher.commands import NodeCommand, trainer_command, vllm_command
 from launcher.config import ConfigError
 from launcher.diagnose import PEER_LOST, root_cause, tail
 from launcher.jobdir import PREEMPTED_EXIT, Events, checkpoint_meta, complete_checkpoints
+from launcher.peers import Heartbeats, JobAbort, NodeFailure
 from launcher.preflight import PreflightError, check_node_inputs
 from launcher.procs import Proc, become_subreaper, descendants, kill_all
 from launcher.topology import FIRST_NODE, Plan
@@ -43,15 +43,6 @@ FAILED_STOP_GRACE_S = 5.0
 path (a preemption checkpoint is not a failure), and a server stuck in a broken transfer would otherwise use
 its whole graceful-shutdown grace (20 s): with the trainer's immediate exit on error, this cut the stop after a
 15 s push deadline from 19-41 s to 16-17 s."""
-
-
-class NodeFailure(RuntimeError):
-    """A process of this node died or missed its deadline; the message names node, process and log.
-    remote: this node stops because another node failed first (it writes no abort file of its own)."""
-
-    def __init__(self, message: str, remote: bool = False):
-        super().__init__(message)
-        self.remote = remote
 
 
 def torchrun_compatible(argv: list[str]) -> list[str]:
@@ -91,45 +82,6 @@ def rendezvous_host(p: Plan) -> str:
     return out.stdout.split()[0]
 
 
-class JobAbort:
-    """logs/abort-<attempt>.json in the shared job folder: the first node that fails writes it, every other
-    node's bootstrap sees it within POLL_S and stops its own processes. SLURM's --kill-on-bad-exit does the
-    same from outside, but only under srun and without saying why; this names the node that failed first."""
-
-    def __init__(self, job_dir: Path, attempt: str, node: int, num_nodes: int):
-        self.path = job_dir / "logs" / f"abort-{attempt}.json"
-        self.node, self.watch = node, num_nodes > 1
-
-    def write(self, host: str, error: str) -> None:
-        try:
-            fd = os.open(self.path, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600)  # the first failure wins
-        except FileExistsError:
-            return
-        with os.fdopen(fd, "w") as f:
-            json.dump({"node": self.node, "host": host, "error": error, "t": time.time()}, f)
-
-    def settle(self, seconds: float) -> None:
-        """Wait briefly for another node's abort before claiming to be the first failure."""
-        end = time.time() + (seconds if self.watch else 0)
-        while time.time() < end:
-            self.check()
-            time.sleep(0.2)
-
-    def check(self) -> None:
-        if not self.watch or not self.path.exists():
-            return
-        try:
-            a = json.loads(self.path.read_text())
-        except (OSError, ValueError):
-            return  # being written; next poll
-        if a["node"] != self.node:
-            raise NodeFailure(
-                f"node {self.node}: stopping, because node {a['node']} ({a['host']}) failed: {a['error']}\n"
-                f"  see logs/node{a['node']}-*.log in the job folder",
-                remote=True,
-            )
-
-
 def attempt_id() -> str:
     """Names one start of the job, the same on every node: SLURM job id and restart count (requeues)."""
     if os.environ.get("SLURM_JOB_ID"):
@@ -147,6 +99,12 @@ class NodeRun:
     attempt: str
     events: Events
     abort: JobAbort
+    heartbeats: Heartbeats
+
+    def check_peers(self) -> None:
+        """Beat; stop (NodeFailure) if another node failed or stopped answering. Called every poll."""
+        self.abort.check()
+        self.heartbeats.check()
 
     @property
     def job_dir(self) -> Path:
@@ -245,6 +203,7 @@ def run_node(p: Plan, node: int) -> int:
         attempt=attempt,
         events=Events(job_dir, node),
         abort=JobAbort(job_dir, attempt, node, p.num_nodes),
+        heartbeats=Heartbeats(job_dir, attempt, node, p.num_nodes, host, p.config.job.node_timeout_s),
     )
     run.events(
         "bootstrap_start",
@@ -274,7 +233,7 @@ def run_node(p: Plan, node: int) -> int:
         run.events("vllm_start", pid=vllm.popen.pid)
         url = p.nodes[node].server_url
         run.say(f"vLLM starting: {vllm.describe()}")
-        took = wait_healthy(vllm, url, p.config.vllm.health_timeout_s, run.where, check=run.abort.check)
+        took = wait_healthy(vllm, url, p.config.vllm.health_timeout_s, run.where, check=run.check_peers)
         run.events("vllm_healthy", seconds=took)
         run.say(f"vLLM healthy at {url} after {took:.1f} s")
         if stop_requested:
@@ -294,6 +253,7 @@ def run_node(p: Plan, node: int) -> int:
     except NodeFailure as e:
         return fail(run, e)
     finally:
+        run.heartbeats.finish()
         for pr in reversed(procs):
             pr.stop(FAILED_STOP_GRACE_S if failed else None)
         kill_all(descendants(os.getpid()))  # anything re-parented to us (subreaper) that outlived its parent
@@ -328,11 +288,11 @@ def preempt_checkpoint(job_dir: Path, attempt: str) -> tuple[int, Path] | None:
 def supervise(run: NodeRun, vllm: Supervised, trainer: Supervised, stop_requested: list[int]) -> int:
     """Watch the node's two processes until the trainer ends: 0 when it finished, PREEMPTED_EXIT when it
     checkpointed on a preemption signal; NodeFailure (naming the node, the process and its log) for a dead
-    server, a failed trainer, a stalled run or another node's abort."""
+    server, a failed trainer, a stalled run, another node's abort or a node that stopped answering."""
     forwarded = False
     stall = run.plan.config.trainer.stall_timeout_s
     while True:
-        run.abort.check()
+        run.check_peers()
         if stop_requested and not forwarded:
             # preemption or time-limit warning: the trainer checkpoints at its next step boundary and exits
             run.say(f"signal {stop_requested[0]}: asking the trainer to checkpoint")
@@ -364,7 +324,9 @@ def supervise(run: NodeRun, vllm: Supervised, trainer: Supervised, stop_requeste
             cause = root_cause(trainer.log_path)
             # a rank that died of another node's failure (its peers vanished): wait for that node's abort,
             # which names the real cause, before claiming to be the first failure
-            run.abort.settle(30.0 if any(m in cause for m in PEER_LOST) else 3.0)
+            # (or for the lost node's heartbeat to time out: a node that died whole writes no abort file)
+            peer_lost = any(m in cause for m in PEER_LOST)
+            run.abort.settle(run.plan.config.job.node_timeout_s + 5.0 if peer_lost else 3.0, also=run.heartbeats.check)
             raise NodeFailure(
                 f"{run.where}: {trainer.describe()} exited with code {rc}{why}"
                 f"{': ' + cause if cause else ''}\n"

@@ -144,6 +144,8 @@ class JobSection:
     """cuda (vLLM CUDA build, NCCL) or cpu (vLLM CPU build, gloo; for tests and the smoke run)."""
     python: str = "python"
     """Python interpreter the job runs on the nodes (after the setup profile ran)."""
+    node_timeout_s: int = 30
+    """A node whose bootstrap shows no heartbeat (in the job folder) for this long is lost: the others stop, naming it."""
 
 
 @dataclass(frozen=True)
@@ -472,6 +474,7 @@ def validate(cfg: JobConfig) -> None:
         raise ConfigError(
             "trainer.dtype must be float32 with job.device cpu (vLLM's CPU build and gloo run float32 here); set trainer.dtype: float32"
         )
+    _positive("job.node_timeout_s", j.node_timeout_s, "a lost node must be declared lost at some point")
     if not j.python or any(c in j.python for c in "\n\x00"):
         raise ConfigError("job.python must be a path or name of a Python interpreter")
 

@@ -77,7 +77,7 @@ def test_torchrun_failure_summary_names_the_killed_rank(tmp_path, how, needles):
     import subprocess
     import sys
 
-    from launcher.bootstrap import PEER_LOST, root_cause
+    from launcher.diagnose import PEER_LOST, root_cause
 
     (tmp_path / "w.py").write_text(WORKER)
     log = tmp_path / "trainer.log"

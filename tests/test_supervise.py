@@ -13,8 +13,9 @@ from pathlib import Path
 import pytest
 
 from launcher import bootstrap, config
-from launcher.bootstrap import JobAbort, NodeFailure, NodeRun, supervise
+from launcher.bootstrap import NodeRun, supervise
 from launcher.jobdir import PREEMPTED_EXIT, Events
+from launcher.peers import Heartbeats, JobAbort, NodeFailure
 from launcher.topology import plan
 
 
@@ -54,7 +55,13 @@ def node_run(tmp_path, monkeypatch):
     )
     p = plan(cfg, str(tmp_path))
     return NodeRun(
-        plan=p, node=1, host="n2", attempt="7.0", events=Events(tmp_path, 1), abort=JobAbort(tmp_path, "7.0", 1, p.num_nodes)
+        plan=p,
+        node=1,
+        host="n2",
+        attempt="7.0",
+        events=Events(tmp_path, 1),
+        abort=JobAbort(tmp_path, "7.0", 1, p.num_nodes),
+        heartbeats=Heartbeats(tmp_path, "7.0", 1, p.num_nodes, "n2", timeout_s=60),
     )
 
 
@@ -125,3 +132,69 @@ def test_no_step_within_the_stall_timeout_stops_the_node(node_run):
     t.started = old
     with pytest.raises(NodeFailure, match=r"no training step for 1 s \(trainer.stall_timeout_s\)"):
         supervise(node_run, v, t, [])
+
+
+class Clock:
+    def __init__(self) -> None:
+        self.now = 1000.0
+
+    def __call__(self) -> float:
+        return self.now
+
+
+def test_a_node_whose_heartbeat_stops_is_named_within_the_timeout(tmp_path):
+    clock = Clock()
+    lost = Heartbeats(tmp_path, "7.0", 0, 2, "n1", timeout_s=30, clock=clock)
+    me = Heartbeats(tmp_path, "7.0", 1, 2, "n2", timeout_s=30, clock=clock)
+    for _ in range(10):  # both alive for 20 s: nothing to report
+        lost.check()
+        me.check()
+        clock.now += 2
+    assert (tmp_path / "logs" / "heartbeat-7.0" / "node0.json").is_file()
+    # node 0 is gone (power loss: it writes nothing more); node 1 keeps checking every poll
+    t_lost = clock.now
+    with pytest.raises(NodeFailure) as e:
+        while clock.now - t_lost < 60:
+            me.check()
+            clock.now += 0.5
+    took = clock.now - t_lost
+    # the timeout, counted from the last change node 1 saw (node 0's last beat, up to BEAT_S before it was lost)
+    assert 30 - Heartbeats.BEAT_S <= took <= 31, took
+    msg = str(e.value)
+    assert e.value.remote and "node 0 (n1) stopped answering: no heartbeat for 3" in msg and "job.node_timeout_s=30" in msg, msg
+
+
+def test_a_node_that_never_started_is_named_after_the_start_grace(tmp_path):
+    clock = Clock()
+    me = Heartbeats(tmp_path, "7.0", 1, 2, "n2", timeout_s=30, clock=clock)
+    me.check()
+    clock.now += Heartbeats.NEVER_SEEN_S - 1
+    me.check()  # still within the start grace
+    clock.now += 2
+    with pytest.raises(NodeFailure, match=r"node 0 \(\?\) stopped answering: no heartbeat at all"):
+        me.check()
+
+
+def test_supervise_stops_when_the_other_node_goes_quiet(node_run, monkeypatch):
+    clock = Clock()
+    other = Heartbeats(node_run.job_dir, "7.0", 0, 2, "n1", timeout_s=1, clock=clock)
+    other.beat()
+    hb = Heartbeats(node_run.job_dir, "7.0", 1, 2, "n2", timeout_s=1, clock=clock)
+    monkeypatch.setattr(bootstrap.time, "sleep", lambda s: setattr(clock, "now", clock.now + s))
+    run = NodeRun(
+        plan=node_run.plan, node=1, host="n2", attempt="7.0", events=node_run.events, abort=node_run.abort, heartbeats=hb
+    )
+    v, t = procs(run, {}, {})
+    with pytest.raises(NodeFailure, match=r"node 0 \(n1\) stopped answering"):
+        supervise(run, v, t, [])
+
+
+def test_a_node_that_ended_is_not_called_lost(tmp_path):
+    clock = Clock()
+    ended = Heartbeats(tmp_path, "7.0", 0, 2, "n1", timeout_s=5, clock=clock)
+    me = Heartbeats(tmp_path, "7.0", 1, 2, "n2", timeout_s=5, clock=clock)
+    ended.check()
+    me.check()
+    ended.finish()  # its bootstrap is stopping its processes (its own failure, if any, is in the abort file)
+    clock.now += 60
+    me.check()

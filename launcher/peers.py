@@ -1,0 +1,137 @@
+"""What a node's bootstrap knows of the other nodes of its job, through the shared job folder: the abort file
+the first failing node writes, and every node's heartbeat. A node that crashed, lost its network or was
+killed writes nothing, so only the missing heartbeat can name it."""
+
+from __future__ import annotations
+
+import json
+import os
+import time
+from collections.abc import Callable
+from pathlib import Path
+
+
+class NodeFailure(RuntimeError):
+    """A process of this node died or missed its deadline; the message names node, process and log.
+    remote: this node stops because another node failed first (it writes no abort file of its own)."""
+
+    def __init__(self, message: str, remote: bool = False):
+        super().__init__(message)
+        self.remote = remote
+
+
+class JobAbort:
+    """logs/abort-<attempt>.json in the shared job folder: the first node that fails writes it, every other
+    node's bootstrap sees it within POLL_S and stops its own processes. SLURM's --kill-on-bad-exit does the
+    same from outside, but only under srun and without saying why; this names the node that failed first."""
+
+    def __init__(self, job_dir: Path, attempt: str, node: int, num_nodes: int):
+        self.path = job_dir / "logs" / f"abort-{attempt}.json"
+        self.node, self.watch = node, num_nodes > 1
+
+    def write(self, host: str, error: str) -> None:
+        try:
+            fd = os.open(self.path, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600)  # the first failure wins
+        except FileExistsError:
+            return
+        with os.fdopen(fd, "w") as f:
+            json.dump({"node": self.node, "host": host, "error": error, "t": time.time()}, f)
+
+    def settle(self, seconds: float, also: Callable[[], None] = lambda: None) -> None:
+        """Wait briefly for another node's abort (or `also` to raise: a node found lost) before claiming to be
+        the first failure."""
+        end = time.time() + (seconds if self.watch else 0)
+        while time.time() < end:
+            self.check()
+            also()
+            time.sleep(0.2)
+
+    def check(self) -> None:
+        if not self.watch or not self.path.exists():
+            return
+        try:
+            a = json.loads(self.path.read_text())
+        except (OSError, ValueError):
+            return  # being written; next poll
+        if a["node"] != self.node:
+            raise NodeFailure(
+                f"node {self.node}: stopping, because node {a['node']} ({a['host']}) failed: {a['error']}\n"
+                f"  see logs/node{a['node']}-*.log in the job folder",
+                remote=True,
+            )
+
+
+class Heartbeats:
+    """logs/heartbeat-<attempt>/node<i>.json, rewritten (a counter and the host) every BEAT_S by each node's
+    bootstrap while it runs. A node watches the others' files change, timed by its own clock (so clock skew
+    between nodes does not matter): one unchanged for timeout_s is declared lost. A node never seen at all
+    gets NEVER_SEEN_S (nodes start at slightly different times; a slow file system or container start)."""
+
+    BEAT_S = 2.0
+    NEVER_SEEN_S = 300.0
+
+    def __init__(
+        self,
+        job_dir: Path,
+        attempt: str,
+        node: int,
+        num_nodes: int,
+        host: str,
+        timeout_s: float,
+        clock: Callable[[], float] = time.monotonic,
+    ):
+        self.dir = job_dir / "logs" / f"heartbeat-{attempt}"
+        self.node, self.host, self.timeout_s, self.clock = node, host, timeout_s, clock
+        self.others = [k for k in range(num_nodes) if k != node]
+        self.started = clock()
+        self.beats, self.last_beat = 0, float("-inf")
+        self.seen: dict[int, tuple[str, float]] = {}
+        """Per other node: the content last read and when (this node's clock) it last changed."""
+
+    def beat(self, done: bool = False) -> None:
+        now = self.clock()
+        if now - self.last_beat < self.BEAT_S and not done:
+            return
+        self.dir.mkdir(parents=True, exist_ok=True)
+        self.beats += 1
+        tmp = self.dir / f".node{self.node}.json.tmp"
+        tmp.write_text(json.dumps({"node": self.node, "host": self.host, "beat": self.beats, "done": done}))
+        os.replace(tmp, self.dir / f"node{self.node}.json")  # readers never see half a file
+        self.last_beat = now
+
+    def finish(self) -> None:
+        """This node's bootstrap is ending (done, preempted or failed): the others must not call it lost while
+        it stops its processes; a failure of its own reaches them through the abort file."""
+        self.beat(done=True)
+
+    def check(self) -> None:
+        """Beat, then raise NodeFailure naming the first other node whose heartbeat stopped."""
+        if not self.others:
+            return
+        self.beat()
+        now = self.clock()
+        for k in self.others:
+            try:
+                text = (self.dir / f"node{k}.json").read_text()
+            except OSError:
+                text = ""
+            if text and json.loads(text).get("done"):
+                continue
+            last = self.seen.get(k)
+            if last is None or last[0] != text:
+                self.seen[k] = (text, now if text else self.started)
+                continue
+            quiet = now - last[1]
+            if text and quiet > self.timeout_s:
+                host = json.loads(text).get("host", "?")
+                why = f"no heartbeat for {quiet:.0f} s"
+            elif not text and quiet > max(self.timeout_s, self.NEVER_SEEN_S):
+                host, why = "?", f"no heartbeat at all in the {quiet:.0f} s since this node started"
+            else:
+                continue
+            raise NodeFailure(
+                f"node {self.node}: stopping, because node {k} ({host}) stopped answering: {why} (crashed, lost its "
+                f"network or was killed; job.node_timeout_s={self.timeout_s:g})\n"
+                f"  see logs/node{k}-*.log in the job folder and the scheduler's view of that node (sinfo -n {host})",
+                remote=True,
+            )
