@@ -276,3 +276,86 @@ def test_dead_trainer_rank_on_one_node_stops_both_nodes(tmp_path, tiny_model):
     # the real cause (from torchrun's summary), not its surviving local rank's "reset by peer"
     assert "rank 3" in error and "SIGKILL" in error, error
     assert took < 60, took
+
+
+def kill_node(env: dict, node: str) -> list[str]:
+    """Power loss of one emulated node: SIGKILL every process in its UTS namespace (its slurmd, the job's
+    slurmstepd, bootstrap, vLLM and ranks), all at once. Nodes share this host's process table."""
+    uts = (Path(env["SLC_BASE"]) / "nodes" / node / "utsns").read_text().strip()
+    victims = []
+    for d in Path("/proc").iterdir():
+        if d.name.isdigit():
+            try:
+                if os.readlink(d / "ns" / "uts") == uts:
+                    victims.append((int(d.name), (d / "cmdline").read_bytes().replace(b"\0", b" ")[:80].decode(errors="replace")))
+            except OSError:
+                continue
+    for pid, _ in victims:
+        try:
+            os.kill(pid, signal.SIGKILL)
+        except ProcessLookupError:
+            pass
+    return [cmd for _, cmd in victims]
+
+
+OURS = ("launcher.bootstrap", "vllm.entrypoints", "torch.distributed.run", "trainer.main")
+
+
+def test_a_lost_node_is_named_and_the_run_resumes_on_the_node_left(tmp_path, tiny_model):
+    """Last in this file: it kills node n2 (slurmd included) for good. Node 0 must stop its own server and ranks
+    within job.node_timeout_s plus a few seconds, naming node 1; `slurm-grpo resume` then finishes the run on
+    n1 alone (4 ranks' checkpoint resharded to 2), every step once, the server proven to hold the checkpoint."""
+    env = cluster_env()
+    job = tmp_path / "lost"
+    job_id = submit(job, tiny_model, env, "trainer.max_steps=12", "trainer.save_steps=2", "job.node_timeout_s=20")
+    wait_until(lambda: steps_done(job) >= 3, 600, "step 3", job_id, env, job)
+    killed = kill_node(env, "n2")
+    t0 = time.time()
+    assert any("slurmd" in c for c in killed), killed
+
+    def node0_stopped() -> bool:
+        failed = [e for e in events(job, 0) if e["event"] == "failed"]
+        return bool(failed) and not any(m in p for p in job_processes(job_id) for m in OURS)
+
+    deadline = time.time() + 120
+    while time.time() < deadline and not node0_stopped():
+        time.sleep(0.25)
+    took = time.time() - t0
+    report("whole node 1 lost (every process of its namespace, slurmd too) -> node 0 stopped, naming it", took, "stopped")
+    error = next(e["error"] for e in events(job, 0) if e["event"] == "failed")
+    assert "node 1 (n2) stopped answering: no heartbeat for" in error, error
+    assert took < 20 + 15, took  # node_timeout_s, plus a bounded stop
+    # SLURM's own verdict follows (it declares the node down after SlurmdTimeout); a requeued copy of the job
+    # would wait for two nodes forever: cancel it, the user's next step is `slurm-grpo resume`
+    deadline = time.time() + 300
+    while time.time() < deadline and job_processes(job_id):
+        time.sleep(0.5)
+    assert not job_processes(job_id), f"left behind: {job_processes(job_id)}"  # no process of the job on any node
+    subprocess.run(["scancel", job_id], env=env, capture_output=True, timeout=30)
+    deadline = time.time() + 120
+    while time.time() < deadline and sacct_state(job_id, env) in ("RUNNING", "PENDING", "REQUEUED", ""):
+        time.sleep(0.5)
+    status = subprocess.run([PY, "-m", "launcher", "status", str(job)], capture_output=True, text=True, env=env, cwd=REPO)
+    assert "next: slurm-grpo resume" in status.stdout, status.stdout
+    saved = [int(d.name.split("-")[1]) for d in (job / "checkpoints").glob("step-*") if (d / "meta.json").is_file()]
+    assert saved and max(saved) >= 2, saved  # the last complete checkpoint is intact
+
+    r = subprocess.run(
+        cli_argv(PY, "resume", str(job), "slurm.nodes=1"), capture_output=True, text=True, env=env, cwd=REPO, timeout=60
+    )
+    assert r.returncode == 0, r.stdout + r.stderr
+    m = re.search(r"as job (\d+)", r.stdout)
+    assert m, r.stdout
+    resumed_id = m.group(1)
+    wait_until(lambda: sacct_state(resumed_id, env) == "COMPLETED", 900, "the resumed job to complete", resumed_id, env, job)
+    rows = read(job / "metrics.jsonl")
+    steps = [x["step"] for x in rows if "reward" in x]
+    assert steps == list(range(1, 13)), steps  # every step once across both attempts (redone ones set aside)
+    resumed = [x for x in rows if x.get("event") == "resumed"]
+    assert resumed and resumed[-1]["from_step"] == max(saved), resumed
+    first = next(x for x in rows if x.get("step") == max(saved) + 1 and "reward" in x and x["time"] > resumed[-1]["time"])
+    assert first["parity_stale"]["0"] > 1e-3 and first["parity"]["0"] <= 1e-3, first  # base model -> checkpoint
+    assert "resharding checkpoint" in (job / "logs" / "node0-trainer.log").read_text()  # 4 ranks -> 2
+    rewards = [x["reward"] for x in rows if "reward" in x]
+    print(f"reward first 3 {sum(rewards[:3]) / 3:.3f} -> last 3 {sum(rewards[-3:]) / 3:.3f}")
+    assert sum(rewards[-3:]) > sum(rewards[:3]), rewards

@@ -61,3 +61,19 @@ def test_status_of_a_lost_job_prints_the_resume_command_quoted(job_dir, monkeypa
     )
     text = jobs.status(job_dir)
     assert ("next: slurm-grpo resume '" + str(job_dir).replace("'", "'\"'\"'") + "'" in text) == hint, text
+
+
+def test_resume_sets_aside_the_lost_attempts_later_steps(tmp_path):
+    """A node died after step 5, the last checkpoint is step 4: step 5 runs again, so its first row moves to
+    metrics.lost.jsonl (kept, not deleted) and metrics.jsonl holds every step once."""
+    from trainer.metrics import MetricsWriter
+
+    m = MetricsWriter(tmp_path)
+    for s in range(1, 6):
+        m.write({"step": s, "reward": s / 10})
+    with open(m.path, "a") as f:
+        f.write('{"step": 6, "rew')  # a line cut by the crash
+    assert m.set_aside_after(4) == 1
+    assert [json.loads(x)["step"] for x in m.path.read_text().splitlines()] == [1, 2, 3, 4]
+    assert [json.loads(x)["step"] for x in (tmp_path / "metrics.lost.jsonl").read_text().splitlines()] == [5]
+    assert m.set_aside_after(4) == 0

@@ -121,8 +121,17 @@ class SlurmGrpoCallback(TrainerCallback):
         state.global_step = got
         self.resumed_from = self.last_saved = got
         if self.par.rank == 0:
-            print(f"resumed from {path} at step {got}", flush=True)
-            self.metrics.write({"event": "resumed", "from_step": got, "checkpoint": str(path)})
+            redone = self.metrics.set_aside_after(got)
+            print(
+                f"resumed from {path} at step {got}"
+                + (
+                    f"; {redone} later step rows of the lost attempt set aside in metrics.lost.jsonl (their steps run again)"
+                    if redone
+                    else ""
+                ),
+                flush=True,
+            )
+            self.metrics.write({"event": "resumed", "from_step": got, "checkpoint": str(path), "steps_redone": redone})
 
     def on_step_begin(self, args, state, control, **kw):
         self.step_t0 = time.time()

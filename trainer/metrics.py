@@ -18,6 +18,27 @@ class MetricsWriter:
         with open(self.path, "a") as f:
             f.write(json.dumps({"time": round(time.time(), 3), **row}) + "\n")
 
+    def set_aside_after(self, step: int) -> int:
+        """On resume from `step`: the rows of later steps (run by an attempt that died before its next checkpoint,
+        so run again now) move to metrics.lost.jsonl, so metrics.jsonl holds each step once. Returns how many."""
+        if not self.path.is_file():
+            return 0
+        keep: list[str] = []
+        lost: list[str] = []
+        for line in self.path.read_text().splitlines():
+            try:
+                row = json.loads(line)
+            except ValueError:
+                continue  # a line cut by the crash
+            (lost if "reward" in row and row.get("step", 0) > step else keep).append(line)
+        if lost:
+            with open(self.path.with_name("metrics.lost.jsonl"), "a") as f:
+                f.write("\n".join(lost) + "\n")
+            tmp = self.path.with_name("metrics.jsonl.tmp")
+            tmp.write_text("".join(x + "\n" for x in keep))
+            tmp.replace(self.path)
+        return len(lost)
+
 
 def write_summary_and_plot(job_dir: Path, extra: dict[str, Any]) -> dict[str, Any]:
     rows = read_jsonl(job_dir / "metrics.jsonl")
