@@ -31,16 +31,20 @@ def cli_argv(python: str, command: str, config: str, *sets: str) -> list[str]:
     return [python, "-m", "launcher", command, config, *[x for s in sets for x in ("--set", s)]]
 
 
-def _add_config_args(p: argparse.ArgumentParser) -> None:
-    p.add_argument("config", help="YAML job config, e.g. configs/smoke_cpu.yaml")
+def _add_set_arg(p: argparse.ArgumentParser, what: str = "a config value") -> None:
     p.add_argument(
         "--set",
         dest="overrides",
         action="append",
         default=[],
         metavar="SECTION.KEY=VALUE",
-        help="override a config value (YAML syntax), e.g. --set slurm.nodes=4; may be repeated",
+        help=f"override {what} (YAML syntax), e.g. --set slurm.nodes=4; may be repeated",
     )
+
+
+def _add_config_args(p: argparse.ArgumentParser) -> None:
+    p.add_argument("config", help="YAML job config, e.g. configs/smoke_cpu.yaml")
+    _add_set_arg(p)
 
 
 def _load(a: argparse.Namespace, **force: object) -> JobConfig:
@@ -105,17 +109,25 @@ def cmd_dry_run(a: argparse.Namespace) -> int:
     return 0
 
 
-def cmd_submit(a: argparse.Namespace) -> int:
-    from launcher.jobdir import make_plan, write_job_dir
+def _show_or_submit(cfg: JobConfig, p: Plan, dry_run: bool, preface: str = ""):
+    """--dry-run: print what would be submitted and return None; else write the job folder and sbatch it."""
+    from launcher.jobdir import write_job_dir
     from launcher.submit import submit
 
-    cfg = _load(a)
-    p = make_plan(cfg)
-    if a.dry_run:
-        print(render_dry_run(cfg, p))
-        return 0
+    if dry_run:
+        print(preface + render_dry_run(cfg, p))
+        return None
     write_job_dir(cfg, p)
-    s = submit(cfg, p)
+    return submit(cfg, p)
+
+
+def cmd_submit(a: argparse.Namespace) -> int:
+    from launcher.jobdir import make_plan
+
+    cfg = _load(a)
+    s = _show_or_submit(cfg, make_plan(cfg), a.dry_run)
+    if s is None:
+        return 0
     print(
         f"submitted job {s.job_id}\njob folder: {s.job_dir}\nsbatch text: {s.sbatch_path}\n"
         f"watch it: slurm-grpo status {shlex.quote(str(s.job_dir))}"
@@ -126,8 +138,7 @@ def cmd_submit(a: argparse.Namespace) -> int:
 def cmd_resume(a: argparse.Namespace) -> int:
     """Resubmit a job folder's own resolved config (plus --set overrides, e.g. fewer nodes) into the same folder;
     the trainer continues from its newest complete checkpoint, resharded to the new number of ranks."""
-    from launcher.jobdir import complete_checkpoints, make_plan, write_job_dir
-    from launcher.submit import submit
+    from launcher.jobdir import complete_checkpoints, make_plan
 
     d = find_job_dir(a.job).absolute()
     done = complete_checkpoints(d / "checkpoints")
@@ -139,12 +150,10 @@ def cmd_resume(a: argparse.Namespace) -> int:
     cfg = config_mod.load(d / "config.yaml", list(a.overrides) + pinned)
     p = make_plan(cfg)
     step, path = done[-1]
-    if a.dry_run:
-        print(f"# would resume {d} from step {step} ({path.name}) on {p.num_nodes} nodes x {p.ranks_per_node} ranks\n")
-        print(render_dry_run(cfg, p))
+    preface = f"# would resume {d} from step {step} ({path.name}) on {p.num_nodes} nodes x {p.ranks_per_node} ranks\n\n"
+    s = _show_or_submit(cfg, p, a.dry_run, preface)
+    if s is None:
         return 0
-    write_job_dir(cfg, p)
-    s = submit(cfg, p)
     print(
         f"resubmitted job folder {d} as job {s.job_id}: resumes from step {step} on {p.num_nodes} nodes "
         f"({p.world_size} ranks)\nwatch it: slurm-grpo status {shlex.quote(str(d))}"
@@ -252,14 +261,7 @@ def build_parser() -> argparse.ArgumentParser:
         "newest checkpoint (e.g. on the nodes left: --set slurm.nodes=2)",
     )
     p.add_argument("job", help="job folder (runs/NAME-STAMP) or SLURM job id")
-    p.add_argument(
-        "--set",
-        dest="overrides",
-        action="append",
-        default=[],
-        metavar="SECTION.KEY=VALUE",
-        help="override a value of the folder's config.yaml (YAML syntax); may be repeated",
-    )
+    _add_set_arg(p, "a value of the folder's config.yaml")
     p.add_argument("--dry-run", action="store_true", help="print what would be resubmitted and stop")
     p.set_defaults(fn=cmd_resume)
     p = sub.add_parser("local", help="run the job on this machine as one node (vLLM + trainer ranks), no SLURM")
@@ -292,7 +294,7 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--calibration", default="", help="JSON from `bench` to take this machine's measured figures from")
     p.add_argument("--plot", default="", help="write a PNG plot here")
     p.add_argument("--json", default="", help="write the predicted rows as JSON here")
-    p.add_argument("--set", dest="overrides", action="append", default=[], metavar="SECTION.KEY=VALUE")
+    _add_set_arg(p)
     p.set_defaults(fn=cmd_simulate)
     return ap
 
