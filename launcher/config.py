@@ -54,6 +54,8 @@ class SlurmConfig:
     """Cluster profile under slurm_templates/ (<name>.sh.j2) whose lines run before the job starts."""
     setup_vars: dict[str, str] = field(default_factory=dict)
     """Values the setup profile may use, e.g. {venv: /path/to/venv, modules: 'cuda/12.4 nccl'}."""
+    gpu_memory_gb: float = 0
+    """Memory of one GPU in GB, for the memory estimate of dry-run; 0 = from a known GPU name in constraint or partition (a100, h100, h200, b200, ...)."""
     signal_seconds: int = 120
     """Seconds before the time limit at which SLURM warns the job (USR2) so it can checkpoint and requeue."""
     requeue: bool = True
@@ -128,6 +130,12 @@ class TrainerConfig:
     """torchrun c10d rendezvous port on the first node."""
     weight_transfer_port: int = 29600
     """Port of each node leader's weight-transfer store (127.0.0.1, node-local)."""
+    model_loading: str = "sharded"
+    """How ranks load the model: sharded (meta device, then each rank reads only its shard's rows from the safetensors files) or full (from_pretrained of the whole fp32 model on every rank, then shard; for checkpoints whose tensor names need renaming)."""
+    activation_checkpointing: bool = False
+    """Recompute each decoder layer's activations in the backward instead of keeping them (less memory, about a third more compute)."""
+    cpu_offload: bool = False
+    """Keep the sharded fp32 parameters, gradients and optimizer state in host memory (FSDP2 CPUOffloadPolicy; the optimizer step runs on the CPU): a big model on few GPUs."""
     stall_timeout_s: int = 900
     """The bootstrap stops the node if the trainer writes no metrics for this long after its first step; 0 = off."""
     grpo: dict[str, Any] = field(default_factory=dict)
@@ -356,7 +364,10 @@ _OWNED_GRPO = {
     "fsdp_config",
     "save_strategy",
     "report_to",
+    "gradient_checkpointing",
 }
+_GRPO_NAMED_HERE = {"gradient_checkpointing": "activation_checkpointing"}
+"""trl.GRPOConfig fields that have a trainer.* key of another name (set it there, so the loader applies it)."""
 
 
 def validate(cfg: JobConfig) -> None:
@@ -443,13 +454,18 @@ def validate(cfg: JobConfig) -> None:
         raise ConfigError(f"trainer.dtype {t.dtype!r} must be bfloat16 or float32")
     if t.fsdp not in ("hsdp", "fsdp"):
         raise ConfigError(f"trainer.fsdp {t.fsdp!r} must be hsdp (shard in a node, replicate across nodes) or fsdp")
+    if t.model_loading not in ("sharded", "full"):
+        raise ConfigError(f"trainer.model_loading {t.model_loading!r} must be sharded (each rank reads its shard) or full")
+    if s.gpu_memory_gb < 0:
+        raise ConfigError(f"slurm.gpu_memory_gb must be >= 0 (0 = from the GPU name), got {s.gpu_memory_gb}")
     if t.parity_action not in ("fail", "warn"):
         raise ConfigError(f"trainer.parity_action {t.parity_action!r} must be fail or warn")
     owned = sorted(set(t.grpo) & (_OWNED_GRPO | {f.name for f in dataclasses.fields(TrainerConfig)}))
     if owned:
+        ours = _GRPO_NAMED_HERE.get(owned[0], owned[0])
         raise ConfigError(
             f"trainer.grpo.{owned[0]} is set by slurm-grpo itself (or is a trainer.* key); "
-            f"remove it from trainer.grpo (use trainer.{owned[0]} if that key exists)"
+            f"remove it from trainer.grpo (use trainer.{ours} if that key exists)"
         )
     known = grpo_config_fields()
     if known is not None:

@@ -5,66 +5,21 @@ place of the HTTP call); the transfer's receiving side is the project's own (tra
 
 from __future__ import annotations
 
-import os
-import socket
 import weakref
-from collections.abc import Callable
 from pathlib import Path
-from typing import Any
 
 import torch
 import torch.distributed as dist
-import torch.multiprocessing as mp
 
-
-def _free_port() -> int:
-    s = socket.socket()
-    s.bind(("127.0.0.1", 0))
-    port = s.getsockname()[1]
-    s.close()
-    return port
-
-
-def _entry(rank: int, world: int, port: int, q, fn: Callable[[int, int, int], Any]) -> None:
-    os.environ.update(MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port))
-    dist.init_process_group("gloo", rank=rank, world_size=world)
-    q.put((rank, fn(rank, world, port)))
-    dist.destroy_process_group()
-
-
-def run_ranks(world: int, fn: Callable[[int, int, int], Any]) -> dict[int, Any]:
-    """fn(rank, world, port) on `world` spawned gloo ranks; returns each rank's result."""
-    ctx = mp.get_context("spawn")
-    q = ctx.Queue()
-    port = _free_port()
-    procs = [ctx.Process(target=_entry, args=(r, world, port, q, fn)) for r in range(world)]
-    for p in procs:
-        p.start()
-    res = dict(q.get(timeout=120) for _ in procs)
-    for p in procs:
-        p.join(30)
-        assert p.exitcode == 0
-    return res
+from bench.ranks import run_ranks
 
 
 def generation_mapping(rank: int, world: int, _port: int) -> dict:
+    from bench.ranks import cpu_parallel
     from trainer.generation import node_generate
-    from trainer.parallel import Parallel
 
-    groups = [dist.new_group([0, 1]), dist.new_group([2, 3])]  # two "nodes" of two ranks each
-    node = rank // 2
-    par = Parallel(
-        rank=rank,
-        local_rank=rank % 2,
-        world=world,
-        node=node,
-        node_group=groups[node],
-        node_ranks=[2 * node, 2 * node + 1],
-        leader=2 * node,
-        mesh=None,  # type: ignore[arg-type]
-        device=torch.device("cpu"),
-        allreduce_check={},
-    )
+    par = cpu_parallel(rank, world, nodes=2)  # two "nodes" of two ranks each
+    node = par.node
     # prompt groups of 3 copies split across ranks and nodes, and the same prompt on several ranks
     same = [7, 7, 7]
     local = {0: [[1, 2], [1, 2], same], 1: [same, [3], [3]], 2: [same, same, [9, 9]], 3: [[9, 9], [9, 9], [1, 2]]}[rank]

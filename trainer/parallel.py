@@ -10,7 +10,7 @@ from datetime import timedelta
 import torch
 import torch.distributed as dist
 from torch.distributed.device_mesh import DeviceMesh, init_device_mesh
-from torch.distributed.fsdp import MixedPrecisionPolicy, fully_shard
+from torch.distributed.fsdp import CPUOffloadPolicy, MixedPrecisionPolicy, OffloadPolicy, fully_shard
 
 from launcher.topology import Plan
 
@@ -107,14 +107,17 @@ def init(plan: Plan) -> Parallel:
     )
 
 
-def shard_model(model: torch.nn.Module, par: Parallel, param_dtype: torch.dtype) -> torch.nn.Module:
+def shard_model(model: torch.nn.Module, par: Parallel, param_dtype: torch.dtype, cpu_offload: bool = False) -> torch.nn.Module:
     """FSDP2 on every decoder layer and the root. A 2-D mesh makes it HSDP: parameters are sharded over
-    the node's ranks and replicated across nodes, so the all-gather before a push stays in the node."""
+    the node's ranks and replicated across nodes, so the all-gather before a push stays in the node.
+    cpu_offload: the sharded fp32 parameters, their gradients and so the optimizer step live in host memory
+    (pinned); each unit is copied to the GPU for its forward and backward (FSDP2's CPUOffloadPolicy)."""
     mp = MixedPrecisionPolicy(param_dtype=param_dtype, reduce_dtype=torch.float32)
+    offload = CPUOffloadPolicy(pin_memory=par.device.type == "cuda") if cpu_offload else OffloadPolicy()
     layers = getattr(getattr(model, "model", model), "layers", [])
     for layer in layers:
-        fully_shard(layer, mesh=par.mesh, mp_policy=mp)
-    fully_shard(model, mesh=par.mesh, mp_policy=mp)
+        fully_shard(layer, mesh=par.mesh, mp_policy=mp, offload_policy=offload)
+    fully_shard(model, mesh=par.mesh, mp_policy=mp, offload_policy=offload)
     # transformers' Trainer then leaves the model alone (no DDP/accelerate FSDP wrap on top of ours):
     # the same flag `from_pretrained(distributed_config=...)` sets. Pinned in tests/test_pinned_internals.py.
     model._is_distributed_loading_by_transformers = True  # type: ignore[assignment]

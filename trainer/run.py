@@ -16,7 +16,7 @@ import torch.distributed as dist
 
 from launcher.jobdir import Events
 from launcher.topology import Plan
-from trainer import checkpoint, data, grpo, parallel, rewards
+from trainer import checkpoint, data, grpo, loading, procmem, rewards
 from trainer.generation import GenerationSettings, NodeLocalGeneration, StepClock
 from trainer.metrics import MetricsWriter, write_summary_and_plot
 from trainer.parallel import Parallel
@@ -60,6 +60,8 @@ class Run:
         mine = self.backend.finish(step)
         finals: list[Any] = [None] * self.par.world
         dist.all_gather_object(finals, mine)
+        peaks: list[Any] = [None] * self.par.world
+        dist.all_gather_object(peaks, procmem.peaks_gb())
         self.callback.save(self.trainer.state)
         if self.par.rank == 0:
             job_dir = Path(self.plan.job_dir)
@@ -75,13 +77,14 @@ class Run:
                     "nodes": per_node,
                     "allreduce_check": self.par.allreduce_check,
                     "dtensor_params": dtensor_params,
+                    "peak_memory_per_rank": {str(r): p for r, p in enumerate(peaks)},
                     "final_checkpoint": str(latest[1]) if latest else None,
                 },
             )
 
 
 def build(plan: Plan, par: Parallel, preemption: grpo.PreemptionFlag) -> Run:
-    from transformers import AutoModelForCausalLM, AutoTokenizer, set_seed
+    from transformers import AutoTokenizer, set_seed
 
     t, job_dir = plan.config.trainer, Path(plan.job_dir)
     set_seed(t.seed)
@@ -90,9 +93,15 @@ def build(plan: Plan, par: Parallel, preemption: grpo.PreemptionFlag) -> Run:
     dtype = getattr(torch, t.dtype)
     tokenizer = AutoTokenizer.from_pretrained(plan.config.vllm.model)
     # fp32 master weights; FSDP2 computes in the configured dtype (bf16 on GPU)
-    loaded = AutoModelForCausalLM.from_pretrained(plan.config.vllm.model, dtype=torch.float32)
-    model = parallel.shard_model(loaded.to(par.device), par, param_dtype=dtype)  # type: ignore[arg-type]
-    node_event("model_loaded")
+    model, report = loading.load_model(
+        plan.config.vllm.model,
+        par,
+        dtype,
+        loader=t.model_loading,
+        activation_checkpointing=t.activation_checkpointing,
+        cpu_offload=t.cpu_offload,
+    )
+    node_event("model_loaded", loader=report.loader, seconds=round(report.seconds, 2), read_gb=round(report.bytes_read / 1e9, 3))
     stats, clock = grpo.NodeStats(par), StepClock()
     make_backend = functools.partial(
         NodeLocalGeneration,

@@ -1,0 +1,245 @@
+"""Loading a model bounded by the shard, not the model: build it on the meta device, shard it with FSDP2, then
+fill each rank's shards straight from the checkpoint's safetensors files. No rank ever holds a full copy.
+
+Why every rank reads its own rows (and not "the node leader reads, then scatters"): FSDP2 shards every
+parameter on dim 0, and a safetensors tensor is stored row-major, so a rank's shard is one contiguous byte range
+of the file: one positioned read per tensor. The node as a whole reads the model once (as a leader would), the
+ranks read in parallel, nothing crosses the node's links, and no leader holds a tensor the others wait for.
+The reads go through `readinto` of a buffer the size of the slice, not `mmap`: mapped file pages count towards
+the process's resident memory, a buffer is freed as soon as its rows are copied into the shard.
+
+What `from_pretrained` does besides reading weights is done the same way here, so the result is bit for bit
+the same (tests/test_loading.py): the model class and dtype from `from_config`, the tied embedding (one
+parameter under two names; it is read under whichever name the checkpoint holds), and the non-persistent
+buffers (rotary caches), which no checkpoint holds: transformers' own `_init_weights` computes them on the
+module that owns them, as `from_pretrained` does."""
+
+from __future__ import annotations
+
+import json
+import math
+import struct
+import time
+from collections.abc import Iterator
+from dataclasses import dataclass
+from pathlib import Path
+
+import torch
+from torch.distributed.tensor import DTensor
+
+from trainer import parallel
+from trainer.parallel import Parallel
+
+SAFETENSORS_DTYPES = {
+    "F64": torch.float64,
+    "F32": torch.float32,
+    "F16": torch.float16,
+    "BF16": torch.bfloat16,
+    "I64": torch.int64,
+    "I32": torch.int32,
+    "I16": torch.int16,
+    "I8": torch.int8,
+    "U8": torch.uint8,
+    "BOOL": torch.bool,
+}
+
+
+class LoadError(RuntimeError):
+    """The checkpoint does not match the model built from its config; the message holds the fix."""
+
+
+@dataclass(frozen=True)
+class StoredTensor:
+    file: Path
+    dtype: torch.dtype
+    shape: tuple[int, ...]
+    start: int
+    """Byte offset of the tensor's first element in the file."""
+
+    @property
+    def numel(self) -> int:
+        return math.prod(self.shape)
+
+    @property
+    def nbytes(self) -> int:
+        return self.numel * self.dtype.itemsize
+
+    @property
+    def row_bytes(self) -> int:
+        return math.prod(self.shape[1:]) * self.dtype.itemsize
+
+
+class SafetensorsDir:
+    """The tensors of a model folder's safetensors files (one file, or shards listed by model.safetensors.index.json),
+    read by rows without mapping the files."""
+
+    def __init__(self, model_dir: str | Path):
+        self.dir = Path(model_dir)
+        files = sorted(self.dir.glob("*.safetensors"))
+        if not files:
+            raise LoadError(
+                f"no *.safetensors file in {self.dir}: the sharded loader reads safetensors checkpoints; "
+                "convert the model (save_pretrained(safe_serialization=True)) or set trainer.model_loading=full"
+            )
+        self.tensors: dict[str, StoredTensor] = {}
+        for f in files:
+            self.tensors.update(self._header(f))
+
+    @staticmethod
+    def _header(path: Path) -> dict[str, StoredTensor]:
+        # the format: 8 bytes little-endian header length, a JSON header, then the data (offsets relative to it)
+        with open(path, "rb") as f:
+            (n,) = struct.unpack("<Q", f.read(8))
+            header = json.loads(f.read(n))
+        out = {}
+        for name, e in header.items():
+            if name == "__metadata__":
+                continue
+            if e["dtype"] not in SAFETENSORS_DTYPES:
+                raise LoadError(f"{path}: tensor {name} has dtype {e['dtype']}, which the sharded loader does not read")
+            out[name] = StoredTensor(path, SAFETENSORS_DTYPES[e["dtype"]], tuple(e["shape"]), 8 + n + e["data_offsets"][0])
+        return out
+
+    def read_rows(self, name: str, first: int, stop: int) -> torch.Tensor:
+        """Rows [first, stop) of dim 0 (the whole tensor for a 0-d one), in the stored dtype."""
+        t = self.tensors[name]
+        shape = (stop - first, *t.shape[1:]) if t.shape else ()
+        out = torch.empty(shape, dtype=t.dtype)
+        if out.numel() == 0:
+            return out
+        with open(t.file, "rb", buffering=0) as f:
+            f.seek(t.start + first * t.row_bytes)
+            view = memoryview(out.view(torch.uint8).numpy()).cast("B") if out.dim() else None
+            if view is None:  # 0-d: read its bytes, then reinterpret
+                raw = f.read(out.element_size())
+                return torch.frombuffer(bytearray(raw), dtype=t.dtype).reshape(())
+            got = f.readinto(view)
+        if got != out.numel() * out.element_size():
+            raise LoadError(f"{t.file}: tensor {name} is truncated (read {got} of {out.numel() * out.element_size()} bytes)")
+        return out
+
+
+def rows_owned(p: torch.Tensor) -> tuple[int, int]:
+    """The rows [first, stop) of the full tensor that this rank's shard holds (FSDP2 shards on dim 0 only)."""
+    if not isinstance(p, DTensor):
+        return 0, (p.shape[0] if p.dim() else 0)
+    from torch.distributed.tensor._utils import compute_local_shape_and_global_offset
+
+    local_shape, offset = compute_local_shape_and_global_offset(p.shape, p.device_mesh, p.placements)
+    if any(offset[1:]) or tuple(local_shape[1:]) != tuple(p.shape[1:]):
+        raise LoadError(f"a shard of shape {tuple(local_shape)} at {tuple(offset)} is not a block of rows; FSDP2 shards on dim 0")
+    return offset[0], offset[0] + local_shape[0]
+
+
+def aliases(model: torch.nn.Module) -> dict[int, list[str]]:
+    """Every name of every parameter (a tied embedding has two), keyed by the parameter's identity."""
+    names: dict[int, list[str]] = {}
+    for n, p in model.named_parameters(remove_duplicate=False):
+        names.setdefault(id(p), []).append(n)
+    return names
+
+
+def persistent_buffers(model: torch.nn.Module) -> Iterator[tuple[str, torch.Tensor]]:
+    for mod_name, mod in model.named_modules():
+        for b_name, b in mod.named_buffers(recurse=False):
+            if b_name not in mod._non_persistent_buffers_set:
+                yield (f"{mod_name}.{b_name}" if mod_name else b_name), b
+
+
+@torch.no_grad()
+def fill_from_checkpoint(model: torch.nn.Module, store: SafetensorsDir) -> int:
+    """Copy every parameter's and persistent buffer's owned rows from the checkpoint; returns the bytes read."""
+    read = 0
+    names = aliases(model)
+    targets = [(names[id(p)], p) for _, p in model.named_parameters()]
+    targets += [([n], b) for n, b in persistent_buffers(model)]
+    for candidates, t in targets:
+        name = next((n for n in candidates if n in store.tensors), None)
+        if name is None:
+            raise LoadError(
+                f"{' / '.join(candidates)} is not in the checkpoint {store.dir}: its tensor names differ from the model's "
+                "(a checkpoint that needs renaming on load); set trainer.model_loading=full to load it with from_pretrained"
+            )
+        stored = store.tensors[name]
+        if tuple(stored.shape) != tuple(t.shape):
+            raise LoadError(f"{name}: the checkpoint holds shape {stored.shape}, the model built from config.json {tuple(t.shape)}")
+        first, stop = rows_owned(t)
+        local = t.to_local() if isinstance(t, DTensor) else t
+        src = store.read_rows(name, first, stop)
+        local.copy_(src.reshape(local.shape))  # converts the stored dtype to the master dtype
+        read += src.numel() * src.element_size()
+    return read
+
+
+@torch.no_grad()
+def init_nonpersistent_buffers(model: torch.nn.Module, device: torch.device) -> None:
+    """Rotary caches and the like: made on `device` and computed by transformers' `_init_weights`, on exactly
+    the modules that own them (a module that also owns parameters would have them re-initialised: refused)."""
+    for mod_name, mod in model.named_modules():
+        own = [b for b in mod._non_persistent_buffers_set if mod._buffers.get(b) is not None]
+        if not own:
+            continue
+        if any(True for _ in mod.parameters(recurse=False)):
+            raise LoadError(f"module {mod_name} holds parameters and non-persistent buffers; set trainer.model_loading=full")
+        for b in own:
+            mod._buffers[b] = torch.empty_like(mod._buffers[b], device=device)  # type: ignore[arg-type]
+        model._init_weights(mod)  # type: ignore[operator]
+
+
+@dataclass(frozen=True)
+class LoadReport:
+    seconds: float
+    bytes_read: int
+    loader: str
+
+
+def load_model(
+    model_dir: str,
+    par: Parallel,
+    param_dtype: torch.dtype,
+    *,
+    loader: str = "sharded",
+    activation_checkpointing: bool = False,
+    cpu_offload: bool = False,
+) -> tuple[torch.nn.Module, LoadReport]:
+    """The model sharded with FSDP2 on the plan's mesh, fp32 master weights, ready to train.
+
+    loader "sharded": meta device, shard, fill each rank's rows (peak: this rank's shard plus one tensor's rows).
+    loader "full": `from_pretrained` of the whole model on every rank, then shard (peak: the whole fp32 model per
+    rank); kept for checkpoints whose tensor names need renaming on load."""
+    from transformers import AutoConfig, AutoModelForCausalLM, GenerationConfig
+
+    t0 = time.time()
+    if loader == "full":
+        model = AutoModelForCausalLM.from_pretrained(model_dir, dtype=torch.float32)
+        read = sum(p.numel() * 4 for p in model.parameters())
+        _prepare(model, activation_checkpointing)
+        if not cpu_offload:
+            model = model.to(par.device)
+        parallel.shard_model(model, par, param_dtype, cpu_offload=cpu_offload)
+        if cpu_offload:
+            for mod in model.modules():  # buffers stay where the compute is
+                for b, v in mod._buffers.items():
+                    if v is not None:
+                        mod._buffers[b] = v.to(par.device)
+        return model, LoadReport(time.time() - t0, read, loader)
+    store = SafetensorsDir(model_dir)
+    config = AutoConfig.from_pretrained(model_dir)
+    with torch.device("meta"):
+        model = AutoModelForCausalLM.from_config(config, dtype=torch.float32)
+    if (Path(model_dir) / "generation_config.json").exists():
+        model.generation_config = GenerationConfig.from_pretrained(model_dir)
+    _prepare(model, activation_checkpointing)
+    parallel.shard_model(model, par, param_dtype, cpu_offload=cpu_offload)
+    # offloaded shards live in host memory (FSDP2 copies each unit to the GPU for its compute)
+    model.to_empty(device=torch.device("cpu") if cpu_offload else par.device)
+    read = fill_from_checkpoint(model, store)
+    init_nonpersistent_buffers(model, par.device)
+    model.eval()  # as from_pretrained returns it; the Trainer switches to train mode
+    return model, LoadReport(time.time() - t0, read, loader)
+
+
+def _prepare(model: torch.nn.Module, activation_checkpointing: bool) -> None:
+    if activation_checkpointing:
+        # transformers' per-decoder-layer checkpointing; non-reentrant, the variant that composes with FSDP2's hooks
+        model.gradient_checkpointing_enable(gradient_checkpointing_kwargs={"use_reentrant": False})  # type: ignore[operator]
