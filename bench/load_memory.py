@@ -21,8 +21,8 @@ import tempfile
 import time
 from pathlib import Path
 
-from trainer.procmem import reset_peak, status_mb
 from bench.ranks import cpu_parallel, run_ranks
+from trainer.procmem import reset_peak, status_mb
 
 MB = 1024 * 1024
 
@@ -58,7 +58,7 @@ def measure_load(rank: int, world: int, _port: int, model_dir: str, loader: str,
     model, report = load_model(model_dir, par, torch.float32, loader=loader)
     seconds = time.time() - t0
     peak = status_mb("VmHWM")
-    shard_mb = sum(p.to_local().numel() * 4 for p in model.parameters()) / MB
+    shard_mb = sum(p.to_local().numel() * 4 for p in model.parameters()) / MB  # DTensors
     return {
         "rank": rank,
         "peak_growth_mb": round(peak - base, 1),

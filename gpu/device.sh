@@ -4,7 +4,8 @@
 # build a random Qwen2 body (bf16, from a config, no hub; MODEL_ARGS for another shape), measure the copy floor,
 # run `slurm-grpo local` with the one-GPU config (vLLM and the FSDP2 trainer share the GPU, packed ipc push) and,
 # with TRL=1, TRL's own GRPOTrainer in colocate mode on the same model, prompts, reward, batch and steps
-# (gpu/trl_colocate.py). Results under $OUT.   Env: STEPS, RUN_TIMEOUT, MODEL_ARGS, CONFIG, TRL, TAG.
+# (gpu/trl_colocate.py). Results under $OUT.   Env: STEPS, RUN_TIMEOUT, MODEL_ARGS, CONFIG, TRL, TAG,
+# EXTRA (more `--set k=v` of the local run), FLOOR=0 (skip the copy-floor measurement).
 set -uo pipefail
 OUT=${OUT:-/tmp/out}
 STEPS=${STEPS:-30}
@@ -38,14 +39,16 @@ log "building the model"
 [ -f $MODEL/config.json ] || python3 -m trainer.tiny_model $MODEL ${MODEL_ARGS:---hidden 896 --layers 24 --kv-heads 2 --intermediate 4864} \
   --dtype bfloat16 --vocab 4096 | tail -1
 CONFIG=${CONFIG:-configs/gpu_1gpu.yaml}
-log "copy bandwidth, GPU 0 -> GPU 0"
-python3 gpu/copy_bandwidth.py $MODEL cuda:0 > "$OUT/d2d.json"; cat "$OUT/d2d.json"
+if [ "${FLOOR:-1}" = 1 ]; then
+  log "copy bandwidth, GPU 0 -> GPU 0"
+  python3 gpu/copy_bandwidth.py $MODEL cuda:0 > "$OUT/d2d.json"; cat "$OUT/d2d.json"
+fi
 nvidia-smi --query-gpu=memory.used --format=csv,noheader,nounits -lms 500 > "$OUT/gpu_mem_used_mib.txt" 2>/dev/null &
 smi=$!
 log "slurm-grpo local $CONFIG ($STEPS steps)"
 rm -rf $JOB
 timeout "${RUN_TIMEOUT:-330}" python3 -m launcher local $CONFIG --set job.job_dir=$JOB --set vllm.model=$MODEL \
-  --set "trainer.max_steps=$STEPS" 2>&1 | grep -v "^\[\#" | tail -25
+  --set "trainer.max_steps=$STEPS" ${EXTRA:-} 2>&1 | grep -v "^\[\#" | tail -25
 rc=${PIPESTATUS[0]}
 kill $smi 2>/dev/null
 log "local run exit $rc"

@@ -9,6 +9,9 @@ import statistics
 import sys
 from pathlib import Path
 
+from launcher.jobs import startup_phases
+from launcher.memory import ModelShape, layout, options
+from launcher.memory import estimate as memory_estimate
 from launcher.topology import Plan
 
 job, out = Path(sys.argv[1]), Path(sys.argv[2])
@@ -16,7 +19,7 @@ rows = [json.loads(x) for x in (job / "metrics.jsonl").read_text().splitlines() 
 steps = [r for r in rows if "reward" in r]
 later = steps[1:] or steps  # step 1 carries one-time warm-up
 summary = json.loads((job / "summary.json").read_text()) if (job / "summary.json").exists() else {}
-d2d = json.loads((out / "d2d.json").read_text())
+d2d = json.loads((out / "d2d.json").read_text()) if (out / "d2d.json").exists() else {}  # FLOOR=0 skips it
 versions = json.loads((out / "versions.json").read_text())
 plan = Plan.load(job / "plan.json")
 push = [r["push_s"]["0"] for r in later if r.get("push_s", {}).get("0")]
@@ -34,10 +37,10 @@ res = {
     "gen_tokens_per_s_median": statistics.median(gen_tps) if gen_tps else None,
     "step_s_median": statistics.median(r["step_s"] for r in later) if later else None,
     "push_s_median": push_med,
-    "push_bytes": d2d["bytes"],
-    "push_gb_per_s": round(d2d["bytes"] / push_med / 1e9, 2) if push_med else None,
-    "d2d_copy_gb_per_s": d2d["gb_per_s"],
-    "push_over_copy_floor": round(push_med / d2d["copy_s_median"], 1) if push_med else None,
+    "push_bytes": d2d.get("bytes"),
+    "push_gb_per_s": round(d2d["bytes"] / push_med / 1e9, 2) if push_med and d2d else None,
+    "d2d_copy_gb_per_s": d2d.get("gb_per_s"),
+    "push_over_copy_floor": round(push_med / d2d["copy_s_median"], 1) if push_med and d2d else None,
     "parity_per_push": [r.get("parity_max") for r in steps],
     "parity_stale": [r.get("parity_stale", {}).get("0") for r in steps],
     "parity_final": summary.get("nodes", {}).get("0", {}).get("parity_final"),
@@ -46,7 +49,24 @@ res = {
         r"(Model loading took [^\n]*|Available KV cache memory[^\n]*|GPU KV cache size[^\n]*)", vllm_log
     )[:4],
     "gpu_peak_used_gib": round(max(mem) / 1024, 1) if mem else None,
+    "peak_memory_per_rank": summary.get("peak_memory_per_rank"),
+    "startup_phases_s": startup_phases(job, 0),
+    "model_loaded": next(
+        (
+            e
+            for e in map(json.loads, (job / "logs" / "node0-events.jsonl").read_text().splitlines())
+            if e["event"] == "model_loaded"
+        ),
+        None,
+    ),
 }
+shape = ModelShape.read(plan.config.vllm.model)
+if shape:  # the estimate dry-run prints for this run, next to what was measured
+    e = memory_estimate(shape, layout(plan), options(plan))
+    res["model_params_b"] = round(shape.params / 1e9, 3)
+    res["options"] = options(plan).describe()
+    res["estimate_gpu_gb_per_rank"] = round(e.gpu_gb, 1)
+    res["estimate_host_gb_offloaded"] = round(e.host_gb_per_node, 1)
 # training seconds per step: the step minus its generation and its push (both measured per step)
 train = [r["step_s"] - (r.get("gen_s", {}).get("0") or 0) - (r.get("push_s", {}).get("0") or 0) for r in later]
 res["train_s_median"] = round(statistics.median(train), 3) if train else None

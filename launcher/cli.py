@@ -23,6 +23,7 @@ from launcher import config as config_mod
 from launcher.commands import redact_argv, trainer_command, vllm_command
 from launcher.config import ConfigError, JobConfig
 from launcher.jobs import cancel, find_job_dir, format_summary, log_files, read_jsonl, status, summarize
+from launcher.memory import plan_report
 from launcher.topology import Plan
 
 
@@ -85,6 +86,9 @@ def render_dry_run(cfg: JobConfig, p: Plan) -> str:
         "",
         node_table(p),
         "",
+        "# memory estimate (launcher/memory.py; from the model's config.json)",
+        *[f"  {ln}" for ln in plan_report(p) or ["model config.json not readable here: no estimate"]],
+        "",
         "# sbatch text (what `submit` hands to sbatch)",
         sbatch_text(cfg, p).rstrip(),
         "",
@@ -117,6 +121,9 @@ def _show_or_submit(cfg: JobConfig, p: Plan, dry_run: bool, preface: str = ""):
     if dry_run:
         print(preface + render_dry_run(cfg, p))
         return None
+    for line in plan_report(p):  # a job that will not fit should not wait in the queue unwarned
+        if line.startswith("WARNING"):
+            print(line, file=sys.stderr)
     write_job_dir(cfg, p)
     return submit(cfg, p)
 

@@ -114,6 +114,8 @@ class TrainerConfig:
     """Sharding: hsdp (shard within a node, replicate across nodes; the push gather stays in the node) or fsdp (shard over all ranks)."""
     save_steps: int = 10
     """Write a checkpoint every N steps (and at the end); 0 = only at the end."""
+    final_checkpoint: bool = True
+    """Write a checkpoint when the run ends (off for benchmark runs whose optimizer state would not fit the disk)."""
     resume: bool = True
     """Resume from the newest complete checkpoint in the job folder if there is one."""
     request_timeout_s: float = 300.0

@@ -17,6 +17,8 @@ from __future__ import annotations
 import json
 from dataclasses import asdict, dataclass
 
+from launcher.memory import ModelShape
+
 DEFAULTS = {
     "tokens_per_s_server": 40_000.0,  # one H200, 0.36B bf16: measured 40-44k (shared/gpu); scale by 1/params for big models
     "tps_anchor_params_b": 0.36,  # the model size tokens_per_s_server was measured at
@@ -39,19 +41,6 @@ class Row:
     speedup: float
 
 
-def model_params_b(model_dir: str) -> float | None:
-    from pathlib import Path
-
-    try:
-        c = json.loads((Path(model_dir) / "config.json").read_text())
-    except (OSError, ValueError):
-        return None
-    h, n, v, i = c.get("hidden_size"), c.get("num_hidden_layers"), c.get("vocab_size"), c.get("intermediate_size")
-    if not all(isinstance(x, int) for x in (h, n, v, i)):
-        return None
-    return (n * (4 * h * h + 3 * h * i) + 2 * v * h) / 1e9
-
-
 def predict(nodes: list[int], params_b: float, ranks_per_node: int, batch: int, tokens: int, f: dict) -> list[Row]:
     # generation throughput of one server falls with model size (decode is memory-bound), from its anchor
     tps = f["tokens_per_s_server"] * min(1.0, f["tps_anchor_params_b"] / max(params_b, 1e-6))
@@ -69,12 +58,14 @@ def predict(nodes: list[int], params_b: float, ranks_per_node: int, batch: int, 
 
 def main(a) -> int:
     from launcher import config as C
+    from launcher.memory import Layout
 
     cfg = C.load(a.config, a.overrides)
     figures = dict(DEFAULTS)
     if a.calibration:
         figures.update(json.loads(open(a.calibration).read()).get("calibration", {}))
-    params = a.params_b or model_params_b(cfg.vllm.model) or 7.0
+    shape = ModelShape.read(cfg.vllm.model)
+    params = a.params_b or (shape.params / 1e9 if shape else 7.0)
     per = cfg.slurm.gpus_per_node - cfg.vllm.tensor_parallel_size or 1
     nodes = [int(x) for x in a.nodes.split(",")]
     rows = predict(nodes, params, per, cfg.trainer.per_device_train_batch_size, cfg.trainer.max_completion_length, figures)
@@ -90,6 +81,15 @@ def main(a) -> int:
             f"{r.nodes:>6} {r.ours_gen_s:>9.2f} {r.ours_push_s:>7.3f} {r.ours_step_s:>8.2f} | {r.stock_gen_s:>9.2f} "
             f"{r.stock_push_s:>7.3f} {r.stock_step_s:>8.2f} | {r.speedup:>6.1f}x"
         )
+    from launcher.memory import fit_table, layout
+    from launcher.topology import plan
+
+    lay = layout(plan(cfg, ""))
+    if not lay.gpu_gb:
+        lay = Layout(**{**lay.__dict__, "gpu_gb": 80.0})
+        print("(GPU memory not in the config: the memory table assumes 80 GB; set slurm.gpu_memory_gb)")
+    print()
+    print("\n".join(fit_table(lay)))
     if a.plot:
         import matplotlib
 

@@ -12,6 +12,7 @@ from pathlib import Path
 from typing import Any
 
 from launcher.config import ConfigError, JobConfig, rebuild
+from launcher.memory import ModelShape
 
 # The rendezvous host is only known inside the allocation (the first hostname of SLURM_JOB_NODELIST);
 # the bootstrap resolves this sentinel. Local runs use 127.0.0.1.
@@ -87,20 +88,6 @@ class Plan:
         return self.nodes[global_rank // self.ranks_per_node].ranks[global_rank % self.ranks_per_node]
 
 
-def _model_heads(model: str) -> tuple[int, int] | None:
-    """(attention heads, KV heads) from a local model folder's config.json, None if not readable."""
-    p = Path(model) / "config.json"
-    try:
-        cfg = json.loads(p.read_text())
-    except (OSError, ValueError):
-        return None
-    cfg = cfg.get("text_config", cfg)
-    heads = cfg.get("num_attention_heads")
-    if not isinstance(heads, int):
-        return None
-    return heads, int(cfg.get("num_key_value_heads", heads))
-
-
 def resolve_backend(cfg: JobConfig, shared_gpu: bool) -> str:
     b = cfg.vllm.weight_transfer_backend
     if b != "auto":
@@ -133,9 +120,9 @@ def plan(cfg: JobConfig, job_dir: str) -> Plan:
         raise ConfigError(
             f"vllm.tensor_parallel_size ({tp}) is larger than the node ({g} GPUs); lower it or raise slurm.gpus_per_node"
         )
-    heads = _model_heads(v.model)
-    if heads is not None:
-        nh, nkv = heads
+    shape = ModelShape.read(v.model)
+    if shape is not None:
+        nh = shape.heads
         if nh % tp:
             raise ConfigError(
                 f"vllm.tensor_parallel_size ({tp}) does not divide the model's {nh} attention heads "

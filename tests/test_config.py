@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import json
+
 import pytest
 import yaml
 
@@ -135,7 +137,8 @@ def test_bad_plan(raw, needle):
 
 
 def test_tp_must_divide_heads(tmp_path):
-    (tmp_path / "config.json").write_text('{"num_attention_heads": 6, "num_key_value_heads": 2}')
+    shape = {"hidden_size": 384, "num_hidden_layers": 2, "intermediate_size": 768, "vocab_size": 300}
+    (tmp_path / "config.json").write_text(json.dumps({**shape, "num_attention_heads": 6, "num_key_value_heads": 2}))
     cfg = C.from_dict({"vllm": {"model": str(tmp_path), "tensor_parallel_size": 4}, "slurm": {"gpus_per_node": 8}})
     with pytest.raises(ConfigError, match="does not divide the model's 6 attention heads"):
         make_plan(cfg)

@@ -8,6 +8,7 @@ import functools
 import subprocess
 import sys
 from pathlib import Path
+from typing import Any
 
 import pytest
 
@@ -103,13 +104,14 @@ def train_once(rank: int, world: int, _port: int, model_dir: str) -> dict:
 
     par = cpu_parallel(rank, world)
     ids = torch.arange(2 * 24).reshape(2, 24) % 200
-    out = {}
-    for name, kw in {"plain": {}, "ac": {"activation_checkpointing": True}, "offload": {"cpu_offload": True}}.items():
+    out: dict[str, Any] = {}
+    options: dict[str, dict[str, Any]] = {"plain": {}, "ac": {"activation_checkpointing": True}, "offload": {"cpu_offload": True}}
+    for name, kw in options.items():
         model, _ = load_model(model_dir, par, torch.float32, **kw)
         model.train()
         calls = [0]
         # a pre-hook: the recompute stops early (inside the MLP) once it has what the backward needs
-        model.model.layers[0].mlp.register_forward_pre_hook(lambda *_: calls.__setitem__(0, calls[0] + 1))
+        model.model.layers[0].mlp.register_forward_pre_hook(lambda *_, c=calls: c.__setitem__(0, c[0] + 1))
         model(input_ids=ids, labels=ids).loss.backward()
         out[name] = {"layer0_forwards": calls[0], "grads": {n: p.grad.full_tensor() for n, p in model.named_parameters()}}
     plain = out["plain"]["grads"]

@@ -23,6 +23,7 @@ import time
 from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
 
 import torch
 from torch.distributed.tensor import DTensor
@@ -104,19 +105,16 @@ class SafetensorsDir:
         """Rows [first, stop) of dim 0 (the whole tensor for a 0-d one), in the stored dtype."""
         t = self.tensors[name]
         shape = (stop - first, *t.shape[1:]) if t.shape else ()
-        out = torch.empty(shape, dtype=t.dtype)
-        if out.numel() == 0:
-            return out
+        size = math.prod(shape) * t.dtype.itemsize
+        if size == 0:
+            return torch.empty(shape, dtype=t.dtype)
+        buf = bytearray(size)  # the tensor below is a view of it: one allocation, freed with the tensor
         with open(t.file, "rb", buffering=0) as f:
             f.seek(t.start + first * t.row_bytes)
-            view = memoryview(out.view(torch.uint8).numpy()).cast("B") if out.dim() else None
-            if view is None:  # 0-d: read its bytes, then reinterpret
-                raw = f.read(out.element_size())
-                return torch.frombuffer(bytearray(raw), dtype=t.dtype).reshape(())
-            got = f.readinto(view)
-        if got != out.numel() * out.element_size():
-            raise LoadError(f"{t.file}: tensor {name} is truncated (read {got} of {out.numel() * out.element_size()} bytes)")
-        return out
+            got = f.readinto(buf)
+        if got != size:
+            raise LoadError(f"{t.file}: tensor {name} is truncated (read {got} of {size} bytes)")
+        return torch.frombuffer(buf, dtype=t.dtype).reshape(shape)
 
 
 def rows_owned(p: torch.Tensor) -> tuple[int, int]:
@@ -151,7 +149,7 @@ def fill_from_checkpoint(model: torch.nn.Module, store: SafetensorsDir) -> int:
     """Copy every parameter's and persistent buffer's owned rows from the checkpoint; returns the bytes read."""
     read = 0
     names = aliases(model)
-    targets = [(names[id(p)], p) for _, p in model.named_parameters()]
+    targets: list[tuple[list[str], torch.Tensor]] = [(names[id(p)], p) for _, p in model.named_parameters()]
     targets += [([n], b) for n, b in persistent_buffers(model)]
     for candidates, t in targets:
         name = next((n for n in candidates if n in store.tensors), None)
@@ -162,7 +160,9 @@ def fill_from_checkpoint(model: torch.nn.Module, store: SafetensorsDir) -> int:
             )
         stored = store.tensors[name]
         if tuple(stored.shape) != tuple(t.shape):
-            raise LoadError(f"{name}: the checkpoint holds shape {stored.shape}, the model built from config.json {tuple(t.shape)}")
+            raise LoadError(
+                f"{name}: the checkpoint holds shape {stored.shape}, the model built from config.json {tuple(t.shape)}"
+            )
         first, stop = rows_owned(t)
         local = t.to_local() if isinstance(t, DTensor) else t
         src = store.read_rows(name, first, stop)
@@ -183,7 +183,7 @@ def init_nonpersistent_buffers(model: torch.nn.Module, device: torch.device) -> 
             raise LoadError(f"module {mod_name} holds parameters and non-persistent buffers; set trainer.model_loading=full")
         for b in own:
             mod._buffers[b] = torch.empty_like(mod._buffers[b], device=device)  # type: ignore[arg-type]
-        model._init_weights(mod)  # type: ignore[operator]
+        model._init_weights(mod)  # type: ignore[operator,arg-type]
 
 
 @dataclass(frozen=True)
@@ -201,7 +201,7 @@ def load_model(
     loader: str = "sharded",
     activation_checkpointing: bool = False,
     cpu_offload: bool = False,
-) -> tuple[torch.nn.Module, LoadReport]:
+) -> tuple[Any, LoadReport]:
     """The model sharded with FSDP2 on the plan's mesh, fp32 master weights, ready to train.
 
     loader "sharded": meta device, shard, fill each rank's rows (peak: this rank's shard plus one tensor's rows).
@@ -215,7 +215,7 @@ def load_model(
         read = sum(p.numel() * 4 for p in model.parameters())
         _prepare(model, activation_checkpointing)
         if not cpu_offload:
-            model = model.to(par.device)
+            model = model.to(par.device)  # type: ignore[arg-type]
         parallel.shard_model(model, par, param_dtype, cpu_offload=cpu_offload)
         if cpu_offload:
             for mod in model.modules():  # buffers stay where the compute is

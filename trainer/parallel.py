@@ -110,10 +110,12 @@ def init(plan: Plan) -> Parallel:
 def shard_model(model: torch.nn.Module, par: Parallel, param_dtype: torch.dtype, cpu_offload: bool = False) -> torch.nn.Module:
     """FSDP2 on every decoder layer and the root. A 2-D mesh makes it HSDP: parameters are sharded over
     the node's ranks and replicated across nodes, so the all-gather before a push stays in the node.
-    cpu_offload: the sharded fp32 parameters, their gradients and so the optimizer step live in host memory
-    (pinned); each unit is copied to the GPU for its forward and backward (FSDP2's CPUOffloadPolicy)."""
+    cpu_offload: the sharded fp32 parameters, their gradients and so the optimizer step live in host memory;
+    each unit is copied to the GPU for its forward and backward (FSDP2's CPUOffloadPolicy). Not pinned: torch's
+    pinned-memory allocator rounds every block up to a power of two, which for a 7B model's MLP weights nearly
+    doubles the host memory that offloading exists to make room in; the copies are slower instead."""
     mp = MixedPrecisionPolicy(param_dtype=param_dtype, reduce_dtype=torch.float32)
-    offload = CPUOffloadPolicy(pin_memory=par.device.type == "cuda") if cpu_offload else OffloadPolicy()
+    offload = CPUOffloadPolicy(pin_memory=False) if cpu_offload else OffloadPolicy()
     layers = getattr(getattr(model, "model", model), "layers", [])
     for layer in layers:
         fully_shard(layer, mesh=par.mesh, mp_policy=mp, offload_policy=offload)

@@ -62,7 +62,8 @@ class Run:
         dist.all_gather_object(finals, mine)
         peaks: list[Any] = [None] * self.par.world
         dist.all_gather_object(peaks, procmem.peaks_gb())
-        self.callback.save(self.trainer.state)
+        if self.plan.config.trainer.final_checkpoint:
+            self.callback.save(self.trainer.state)
         if self.par.rank == 0:
             job_dir = Path(self.plan.job_dir)
             per_node = {str(f["node"]): f for f in finals if f is not None}

@@ -1,0 +1,321 @@
+"""Memory of one trainer rank and of the node's vLLM server, estimated from the model's config.json and the plan,
+before anything is submitted: what `dry-run` prints and warns about, and what `simulate` tabulates for the
+common model shapes. An estimate with stated terms, not a measurement (gpu/RESULTS.md has the measured peaks):
+
+  per trainer rank, S = ranks sharing the shards (the node's ranks under hsdp, the whole world under fsdp)
+    state        fp32 parameters 4P/S + fp32 gradients 4P/S + AdamW moments 8P/S    (host memory with cpu_offload)
+    gathered     the root unit (embeddings, lm_head) in the compute dtype + two decoder layers (one computing,
+                 one prefetched) + one layer's fp32 gradient before its reduce-scatter
+    activations  per decoder layer T x (16 H + 8 I) bytes in bf16 (inputs, q/k/v, attention out, MLP gate/up/act),
+                 T = completions per rank x (prompt + completion tokens); with activation checkpointing only the
+                 layer inputs (2 T H per layer) plus one layer recomputed
+    logits       T x V x 6 bytes (bf16 logits and their fp32 log-softmax)
+    overhead     2 GB (CUDA context, allocator slack, NCCL buffers)
+  at load        sharded: the fp32 parameter shards 4P/S, and in host memory one tensor's rows (largest/S, bf16);
+                 full: the whole fp32 model 4P on every rank, in host memory and then on the GPU
+  vLLM           bf16 weights 2P / tensor_parallel_size; needs to fit in gpu_memory_utilization of its GPUs with
+                 room for the KV cache
+"""
+
+from __future__ import annotations
+
+import json
+import re
+from dataclasses import dataclass
+from pathlib import Path
+from typing import TYPE_CHECKING
+
+if TYPE_CHECKING:  # topology reads ModelShape from here
+    from launcher.topology import Plan
+
+GB = 1e9
+PROMPT_TOKENS = 256
+"""Prompt length assumed for the activation estimate (GRPO prompts are short next to completions)."""
+OVERHEAD_GB = 2.0
+
+KNOWN_GPUS_GB = {"b200": 180, "h200": 141, "gh200": 96, "h100": 80, "h800": 80, "a100": 80, "l40s": 48, "a6000": 48, "a10": 24}
+"""Memory of a GPU by the name a cluster puts in its partition or constraint (an '-40gb'-style suffix wins)."""
+
+
+@dataclass(frozen=True)
+class ModelShape:
+    """The decoder shape that decides memory: Llama/Qwen2/Mistral layout (GQA attention, SwiGLU MLP)."""
+
+    hidden: int
+    layers: int
+    intermediate: int
+    vocab: int
+    heads: int
+    kv_heads: int
+    head_dim: int
+    tied: bool
+
+    @classmethod
+    def read(cls, model: str) -> ModelShape | None:
+        """From a local model folder's config.json (a multimodal one's text_config); None if not readable."""
+        try:
+            c = json.loads((Path(model) / "config.json").read_text())
+        except (OSError, ValueError):
+            return None
+        c = c.get("text_config", c)
+        need = ("hidden_size", "num_hidden_layers", "intermediate_size", "vocab_size", "num_attention_heads")
+        if not all(isinstance(c.get(k), int) for k in need):
+            return None
+        heads = c["num_attention_heads"]
+        return cls(
+            hidden=c["hidden_size"],
+            layers=c["num_hidden_layers"],
+            intermediate=c["intermediate_size"],
+            vocab=c["vocab_size"],
+            heads=heads,
+            kv_heads=int(c.get("num_key_value_heads") or heads),
+            head_dim=int(c.get("head_dim") or c["hidden_size"] // heads),
+            tied=bool(c.get("tie_word_embeddings", False)),
+        )
+
+    @property
+    def layer_params(self) -> int:
+        h, q, kv = self.hidden, self.heads * self.head_dim, self.kv_heads * self.head_dim
+        return h * q + q + 2 * (h * kv + kv) + q * h + 3 * h * self.intermediate + 2 * h
+
+    @property
+    def root_params(self) -> int:
+        return self.vocab * self.hidden * (1 if self.tied else 2) + self.hidden
+
+    @property
+    def params(self) -> int:
+        return self.layers * self.layer_params + self.root_params
+
+    @property
+    def largest_tensor(self) -> int:
+        return max(self.vocab * self.hidden, self.hidden * self.intermediate)
+
+
+COMMON_SHAPES = {
+    # name: (hidden, layers, intermediate, vocab, heads, kv_heads, tied) - the published config.json values
+    "Qwen2.5-0.5B": (896, 24, 4864, 151936, 14, 2, True),
+    "Qwen2.5-7B": (3584, 28, 18944, 152064, 28, 4, False),
+    "Llama-3.1-8B": (4096, 32, 14336, 128256, 32, 8, False),
+    "Qwen2.5-14B": (5120, 48, 13824, 152064, 40, 8, False),
+    "Qwen2.5-32B": (5120, 64, 27648, 152064, 40, 8, False),
+    "Llama-3.1-70B": (8192, 80, 28672, 128256, 64, 8, False),
+}
+
+
+def common_shape(name: str) -> ModelShape:
+    h, n, i, v, heads, kv, tied = COMMON_SHAPES[name]
+    return ModelShape(h, n, i, v, heads, kv, h // heads, tied)
+
+
+@dataclass(frozen=True)
+class Layout:
+    """What the estimate needs of a plan: who shares the shards and whether vLLM shares the trainer's GPU."""
+
+    nodes: int
+    ranks_per_node: int
+    tensor_parallel_size: int
+    shard_ranks: int
+    shared_gpu: bool
+    gpu_gb: float
+    vllm_fraction: float
+    compute_bytes: int
+    completions_per_rank: int
+    completion_tokens: int
+
+
+@dataclass(frozen=True)
+class Options:
+    activation_checkpointing: bool = False
+    cpu_offload: bool = False
+    sharded_loading: bool = True
+
+    def settings(self) -> list[str]:
+        """The trainer.* settings that make these options."""
+        out = [f"trainer.{n}=true" for n in ("activation_checkpointing", "cpu_offload") if getattr(self, n)]
+        return out + ([] if self.sharded_loading else ["trainer.model_loading=full"])
+
+    def describe(self) -> str:
+        return ", ".join(self.settings()) or "none"
+
+
+@dataclass(frozen=True)
+class Estimate:
+    params_b: float
+    state_gb: float
+    gathered_gb: float
+    activations_gb: float
+    logits_gb: float
+    gpu_gb: float
+    """Peak per trainer rank on its GPU while training."""
+    host_gb_per_node: float
+    """Pinned host memory of the offloaded state, all ranks of a node (0 without cpu_offload)."""
+    load_gpu_gb: float
+    load_host_gb_per_node: float
+    vllm_weights_gb: float
+    budget_gb: float | None
+    """What a trainer rank may use of its GPU (the GPU minus vLLM's share on a shared GPU); None = GPU unknown."""
+    vllm_budget_gb: float | None
+
+    @property
+    def fits(self) -> bool | None:
+        if self.budget_gb is None or self.vllm_budget_gb is None:
+            return None
+        return max(self.gpu_gb, self.load_gpu_gb) <= self.budget_gb and self.vllm_weights_gb <= 0.8 * self.vllm_budget_gb
+
+
+def estimate(shape: ModelShape, lay: Layout, opt: Options) -> Estimate:
+    p, s, b = shape.params, lay.shard_ranks, lay.compute_bytes
+    state = 16 * p / s
+    gathered = b * shape.root_params + 2 * b * shape.layer_params + 4 * shape.layer_params
+    t = lay.completions_per_rank * (PROMPT_TOKENS + lay.completion_tokens)
+    per_layer = t * (16 * shape.hidden + 8 * shape.intermediate)
+    acts = (2 * t * shape.hidden * shape.layers + per_layer) if opt.activation_checkpointing else per_layer * shape.layers
+    logits = 6 * t * shape.vocab
+    on_gpu_state = 0 if opt.cpu_offload else state
+    gpu = (on_gpu_state + gathered + acts + logits) / GB + OVERHEAD_GB
+    if opt.sharded_loading:  # a rank's read buffer: its rows of one tensor, stored in bf16
+        load_gpu = (0 if opt.cpu_offload else 4 * p / s) / GB + OVERHEAD_GB
+        load_host = lay.ranks_per_node * ((4 * p / s if opt.cpu_offload else 0) + 2 * shape.largest_tensor / s) / GB
+    else:
+        load_gpu = (0 if opt.cpu_offload else 4 * p) / GB + OVERHEAD_GB
+        load_host = lay.ranks_per_node * 4 * p / GB
+    vllm_share = lay.gpu_gb * lay.vllm_fraction if lay.gpu_gb else None
+    budget = None
+    if lay.gpu_gb:
+        budget = lay.gpu_gb - vllm_share if lay.shared_gpu else lay.gpu_gb  # type: ignore[operator]
+    return Estimate(
+        params_b=p / 1e9,
+        state_gb=state / GB,
+        gathered_gb=gathered / GB,
+        activations_gb=acts / GB,
+        logits_gb=logits / GB,
+        gpu_gb=gpu,
+        host_gb_per_node=lay.ranks_per_node * state / GB if opt.cpu_offload else 0.0,
+        load_gpu_gb=load_gpu,
+        load_host_gb_per_node=load_host,
+        vllm_weights_gb=2 * p / lay.tensor_parallel_size / GB,
+        budget_gb=budget,
+        vllm_budget_gb=vllm_share,
+    )
+
+
+def gpu_memory_gb(explicit: float, *names: str) -> float:
+    """slurm.gpu_memory_gb if set, else a known GPU name found in the partition/constraint strings, else 0."""
+    if explicit:
+        return explicit
+    for text in names:
+        low = text.lower()
+        size = re.search(r"(\d+)\s*g(?:b)?\b", low)
+        for name, gb in KNOWN_GPUS_GB.items():
+            if re.search(rf"(^|[^a-z0-9]){name}([^a-z0-9]|$)", low) or low.startswith(name):
+                return float(size.group(1)) if size else float(gb)
+    return 0.0
+
+
+def cheapest_fit(shape: ModelShape, lay: Layout) -> Options | None:
+    """The first option set that fits, from the fastest: none, activation checkpointing, both."""
+    for opt in (Options(), Options(activation_checkpointing=True), Options(activation_checkpointing=True, cpu_offload=True)):
+        if estimate(shape, lay, opt).fits:
+            return opt
+    return None
+
+
+def report(shape: ModelShape, lay: Layout, opt: Options) -> list[str]:
+    """The dry-run section: the terms, the total against the GPU, and a warning with the fix when it does not fit."""
+    e = estimate(shape, lay, opt)
+    where = "host (cpu_offload)" if opt.cpu_offload else "GPU"
+    lines = [
+        f"model {e.params_b:.2f}B parameters; shards over {lay.shard_ranks} ranks; options: {opt.describe()}; "
+        f"T = {lay.completions_per_rank} completions x ({PROMPT_TOKENS} prompt + {lay.completion_tokens}) tokens per rank",
+        f"per trainer rank: state {e.state_gb:.1f} GB on the {where} (fp32 params + grads + AdamW), gathered units "
+        f"{e.gathered_gb:.1f}, activations {e.activations_gb:.1f}, logits {e.logits_gb:.1f}, overhead {OVERHEAD_GB:.0f}"
+        f" -> GPU peak ~{e.gpu_gb:.1f} GB",
+        f"at load ({'sharded' if opt.sharded_loading else 'full from_pretrained'}): GPU ~{e.load_gpu_gb:.1f} GB per rank, "
+        f"host ~{e.load_host_gb_per_node:.1f} GB per node"
+        + (f"; offloaded state ~{e.host_gb_per_node:.0f} GB pinned host memory per node" if opt.cpu_offload else ""),
+        f"vLLM: bf16 weights {e.vllm_weights_gb:.1f} GB per GPU (tensor_parallel_size {lay.tensor_parallel_size})",
+    ]
+    if e.budget_gb is None:
+        lines.append("GPU memory unknown: set slurm.gpu_memory_gb (or name the GPU in slurm.constraint) to check the fit")
+        return lines
+    lines.append(
+        f"budget: {e.budget_gb:.0f} GB per trainer rank"
+        + (f" (GPU {lay.gpu_gb:g} GB minus vLLM's {lay.vllm_fraction:g})" if lay.shared_gpu else f" (GPU {lay.gpu_gb:g} GB)")
+    )
+    if e.vllm_weights_gb > 0.8 * (e.vllm_budget_gb or 0):
+        lines.append(
+            f"WARNING: vLLM's weights ({e.vllm_weights_gb:.0f} GB per GPU) leave no room for its KV cache in "
+            f"{e.vllm_budget_gb:.0f} GB: raise vllm.tensor_parallel_size"
+        )
+    if max(e.gpu_gb, e.load_gpu_gb) > e.budget_gb:
+        fix = cheapest_fit(shape, lay)
+        lines.append(
+            f"WARNING: a trainer rank needs ~{max(e.gpu_gb, e.load_gpu_gb):.0f} GB, over the {e.budget_gb:.0f} GB it has; "
+            + (
+                f"it fits with {fix.describe().replace('none', 'trainer.model_loading=sharded')}"
+                if fix
+                else "no option fits: more nodes with trainer.fsdp=fsdp (shards over every rank), or fewer completions per rank"
+            )
+        )
+    return lines
+
+
+def layout(p: Plan) -> Layout:
+    s, v, t = p.config.slurm, p.config.vllm, p.config.trainer
+    return Layout(
+        nodes=p.num_nodes,
+        ranks_per_node=p.ranks_per_node,
+        tensor_parallel_size=p.tensor_parallel_size,
+        shard_ranks=p.ranks_per_node if t.fsdp == "hsdp" and p.num_nodes > 1 else p.world_size,
+        shared_gpu=p.nodes[0].shared_gpu,
+        gpu_gb=gpu_memory_gb(s.gpu_memory_gb, s.constraint, s.partition) if p.device == "cuda" else 0.0,
+        vllm_fraction=v.gpu_memory_utilization,
+        compute_bytes=2 if t.dtype == "bfloat16" else 4,
+        completions_per_rank=t.per_device_train_batch_size,
+        completion_tokens=t.max_completion_length,
+    )
+
+
+def options(p: Plan) -> Options:
+    t = p.config.trainer
+    return Options(t.activation_checkpointing, t.cpu_offload, t.model_loading == "sharded")
+
+
+def plan_report(p: Plan) -> list[str]:
+    """The dry-run section for a plan; empty when the model's config.json cannot be read here."""
+    shape = ModelShape.read(p.config.vllm.model)
+    return report(shape, layout(p), options(p)) if shape else []
+
+
+def fit_table(lay: Layout, names: list[str] | None = None) -> list[str]:
+    """Which common model shapes fit nodes like this layout's: the smallest vLLM TP whose weights leave room for a
+    KV cache, the trainer ranks left, and the cheapest options under hsdp and under fsdp."""
+    gpus = lay.ranks_per_node + (0 if lay.shared_gpu else lay.tensor_parallel_size)
+    lines = [
+        f"memory: which models fit {lay.nodes} node(s) x {gpus} GPU(s) of {lay.gpu_gb:g} GB, vLLM at "
+        f"gpu_memory_utilization {lay.vllm_fraction:g}, T = {lay.completions_per_rank} x ({PROMPT_TOKENS} + "
+        f"{lay.completion_tokens}) tokens per rank (estimate: launcher/memory.py)",
+        f"  {'model':<14} {'params':>7} {'TP':>3} {'ranks':>5}  {'hsdp: cheapest options that fit':<48} {'fsdp (shards over all ranks)'}",
+    ]
+    for name in names or list(COMMON_SHAPES):
+        shape = common_shape(name)
+        tps = [t for t in (1, 2, 4, 8) if t < gpus and shape.heads % t == 0] if not lay.shared_gpu else [1]
+        tp = next((t for t in tps if 2 * shape.params / t / GB <= 0.8 * lay.gpu_gb * lay.vllm_fraction), None)
+        if tp is None:
+            lines.append(f"  {name:<14} {shape.params / 1e9:>6.1f}B   -     -  vLLM does not fit on {gpus} GPUs of a node")
+            continue
+        ranks = 1 if lay.shared_gpu else gpus - tp
+        cells = []
+        for shard in (ranks, ranks * lay.nodes):
+            sub = Layout(**{**lay.__dict__, "tensor_parallel_size": tp, "ranks_per_node": ranks, "shard_ranks": shard})
+            fix = cheapest_fit(shape, sub)
+            if fix is None:
+                cells.append("does not fit")
+                continue
+            f = estimate(shape, sub, fix)
+            short = fix.describe().replace("trainer.", "").replace("=true", "").replace("activation_checkpointing", "AC")
+            cells.append(
+                f"{short} (~{f.gpu_gb:.0f} GB/GPU" + (f", {f.host_gb_per_node:.0f} GB host/node)" if fix.cpu_offload else ")")
+            )
+        lines.append(f"  {name:<14} {shape.params / 1e9:>6.1f}B {tp:>3} {ranks:>5}  {cells[0]:<48} {cells[1]}")
+    return lines

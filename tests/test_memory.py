@@ -1,0 +1,86 @@
+"""The memory estimate of dry-run and simulate (launcher/memory.py): its parameter count against transformers' own,
+the GPU size from its name, and what dry-run tells a user of the 7B example with and without the options."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+
+from launcher.cli import main as cli_main
+from launcher.memory import Layout, ModelShape, Options, common_shape, estimate, gpu_memory_gb
+
+QWEN7B = {
+    "hidden_size": 3584,
+    "num_hidden_layers": 28,
+    "intermediate_size": 18944,
+    "vocab_size": 152064,
+    "num_attention_heads": 28,
+    "num_key_value_heads": 4,
+    "tie_word_embeddings": False,
+}
+
+
+def test_the_parameter_count_is_what_transformers_builds(tmp_path):
+    for extra in ([], ["--untied", "--layers", "3", "--kv-heads", "2", "--hidden", "256"]):
+        out = tmp_path / ("m" + str(len(extra)))
+        made = subprocess.run(
+            [sys.executable, "-m", "trainer.tiny_model", str(out), *extra], check=True, capture_output=True, text=True
+        ).stdout
+        built = int(made.split("'params': ")[1].split(",")[0])
+        shape = ModelShape.read(str(out))
+        assert shape is not None and shape.params == built, (shape, built)
+    # and the published size of a real shape (Qwen2.5-7B: 7.62B)
+    assert abs(common_shape("Qwen2.5-7B").params / 1e9 - 7.615) < 0.005
+
+
+def test_the_gpu_size_comes_from_the_setting_or_a_known_name():
+    assert gpu_memory_gb(0, "h100", "") == 80
+    assert gpu_memory_gb(0, "", "gpu-a100-40gb") == 40
+    assert gpu_memory_gb(0, "nvidia_h200", "") == 141
+    assert gpu_memory_gb(96, "h100") == 96
+    assert gpu_memory_gb(0, "batch", "cpu") == 0
+
+
+def _lay(**kw) -> Layout:
+    base = dict(
+        nodes=4,
+        ranks_per_node=7,
+        tensor_parallel_size=1,
+        shard_ranks=7,
+        shared_gpu=False,
+        gpu_gb=80.0,
+        vllm_fraction=0.85,
+        compute_bytes=2,
+        completions_per_rank=16,
+        completion_tokens=1024,
+    )
+    return Layout(**{**base, **kw})  # type: ignore[arg-type]
+
+
+def test_each_option_lowers_the_term_it_is_for():
+    shape = common_shape("Qwen2.5-7B")
+    plain, ac = estimate(shape, _lay(), Options()), estimate(shape, _lay(), Options(activation_checkpointing=True))
+    off = estimate(shape, _lay(), Options(cpu_offload=True))
+    full = estimate(shape, _lay(), Options(sharded_loading=False))
+    assert ac.activations_gb < plain.activations_gb / 5 and ac.state_gb == plain.state_gb
+    assert off.gpu_gb < plain.gpu_gb - plain.state_gb + 0.1 and off.host_gb_per_node > 100
+    # the old loader: the whole fp32 model on every rank, 7 x 30 GB of host memory per node
+    assert full.load_host_gb_per_node > 200 > 10 > estimate(shape, _lay(), Options()).load_host_gb_per_node
+    # fsdp over 4 nodes shards the state 4x thinner than hsdp within a node
+    assert abs(estimate(shape, _lay(shard_ranks=28), Options()).state_gb * 4 - plain.state_gb) < 1e-6
+
+
+def test_dry_run_prints_the_estimate_and_warns_with_the_fix(tmp_path, capsys):
+    model = tmp_path / "qwen7b"
+    model.mkdir()
+    (model / "config.json").write_text(json.dumps(QWEN7B))
+    argv = ["dry-run", "configs/gpu_7b_4nodes.yaml", "--set", f"vllm.model={model}"]
+    assert cli_main(argv) == 0
+    out = capsys.readouterr().out
+    section = out.split("# memory estimate")[1].split("# sbatch")[0]
+    assert "model 7.62B parameters; shards over 7 ranks" in section and "budget: 80 GB" in section, section
+    assert "WARNING" not in section, section  # the example config turns activation checkpointing on
+    assert cli_main(argv + ["--set", "trainer.activation_checkpointing=false"]) == 0
+    section = capsys.readouterr().out.split("# memory estimate")[1].split("# sbatch")[0]
+    assert "WARNING: a trainer rank needs" in section and "trainer.activation_checkpointing=true" in section, section
