@@ -26,7 +26,13 @@ push = [r["push_s"]["0"] for r in later if r.get("push_s", {}).get("0")]
 push_med = statistics.median(push) if push else None
 gen_tps = [r["gen_tokens_per_s"] for r in later if r.get("gen_tokens_per_s")]
 vllm_log = (job / "logs" / "node0-vllm.log").read_text(errors="replace")
-mem = [float(x) for x in (out / "gpu_mem_used_mib.txt").read_text().split()] if (out / "gpu_mem_used_mib.txt").exists() else []
+
+
+def _samples(path: Path) -> list[float]:
+    return [float(x) for x in path.read_text().split()] if path.exists() else []
+
+
+mem = _samples(out / "gpu_mem_used_mib.txt")
 res = {
     "versions": versions,
     "backend": plan.weight_transfer_backend,
@@ -50,6 +56,7 @@ res = {
     )[:4],
     "gpu_peak_used_gib": round(max(mem) / 1024, 1) if mem else None,
     "peak_memory_per_rank": summary.get("peak_memory_per_rank"),
+    "host_peak_used_gib": round(max(hm) / 1024, 1) if (hm := _samples(out / "host_mem_used_mib.txt")) else None,
     "startup_phases_s": startup_phases(job, 0),
     "model_loaded": next(
         (

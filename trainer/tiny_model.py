@@ -35,6 +35,7 @@ def make_tiny_model(
     tie: bool = True,
     max_shard_size: str | None = None,
     device: str = "cpu",
+    head_dim: int = 64,
 ) -> dict:
     """Random Qwen2 weights from a config (never the hub). The defaults make the CPU test model; the
         transformer body of Qwen2-0.5B is hidden 896, 24 layers, kv_heads 2, intermediate 4864 (the
@@ -44,8 +45,8 @@ def make_tiny_model(
     from tokenizers import Tokenizer, decoders, models, pre_tokenizers, trainers
     from transformers import PreTrainedTokenizerFast, Qwen2Config, Qwen2ForCausalLM
 
-    if hidden % 64:
-        raise ValueError(f"hidden ({hidden}) must be a multiple of 64: vLLM's CPU attention needs head_dim 64")
+    if hidden % head_dim:
+        raise ValueError(f"hidden ({hidden}) must be a multiple of head_dim ({head_dim}; vLLM's CPU attention needs 64)")
     path = Path(out)
     path.mkdir(parents=True, exist_ok=True)
     tok = Tokenizer(models.BPE(unk_token=None))
@@ -60,9 +61,9 @@ def make_tiny_model(
     hf = PreTrainedTokenizerFast(tokenizer_object=tok, eos_token="<|endoftext|>", pad_token="<|endoftext|>", bos_token=None)
     hf.chat_template = CHAT_TEMPLATE
     hf.save_pretrained(path)
-    heads = hidden // 64
+    heads = hidden // head_dim
     if heads % kv_heads:
-        raise ValueError(f"kv_heads ({kv_heads}) must divide the {heads} attention heads (hidden / 64)")
+        raise ValueError(f"kv_heads ({kv_heads}) must divide the {heads} attention heads (hidden / head_dim)")
     cfg = Qwen2Config(  # type: ignore[call-arg]
         vocab_size=len(hf),
         hidden_size=hidden,
@@ -70,7 +71,7 @@ def make_tiny_model(
         num_hidden_layers=layers,
         num_attention_heads=heads,
         num_key_value_heads=kv_heads,
-        head_dim=64,
+        head_dim=head_dim,
         max_position_embeddings=512,
         eos_token_id=hf.eos_token_id,
         bos_token_id=hf.eos_token_id,
@@ -109,6 +110,7 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--intermediate", type=int, default=0, help="MLP size (default 2 x hidden)")
     ap.add_argument("--vocab", type=int, default=300, help="tokenizer vocabulary to train (default 300)")
     ap.add_argument("--dtype", default="float32", choices=["float32", "bfloat16"], help="saved weights (default float32)")
+    ap.add_argument("--head-dim", type=int, default=64, help="attention head size (default 64, what vLLM's CPU build needs)")
     ap.add_argument("--device", default="cpu", help="where to initialise the weights (cuda is much faster for big bodies)")
     ap.add_argument("--untied", action="store_true", help="a separate lm_head instead of the tied embedding")
     ap.add_argument("--max-shard-size", default=None, help="split the weights into safetensors files of this size, e.g. 2GB")
@@ -126,6 +128,7 @@ def main(argv: list[str] | None = None) -> int:
             tie=not a.untied,
             max_shard_size=a.max_shard_size,
             device=a.device,
+            head_dim=a.head_dim,
         )
     except ValueError as e:
         print(f"slurm-grpo make-tiny-model: error: {e}", file=sys.stderr)
