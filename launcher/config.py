@@ -134,8 +134,8 @@ class TrainerConfig:
     """Port of each node leader's weight-transfer store (127.0.0.1, node-local)."""
     model_loading: str = "sharded"
     """How ranks load the model: sharded (meta device, then each rank reads only its shard's rows from the safetensors files) or full (from_pretrained of the whole fp32 model on every rank, then shard; for checkpoints whose tensor names need renaming)."""
-    activation_checkpointing: bool = False
-    """Recompute each decoder layer's activations in the backward instead of keeping them (less memory, about a third more compute)."""
+    activation_checkpointing: bool = True
+    """Recompute each decoder layer's activations in the backward instead of keeping them (less memory, about a third more compute); TRL's GRPOConfig default too."""
     cpu_offload: bool = False
     """Keep the sharded fp32 parameters, gradients and optimizer state in host memory (FSDP2 CPUOffloadPolicy; the optimizer step runs on the CPU): a big model on few GPUs."""
     stall_timeout_s: int = 900

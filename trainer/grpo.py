@@ -230,6 +230,8 @@ def grpo_config(job_dir: Path, t: TrainerConfig, device: str, **overrides: Any):
         vllm_mode="server",
         disable_tqdm=True,
         dataloader_num_workers=0,
+        # TRL defaults this to True; trainer.activation_checkpointing decides (the loader applies it per layer)
+        gradient_checkpointing=t.activation_checkpointing,
     )
     return GRPOConfig(**{**settings, **t.grpo, **overrides})
 
