@@ -186,6 +186,15 @@ def test_rank_killed_mid_checkpoint_keeps_the_last_good_one_and_resume_uses_it(t
     i = max(k for k, x in enumerate(rows) if x.get("event") == "resumed")
     assert rows[i]["from_step"] == 3
     assert [x["step"] for x in rows[i + 1 :] if "reward" in x] == [4, 5, 6, 7, 8]
+    # the data cursor: the redone steps train on the prompts the uninterrupted attempt had at those steps (its
+    # rows for steps 4..6 were set aside in metrics.lost.jsonl), not on the start of the data again
+    lost = {x["step"]: x["prompts_digest"]["0"] for x in read(job / "metrics.lost.jsonl") if "reward" in x}
+    redone = {x["step"]: x["prompts_digest"]["0"] for x in rows[i + 1 :] if "reward" in x}
+    assert {4, 5} <= set(lost), lost
+    assert all(redone[k] == lost[k] for k in lost), (lost, redone)
+    first = {x["step"]: x["prompts_digest"]["0"] for x in rows[:i] if "reward" in x}
+    assert redone[4] != first[1], "step 4 saw step 1's prompts: the resumed run started the data over"
+    assert rows[i]["data_indices_skipped"] == 3 * 16, rows[i]  # 3 steps x 16 completions
     assert not list(ck.glob("*.tmp"))  # cleaned by the next write
     assert latest(ck)[0] == 8
 

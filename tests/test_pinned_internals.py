@@ -24,6 +24,17 @@ def test_trl_generation_injection_point():
     assert params[:5] == ["self", "prompts", "images", "num_generations", "profiler"], params
 
 
+def test_the_data_cursor_hook_is_where_trainer_data_puts_it():
+    import trl.trainer.grpo_trainer as gt
+
+    # trainer/data.continue_data_order replaces the instance's _get_train_sampler before train() builds the dataloader
+    src = inspect.getsource(gt.GRPOTrainer.get_train_dataloader)
+    assert "sampler_fn=self._get_train_sampler" in src, "GRPOTrainer builds its train sampler another way now"
+    assert "batch_size=self._train_batch_size * self.args.steps_per_generation" in src, (
+        "GRPOTrainer's dataloader batch changed: trainer/data.indices_per_step must follow"
+    )
+
+
 def test_transformers_leaves_self_sharded_models_alone():
     import transformers.trainer as tt
 

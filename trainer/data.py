@@ -2,7 +2,11 @@
 
 from __future__ import annotations
 
+import itertools
+from collections.abc import Iterator
 from pathlib import Path
+
+from torch.utils.data import Sampler
 
 
 def load_prompts(path: str):
@@ -23,3 +27,42 @@ def load_prompts(path: str):
     if len(ds) == 0:
         raise ValueError(f"trainer.dataset {path} is empty")
     return ds
+
+
+class FastForward(Sampler):
+    """The trainer's own sampler, with the first `skip` indices of its stream dropped (across as many passes over
+    the data as they span): a resumed run then sees the prompts an uninterrupted run would have seen from that
+    step on. Later passes are the inner sampler's own (its generator carries on, as it would have)."""
+
+    def __init__(self, inner: Sampler, skip: int):
+        self.inner, self.skip = inner, skip
+
+    def __len__(self) -> int:
+        return len(self.inner)  # type: ignore[arg-type]  # the Trainer's epoch arithmetic stays the inner one's
+
+    def __iter__(self) -> Iterator[int]:
+        skip, self.skip = self.skip, 0
+        per_pass = len(self.inner)  # type: ignore[arg-type]
+        while per_pass and skip >= per_pass:  # whole passes: draw their order (the generator advances), drop it
+            for _ in self.inner:
+                pass
+            skip -= per_pass
+        return itertools.islice(iter(self.inner), skip, None)
+
+
+def indices_per_step(trainer) -> int:
+    """Sampler indices one optimizer step consumes over the whole world: each of the gradient-accumulation
+    micro-steps takes one dataloader batch (per_device x steps_per_generation indices) on every process."""
+    a = trainer.args
+    return (
+        a.gradient_accumulation_steps * trainer.accelerator.num_processes * a.per_device_train_batch_size * a.steps_per_generation
+    )
+
+
+def continue_data_order(trainer, steps_done: int) -> int:
+    """Make the trainer's sampler skip what `steps_done` optimizer steps consumed; returns the indices skipped.
+    Call before trainer.train() (which builds the dataloader)."""
+    skip = steps_done * indices_per_step(trainer)
+    make = trainer._get_train_sampler  # TRL's RepeatSampler factory (pinned in tests/test_pinned_internals.py)
+    trainer._get_train_sampler = lambda dataset=None: FastForward(make(dataset), skip)
+    return skip

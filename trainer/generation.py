@@ -17,6 +17,7 @@ the step clock, the stats gather) are bound beforehand with functools.partial.
 
 from __future__ import annotations
 
+import hashlib
 import time
 from collections.abc import Callable
 from dataclasses import dataclass
@@ -146,6 +147,8 @@ class NodeLocalGeneration:
 
         def ask_server(flat: list[list[int]]):
             assert client is not None  # node_generate asks on the leader only
+            # which prompts this node trained on at this step (a resumed run must continue the same order)
+            self.stats["prompts_digest"] = hashlib.sha1(repr(flat).encode()).hexdigest()[:12]
             return client.complete(
                 flat,
                 max_tokens=self.max_completion_length,

@@ -97,26 +97,27 @@ class SlurmGrpoCallback(TrainerCallback):
         stats: NodeStats,
         clock: StepClock,
         preemption: PreemptionFlag,
+        resume: tuple[int, Path] | None = None,
         on_first_step: Callable[[], None] | None = None,
     ):
         self.job_dir, self.par, self.t, self.stats, self.clock = job_dir, par, t, stats, clock
+        self.resume = resume
+        """(step, folder) of the checkpoint this run continues from, found before the trainer was built."""
         self.preemption = preemption
         self.on_first_step = on_first_step
         self.metrics = MetricsWriter(job_dir)
         self.trainer: Any = None  # the GRPOTrainer, bound by build_trainer (it takes the callback as an argument)
         self.step_t0 = time.time()
         self.resumed_from: int | None = None
+        self.data_indices_skipped = 0
         self.last_saved = -1
         self.preempted = False
 
     # -------------------------------------------------------------- resume
     def on_train_begin(self, args, state, control, model=None, optimizer=None, lr_scheduler=None, **kw):
-        if not self.t.resume:
+        if self.resume is None:
             return
-        found = checkpoint.latest(self.job_dir / "checkpoints")
-        if found is None:
-            return
-        step, path = found
+        step, path = self.resume
         got = checkpoint.load(path, self.trainer.model, optimizer, lr_scheduler)
         state.global_step = got
         self.resumed_from = self.last_saved = got
@@ -131,7 +132,15 @@ class SlurmGrpoCallback(TrainerCallback):
                 ),
                 flush=True,
             )
-            self.metrics.write({"event": "resumed", "from_step": got, "checkpoint": str(path), "steps_redone": redone})
+            self.metrics.write(
+                {
+                    "event": "resumed",
+                    "from_step": got,
+                    "checkpoint": str(path),
+                    "steps_redone": redone,
+                    "data_indices_skipped": self.data_indices_skipped,
+                }
+            )
 
     def on_step_begin(self, args, state, control, **kw):
         self.step_t0 = time.time()
@@ -158,6 +167,7 @@ class SlurmGrpoCallback(TrainerCallback):
                 str(n): round(s["gen_tokens"] / max(s["gen_s"], 1e-9), 1) for n, s in sorted(by.items()) if s.get("gen_s")
             },
             "server_requests": {str(n): s.get("server_requests") for n, s in sorted(by.items())},
+            "prompts_digest": {str(n): s.get("prompts_digest") for n, s in sorted(by.items())},
         }
         tps = row["gen_tokens_per_s_node"]
         row["gen_tokens_per_s"] = round(sum(tps.values()), 1) if tps else None

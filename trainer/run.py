@@ -111,7 +111,10 @@ def build(plan: Plan, par: Parallel, preemption: grpo.PreemptionFlag) -> Run:
         clock=clock,
         on_stats=stats.gather,
     )
-    callback = grpo.SlurmGrpoCallback(job_dir, par, t, stats, clock, preemption, on_first_step=lambda: node_event("first_step"))
+    resume = checkpoint.latest(job_dir / "checkpoints") if t.resume else None
+    callback = grpo.SlurmGrpoCallback(
+        job_dir, par, t, stats, clock, preemption, resume=resume, on_first_step=lambda: node_event("first_step")
+    )
     trainer = grpo.build_trainer(
         model,
         tokenizer,
@@ -121,4 +124,6 @@ def build(plan: Plan, par: Parallel, preemption: grpo.PreemptionFlag) -> Run:
         callback,
         make_backend,
     )
+    if resume is not None:  # the data cursor: the prompts an uninterrupted run would see from this step on
+        callback.data_indices_skipped = data.continue_data_order(trainer, resume[0])
     return Run(plan=plan, par=par, trainer=trainer, callback=callback)

@@ -1,0 +1,46 @@
+"""The data cursor of a resumed run (trainer/data.py): TRL's own RepeatSampler, interrupted after K optimizer steps and
+resumed with the indices those steps consumed skipped, yields what the uninterrupted sampler yields from there on,
+within the pass and across passes over the data. (The integration tier checks the same on a real run: the prompts
+each step trained on, resumed vs uninterrupted.)"""
+
+from __future__ import annotations
+
+import itertools
+from types import SimpleNamespace
+
+from trl.trainer.utils import RepeatSampler
+
+from trainer.data import FastForward, continue_data_order, indices_per_step
+
+
+def make_sampler() -> RepeatSampler:
+    # 10 prompts, 4 generations each, 2 prompts per generation batch, each batch used twice (steps_per_generation 2)
+    return RepeatSampler(data_source=list(range(10)), mini_repeat_count=4, batch_size=2, repeat_count=2, seed=7)
+
+
+def passes(sampler, n: int) -> list[list[int]]:
+    """What the dataloader sees: one iter() per pass (epoch)."""
+    return [list(sampler) for _ in range(n)]
+
+
+def test_a_resumed_sampler_continues_the_uninterrupted_order_within_and_across_passes():
+    per_pass = len(make_sampler())
+    uninterrupted = list(itertools.chain(*passes(make_sampler(), 6)))
+    assert len(set(map(tuple, passes(make_sampler(), 3)))) == 3, "the passes must differ for this test to mean anything"
+    for skip in (0, 8, per_pass - 8, per_pass, per_pass + 16, 2 * per_pass + 8):
+        resumed = passes(FastForward(make_sampler(), skip), 3)
+        first_pass_end = (skip // per_pass + 1) * per_pass
+        assert resumed[0] == uninterrupted[skip:first_pass_end], skip  # the rest of the interrupted pass
+        assert resumed[1] == uninterrupted[first_pass_end : first_pass_end + per_pass], skip  # then the next passes
+        assert resumed[2] == uninterrupted[first_pass_end + per_pass : first_pass_end + 2 * per_pass], skip
+
+
+def test_the_skip_is_what_the_steps_consumed_and_it_reaches_the_trainers_sampler():
+    args = SimpleNamespace(gradient_accumulation_steps=2, per_device_train_batch_size=8, steps_per_generation=2)
+    trainer = SimpleNamespace(
+        args=args, accelerator=SimpleNamespace(num_processes=4), _get_train_sampler=lambda d=None: make_sampler()
+    )
+    assert indices_per_step(trainer) == 2 * 4 * 8 * 2  # micro-steps x processes x dataloader batch per process
+    assert continue_data_order(trainer, 3) == 3 * 128
+    s = trainer._get_train_sampler()
+    assert isinstance(s, FastForward) and s.skip == 384 and len(s) == len(make_sampler())
