@@ -10,7 +10,7 @@ from types import SimpleNamespace
 
 from trl.trainer.utils import RepeatSampler
 
-from trainer.data import FastForward, continue_data_order, indices_per_step
+from trainer.data import DataCursor, FastForward, continue_data_order, indices_per_step
 
 
 def make_sampler() -> RepeatSampler:
@@ -41,6 +41,9 @@ def test_the_skip_is_what_the_steps_consumed_and_it_reaches_the_trainers_sampler
         args=args, accelerator=SimpleNamespace(num_processes=4), _get_train_sampler=lambda d=None: make_sampler()
     )
     assert indices_per_step(trainer) == 2 * 4 * 8 * 2  # micro-steps x processes x dataloader batch per process
-    assert continue_data_order(trainer, 3) == 3 * 128
+    continue_data_order(trainer, 384)
     s = trainer._get_train_sampler()
     assert isinstance(s, FastForward) and s.skip == 384 and len(s) == len(make_sampler())
+    # resumed at step 10 on half the ranks, after 10 steps at 128 indices each: the cursor counts on from there
+    cursor = DataCursor(base_indices=10 * 128, base_step=10, per_step=64)
+    assert cursor.at(10) == 1280 and cursor.at(14) == 1280 + 4 * 64

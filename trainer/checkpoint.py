@@ -26,6 +26,11 @@ def latest(root: Path) -> tuple[int, Path] | None:
     return dirs[-1] if dirs else None
 
 
+def meta(path: Path) -> dict:
+    """A complete checkpoint's meta.json: step, world size, reason, and what the run recorded with it."""
+    return json.loads((path / "meta.json").read_text())
+
+
 def save(root: Path, step: int, model, optimizer, scheduler, extra: dict) -> Path:
     """Collective: every rank calls it."""
     final = root / f"step-{step:06d}"
@@ -57,11 +62,11 @@ def save(root: Path, step: int, model, optimizer, scheduler, extra: dict) -> Pat
 
 def load(path: Path, model, optimizer, scheduler) -> int:
     """Collective. Restores model and optimizer shards, the LR schedule and the step; returns the step."""
-    meta = json.loads((path / "meta.json").read_text())
-    if meta["world_size"] != dist.get_world_size() and dist.get_rank() == 0:
+    info = meta(path)
+    if info["world_size"] != dist.get_world_size() and dist.get_rank() == 0:
         # DCP stores each tensor with its global shape and reads back whatever slice this rank's DTensor owns
         print(
-            f"resharding checkpoint {path.name}: written by {meta['world_size']} ranks, loaded by {dist.get_world_size()}",
+            f"resharding checkpoint {path.name}: written by {info['world_size']} ranks, loaded by {dist.get_world_size()}",
             flush=True,
         )
     msd, osd = get_state_dict(model, optimizer)
@@ -71,4 +76,4 @@ def load(path: Path, model, optimizer, scheduler) -> int:
     ts = torch.load(path / "trainer_state.pt", weights_only=False)
     if scheduler is not None and ts["scheduler"] is not None:
         scheduler.load_state_dict(ts["scheduler"])
-    return int(meta["step"])
+    return int(info["step"])

@@ -1,9 +1,11 @@
-"""Training prompts from local files only: JSONL, Parquet, or a folder saved by `datasets`."""
+"""Training prompts from local files only (JSONL, Parquet, or a folder saved by `datasets`), and the data cursor
+that lets a resumed run continue their order."""
 
 from __future__ import annotations
 
 import itertools
 from collections.abc import Iterator
+from dataclasses import dataclass
 from pathlib import Path
 
 from torch.utils.data import Sampler
@@ -59,10 +61,23 @@ def indices_per_step(trainer) -> int:
     )
 
 
-def continue_data_order(trainer, steps_done: int) -> int:
-    """Make the trainer's sampler skip what `steps_done` optimizer steps consumed; returns the indices skipped.
-    Call before trainer.train() (which builds the dataloader)."""
-    skip = steps_done * indices_per_step(trainer)
+def continue_data_order(trainer, consumed: int) -> None:
+    """Make the trainer's sampler skip the `consumed` indices of the run so far. Call before trainer.train()
+    (which builds the dataloader)."""
     make = trainer._get_train_sampler  # TRL's RepeatSampler factory (pinned in tests/test_pinned_internals.py)
-    trainer._get_train_sampler = lambda dataset=None: FastForward(make(dataset), skip)
-    return skip
+    trainer._get_train_sampler = lambda dataset=None: FastForward(make(dataset), consumed)
+
+
+@dataclass(frozen=True)
+class DataCursor:
+    """How far into the sampler's stream a step is: recorded with each checkpoint, because a resumed run on another
+    number of ranks consumes indices at another rate and cannot recompute the past from its own."""
+
+    base_indices: int
+    """Indices consumed before this attempt's first step (0, or what the resumed checkpoint recorded)."""
+    base_step: int
+    per_step: int
+    """Indices one optimizer step of this attempt consumes (indices_per_step)."""
+
+    def at(self, step: int) -> int:
+        return self.base_indices + (step - self.base_step) * self.per_step

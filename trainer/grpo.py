@@ -26,7 +26,7 @@ import torch.distributed as dist
 from transformers import TrainerCallback
 
 from launcher.config import TrainerConfig
-from trainer import checkpoint
+from trainer import checkpoint, data
 from trainer.generation import NodeLocalGeneration, StepClock
 from trainer.metrics import MetricsWriter
 from trainer.parallel import Parallel
@@ -109,7 +109,7 @@ class SlurmGrpoCallback(TrainerCallback):
         self.trainer: Any = None  # the GRPOTrainer, bound by build_trainer (it takes the callback as an argument)
         self.step_t0 = time.time()
         self.resumed_from: int | None = None
-        self.data_indices_skipped = 0
+        self.cursor = data.DataCursor(0, 0, 0)  # set by trainer.run.build, which knows the sampler's rate
         self.last_saved = -1
         self.preempted = False
 
@@ -138,7 +138,7 @@ class SlurmGrpoCallback(TrainerCallback):
                     "from_step": got,
                     "checkpoint": str(path),
                     "steps_redone": redone,
-                    "data_indices_skipped": self.data_indices_skipped,
+                    "data_indices_skipped": self.cursor.base_indices,
                 }
             )
 
@@ -209,6 +209,7 @@ class SlurmGrpoCallback(TrainerCallback):
             {
                 "reason": reason,
                 "attempt": os.environ.get("SLURM_GRPO_ATTEMPT", ""),
+                "data_indices_consumed": self.cursor.at(state.global_step),
                 "reward_last": (tr.state.log_history[-1] if tr.state.log_history else {}).get("reward"),
             },
         )

@@ -124,6 +124,12 @@ def build(plan: Plan, par: Parallel, preemption: grpo.PreemptionFlag) -> Run:
         callback,
         make_backend,
     )
-    if resume is not None:  # the data cursor: the prompts an uninterrupted run would see from this step on
-        callback.data_indices_skipped = data.continue_data_order(trainer, resume[0])
+    per_step = data.indices_per_step(trainer)
+    if resume is None:
+        callback.cursor = data.DataCursor(0, 0, per_step)
+    else:  # the data cursor: the prompts an uninterrupted run would see from this step on
+        step = resume[0]
+        consumed = int(checkpoint.meta(resume[1]).get("data_indices_consumed", step * per_step))  # older checkpoints
+        data.continue_data_order(trainer, consumed)
+        callback.cursor = data.DataCursor(consumed, step, per_step)
     return Run(plan=plan, par=par, trainer=trainer, callback=callback)
