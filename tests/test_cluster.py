@@ -359,6 +359,9 @@ def test_a_lost_node_is_named_and_the_run_resumes_on_the_node_left(tmp_path, tin
     first = next(x for x in rows if x.get("step") == max(saved) + 1 and "reward" in x and x["time"] > resumed[-1]["time"])
     assert first["parity_stale"]["0"] > 1e-3 and first["parity"]["0"] <= 1e-3, first  # base model -> checkpoint
     assert "resharding checkpoint" in (job / "logs" / "node0-trainer.log").read_text()  # 4 ranks -> 2
+    # the data cursor: the 2-node attempt consumed 32 sampler indices per step (4 ranks x 8 completions), which the
+    # checkpoint recorded; the 1-node attempt (16 per step) skips exactly that, not its own rate x steps
+    assert resumed[-1]["data_indices_skipped"] == max(saved) * 4 * 8, resumed[-1]
     # the reward is printed, not asserted: 12 tiny-model steps, the last ones on half the batch, are too few
     # for a rise that always shows (a run here: 0.055 -> 0.063); tests/test_integration.py asserts learning
     rewards = [x["reward"] for x in rows if "reward" in x]
