@@ -294,7 +294,11 @@ def build_parser() -> argparse.ArgumentParser:
     )
     p.add_argument("args", nargs=argparse.REMAINDER)
     p.set_defaults(fn=cmd_make_tiny_model)
-    p = sub.add_parser("simulate", help="predict step time vs node count: per-node servers vs one global server")
+    p = sub.add_parser(
+        "simulate",
+        help="predict step time vs node count (per-node servers vs one global server), the best split of a node's GPUs "
+        "between vLLM and training (sync and async, vs TRL colocate and separate inference nodes), and which models fit",
+    )
     p.add_argument("config", help="YAML job config (model size from vllm.model's config.json, or --params-b)")
     p.add_argument("--nodes", default="1,2,4,8,16,32,64,128,256", help="comma-separated node counts")
     p.add_argument("--params-b", type=float, default=0.0, help="model parameters in billions (default: from the config)")

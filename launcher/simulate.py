@@ -10,6 +10,10 @@ Per step, with N nodes, G trainer ranks per node and B completions per rank of L
                                                        the gather and push cross the network) + gather bP / inter_bw
   training    t_train, the same for both (data parallel, per-rank batch fixed)
   tps_server  tokens_per_s_server x min(1, tps_anchor_params_b / P): a saturated server, decode memory-bound
+
+Then, for one node of the config (G GPUs, TP t, the config's completions per node fixed), every split of its GPUs
+between vLLM (v = TP x DP GPUs, one server) and training (G - v ranks), synchronous and asynchronous, against the
+layouts a user would pick instead (see split_rows).
 """
 
 from __future__ import annotations
@@ -26,6 +30,12 @@ DEFAULTS = {
     "intra_bw_gbs": 450.0,  # NVLink per direction, H100/H200
     "inter_bw_gbs": 50.0,  # one 400 Gb/s NIC
     "train_s": 10.0,  # seconds of forward/backward/optimizer per step
+}
+
+
+LAYOUT_DEFAULTS = {
+    "colocate_gen_efficiency": 0.6,  # assumption: vLLM inside each trainer process holds a memory fraction (KV-bound)
+    "async_overhead": 0.05,  # assumption: an overlapped step loses this fraction (pause/resume around a push, jitter)
 }
 
 
@@ -56,6 +66,89 @@ def predict(nodes: list[int], params_b: float, ranks_per_node: int, batch: int, 
     return rows
 
 
+@dataclass
+class SplitRow:
+    layout: str
+    vllm_gpus: int
+    trainer_gpus: int
+    gen_s: float
+    train_s: float
+    push_s: float
+    sync_s: float
+    async_s: float | None
+    """None: the layout cannot overlap generation with training (TRL colocate time-shares each GPU)."""
+
+
+def split_rows(gpus: int, tp: int, nodes: int, params_b: float, completions: int, tokens: int, train_rank_s: float, f: dict):
+    """Step seconds of one node (the job's nodes run the same in parallel) for each split of its G GPUs, and the
+    alternatives, all on the same work: `completions` of `tokens` per node per step, `train_rank_s` seconds for one
+    rank to train on all of them (training is data parallel: divided by the ranks).
+      per-node split  v GPUs serve (tps per GPU x v), G - v train, push over NVLink; sync = gen + train + push,
+                      async (max_staleness >= 1, per node) = max(gen, train + push) x (1 + async_overhead)
+      TRL colocate    all G GPUs train and serve in turns, vLLM at colocate_gen_efficiency; no overlap
+      separate nodes  (TRL server mode on other nodes, prime-rl) as many GPUs serving as the best split, on their own
+                      nodes; the push crosses the network twice (gather to one rank, send): 2 bP / inter_bw; async
+                      as prime-rl does it
+    Staleness above 1 does not change the steady state here; it absorbs jitter between the two sides."""
+    tps = f["tokens_per_s_server"] * min(1.0, f["tps_anchor_params_b"] / max(params_b, 1e-6))
+    work = completions * tokens
+    push_local = f["bytes_per_param"] * params_b * 1e9 / (f["intra_bw_gbs"] * 1e9)
+    over = 1 + f["async_overhead"]
+    rows = []
+    for v in range(tp, gpus, tp):
+        gen, train = work / (tps * v), train_rank_s / (gpus - v)
+        rows.append(
+            SplitRow(
+                f"per-node, {v} serve",
+                v,
+                gpus - v,
+                gen,
+                train,
+                push_local,
+                gen + train + push_local,
+                max(gen, train + push_local) * over,
+            )
+        )
+    best = min(rows, key=lambda r: r.async_s or r.sync_s) if rows else None
+    gen = work / (tps * gpus * f["colocate_gen_efficiency"])
+    rows.append(
+        SplitRow("TRL colocate", gpus, gpus, gen, train_rank_s / gpus, push_local, gen + train_rank_s / gpus + push_local, None)
+    )
+    if best is not None:
+        push_far = 2 * f["bytes_per_param"] * params_b * 1e9 / (f["inter_bw_gbs"] * 1e9)
+        gen, train = work / (tps * best.vllm_gpus), train_rank_s / best.trainer_gpus
+        label = f"separate inference nodes ({best.vllm_gpus}/{gpus} of the GPUs)"
+        rows.append(
+            SplitRow(
+                label,
+                best.vllm_gpus,
+                best.trainer_gpus,
+                gen,
+                train,
+                push_far,
+                gen + train + push_far,
+                max(gen, train + push_far) * over,
+            )
+        )
+    return rows
+
+
+def recommend(rows: list[SplitRow]) -> tuple[SplitRow, SplitRow]:
+    """The per-node splits with the shortest synchronous and asynchronous steps."""
+    ours = [r for r in rows if r.layout.startswith("per-node")]
+    return min(ours, key=lambda r: r.sync_s), min(ours, key=lambda r: r.async_s or r.sync_s)
+
+
+def split_table(rows: list[SplitRow]) -> list[str]:
+    best_sync, best_async = recommend(rows)
+    out = [f"  {'layout':<44} {'gen s':>7} {'train s':>8} {'push s':>7} {'sync step':>10} {'async step':>11}"]
+    for r in rows:
+        mark = (" <- best sync" if r is best_sync else "") + (" <- best async" if r is best_async else "")
+        a = f"{r.async_s:>11.2f}" if r.async_s is not None else f"{'-':>11}"
+        out.append(f"  {r.layout:<44} {r.gen_s:>7.2f} {r.train_s:>8.2f} {r.push_s:>7.3f} {r.sync_s:>10.2f} {a}{mark}")
+    return out
+
+
 def main(a) -> int:
     from launcher import config as C
     from launcher.memory import Layout
@@ -80,6 +173,26 @@ def main(a) -> int:
         print(
             f"{r.nodes:>6} {r.ours_gen_s:>9.2f} {r.ours_push_s:>7.3f} {r.ours_step_s:>8.2f} | {r.stock_gen_s:>9.2f} "
             f"{r.stock_push_s:>7.3f} {r.stock_step_s:>8.2f} | {r.speedup:>6.1f}x"
+        )
+    g, tp = cfg.slurm.gpus_per_node, cfg.vllm.tensor_parallel_size
+    f2 = {**figures, **LAYOUT_DEFAULTS}
+    completions = cfg.trainer.per_device_train_batch_size * per
+    rows2 = split_rows(g, tp, nodes[-1], params, completions, cfg.trainer.max_completion_length, figures["train_s"] * per, f2)
+    if g > tp:
+        best_sync, best_async = recommend(rows2)
+        print()
+        print(
+            f"split of one node's {g} GPUs between vLLM (TP {tp} x DP) and training, the same {completions} completions of "
+            f"{cfg.trainer.max_completion_length} tokens per node per step (train_s {figures['train_s']:g} s with {per} ranks; "
+            + ", ".join(f"{k}={v:g}" for k, v in LAYOUT_DEFAULTS.items())
+            + "):"
+        )
+        print("\n".join(split_table(rows2)))
+        print(
+            f"recommended: {best_sync.vllm_gpus} of {g} GPUs serving for synchronous steps (today through "
+            f"vllm.tensor_parallel_size={best_sync.vllm_gpus} where it divides the heads; data parallelism is not built yet); "
+            f"{best_async.vllm_gpus} if generation overlapped training one step off (asynchronous per node: modelled, "
+            f"not built yet), which would give {best_sync.sync_s / (best_async.async_s or best_async.sync_s):.2f}x the steps per hour"
         )
     from launcher.memory import fit_table, layout
     from launcher.topology import plan
