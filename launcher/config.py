@@ -138,6 +138,8 @@ class TrainerConfig:
     """Recompute each decoder layer's activations in the backward instead of keeping them (less memory, about a third more compute); TRL's GRPOConfig default too."""
     cpu_offload: bool = False
     """Keep the sharded fp32 parameters, gradients and optimizer state in host memory (FSDP2 CPUOffloadPolicy; the optimizer step runs on the CPU): a big model on few GPUs."""
+    max_staleness: int = 0
+    """Asynchronous generation per node: 0 = generate, then train (synchronous); 1 = each node's server generates the next step's completions with the weights it has while the node's ranks train, used one optimizer step later (TRL's importance-sampling correction on vLLM's logprobs)."""
     stall_timeout_s: int = 900
     """The bootstrap stops the node if the trainer writes no metrics for this long after its first step; 0 = off."""
     grpo: dict[str, Any] = field(default_factory=dict)
@@ -460,6 +462,18 @@ def validate(cfg: JobConfig) -> None:
         raise ConfigError(f"trainer.model_loading {t.model_loading!r} must be sharded (each rank reads its shard) or full")
     if s.gpu_memory_gb < 0:
         raise ConfigError(f"slurm.gpu_memory_gb must be >= 0 (0 = from the GPU name), got {s.gpu_memory_gb}")
+    if t.max_staleness not in (0, 1):
+        raise ConfigError(
+            f"trainer.max_staleness must be 0 (synchronous) or 1 (one step off), got {t.max_staleness}; "
+            "more steps off are not built"
+        )
+    if t.max_staleness and any(
+        t.grpo.get(k, 1) != 1 for k in ("steps_per_generation", "num_iterations", "gradient_accumulation_steps")
+    ):
+        raise ConfigError(
+            "trainer.max_staleness 1 generates one batch ahead, one generation per optimizer step: remove "
+            "steps_per_generation, num_iterations and gradient_accumulation_steps from trainer.grpo (or set them to 1)"
+        )
     if t.parity_action not in ("fail", "warn"):
         raise ConfigError(f"trainer.parity_action {t.parity_action!r} must be fail or warn")
     owned = sorted(set(t.grpo) & (_OWNED_GRPO | {f.name for f in dataclasses.fields(TrainerConfig)}))

@@ -128,14 +128,15 @@ def connect_from_n2(port: int, host: str = "10.200.0.11") -> str:
 
 
 def test_two_node_job_preempted_requeued_resumes_and_completes(tmp_path, tiny_model):
-    """The happy path and preemption in one job: SIGUSR2 (what `--signal=USR2@60` sends before the time
+    """The happy path and preemption in one job, generation one step off on each node: SIGUSR2 (what `--signal=USR2@60` sends before the time
     limit) at step >= 4 -> every rank checkpoints at the same step -> the job requeues itself -> the
     restart resumes with the same optimizer state; no step lost, none done twice. Along the way: the
     servers, the dev routes and the weight-transfer port are not reachable from the other node, and a
     token planted in the submitting environment appears nowhere in the job folder."""
     env = {**cluster_env(), **PLANTED}
     job = tmp_path / "cluster job"
-    job_id = submit(job, tiny_model, env)
+    # with asynchronous generation on (one step off, per node): preemption and resume must not care
+    job_id = submit(job, tiny_model, env, "trainer.max_staleness=1")
     p = Plan.load(job / "plan.json")
 
     wait_until(lambda: steps_done(job) >= 1, 600, "step 1", job_id, env, job)
@@ -178,6 +179,9 @@ def test_two_node_job_preempted_requeued_resumes_and_completes(tmp_path, tiny_mo
     )
     steps = s["final_step"]
     assert steps == 16
+    staleness = [x["staleness"] for x in rows if "reward" in x]
+    assert all(set(x) == {"0", "1"} and set(x.values()) <= {0, 1} for x in staleness), staleness
+    assert sum(x["0"] == 1 and x["1"] == 1 for x in staleness) >= steps - 4, staleness  # both nodes generated ahead
     assert [x["step"] for x in rows if "reward" in x] == list(range(1, steps + 1))  # none lost, none twice
     for n in ("0", "1"):
         node = s["nodes"][n]

@@ -148,6 +148,18 @@ def test_tp_must_divide_heads(tmp_path):
     "args,needle",
     [
         (["dry-run", "configs/does-not-exist.yaml"], "not found"),
+        (["dry-run", "configs/smoke_cpu.yaml", "--set", "trainer.max_staleness=2"], "more steps off are not built"),
+        (
+            [
+                "dry-run",
+                "configs/smoke_cpu.yaml",
+                "--set",
+                "trainer.max_staleness=1",
+                "--set",
+                "trainer.grpo={steps_per_generation: 2}",
+            ],
+            "one generation per optimizer step",
+        ),
         (["dry-run", "configs/smoke_cpu.yaml", "--set", "slurm.nodes=0"], "slurm.nodes must be positive"),
         (["dry-run", "configs/smoke_cpu.yaml", "--set", "trainer.maxsteps=3"], "unknown key 'trainer.maxsteps'"),
         (["dry-run", "configs/smoke_cpu.yaml", "--set", "noequals"], "not of the form"),

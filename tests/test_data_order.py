@@ -47,3 +47,15 @@ def test_the_skip_is_what_the_steps_consumed_and_it_reaches_the_trainers_sampler
     # resumed at step 10 on half the ranks, after 10 steps at 128 indices each: the cursor counts on from there
     cursor = DataCursor(base_indices=10 * 128, base_step=10, per_step=64)
     assert cursor.at(10) == 1280 and cursor.at(14) == 1280 + 4 * 64
+
+
+def test_the_lookahead_knows_the_next_batch_of_the_same_pass_and_changes_nothing_else():
+    from trainer.data import Lookahead
+
+    inner = [["a"], ["b"], ["c"]]
+    ahead = Lookahead(inner)
+    seen = []
+    for batch in ahead:
+        seen.append((batch, ahead.next_batch))
+    assert seen == [(["a"], ["b"]), (["b"], ["c"]), (["c"], None)]  # none across the end of a pass
+    assert [b for b in Lookahead(inner)] == inner and len(ahead) == 3

@@ -4,7 +4,7 @@ that lets a resumed run continue their order."""
 from __future__ import annotations
 
 import itertools
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -81,3 +81,53 @@ class DataCursor:
 
     def at(self, step: int) -> int:
         return self.base_indices + (step - self.base_step) * self.per_step
+
+
+class Lookahead:
+    """The trainer's train dataloader, one batch ahead: while the trainer works on batch k, `next_batch` is batch k+1
+    of the same pass (None at a pass's end), so the node's server can generate its completions during batch k's
+    training (trainer.max_staleness 1). Everything else is the inner dataloader's."""
+
+    def __init__(self, inner) -> None:
+        self.inner = inner
+        self.next_batch = None
+
+    def __len__(self) -> int:
+        return len(self.inner)
+
+    def __getattr__(self, name: str):
+        return getattr(self.inner, name)
+
+    def __iter__(self):
+        end = object()
+        it = iter(self.inner)
+        current = next(it, end)
+        while current is not end:
+            following = next(it, end)
+            self.next_batch = None if following is end else following
+            yield current
+            current = following
+        self.next_batch = None
+
+
+def look_ahead(trainer) -> Callable[[], list[list[int]] | None]:
+    """Wrap the trainer's train dataloader in a Lookahead; returns what gives this rank's next prompt ids, tokenized
+    the way TRL tokenizes them before it calls the generation backend (a difference only costs a lookahead miss)."""
+    holder: dict[str, Lookahead] = {}
+    make = trainer.get_train_dataloader
+
+    def wrapped():
+        holder["it"] = Lookahead(make())
+        return holder["it"]
+
+    trainer.get_train_dataloader = wrapped
+
+    def next_prompt_ids() -> list[list[int]] | None:
+        ahead = holder.get("it")
+        batch = ahead.next_batch if ahead is not None else None
+        if batch is None:
+            return None
+        ids = trainer._tokenize_prompts([x["prompt"] for x in batch])[0]
+        return [list(map(int, p)) for p in ids]
+
+    return next_prompt_ids

@@ -17,6 +17,7 @@ the step clock, the stats gather) are bound beforehand with functools.partial.
 
 from __future__ import annotations
 
+import concurrent.futures
 import hashlib
 import time
 from collections.abc import Callable
@@ -48,6 +49,9 @@ class GenerationSettings:
     """0 = by dtype (trainer.parity.DEFAULT_TOLERANCE)."""
     parity_action: str
     parity_probe: str = PARITY_PROBE
+    max_staleness: int = 0
+    """1: the node's next prompts go to its server right after this step's generation (trainer.max_staleness)."""
+    max_steps: int = 0
 
     @staticmethod
     def from_plan(plan: Plan, node: int, dtype: torch.dtype) -> GenerationSettings:
@@ -68,6 +72,8 @@ class GenerationSettings:
             push=push,
             parity_tolerance=t.parity_tolerance,
             parity_action=t.parity_action,
+            max_staleness=t.max_staleness,
+            max_steps=t.max_steps,
         )
 
 
@@ -106,6 +112,16 @@ def node_generate(par: Parallel, prompts: list[list[int]], ask_server: Callable[
     return mine[0], tokens
 
 
+@dataclass
+class Pending:
+    """A request sent one step ahead (max_staleness 1): the node's next prompts, generated with the weights the server
+    had after `weights_step` optimizer steps, while the node's ranks train."""
+
+    prompts: list[list[int]]
+    weights_step: int
+    future: concurrent.futures.Future
+
+
 class NodeLocalGeneration:
     def __init__(
         self,
@@ -136,6 +152,26 @@ class NodeLocalGeneration:
             model, self.vllm_client, par, processing_class, s.parity_tolerance, s.parity_action, s.parity_probe, s.push.dtype
         )
         self.stats: dict[str, Any] = {}
+        self.peek_next: Callable[[], list[list[int]] | None] = lambda: None
+        """This rank's prompt ids of the next step, or None (set by trainer.run.build when max_staleness is 1)."""
+        self.pending: Pending | None = None
+        self.ahead: tuple[ServerClient, concurrent.futures.ThreadPoolExecutor] | None = None
+        if par.is_leader and s.max_staleness:  # its own client: the main thread's is busy with pushes and parity
+            self.ahead = (
+                ServerClient(s.server_url, s.model, par.node, s.request_timeout_s),
+                concurrent.futures.ThreadPoolExecutor(1, thread_name_prefix="generate-ahead"),
+            )
+
+    def sampling(self) -> dict[str, Any]:
+        return dict(
+            max_tokens=self.max_completion_length,
+            temperature=self.temperature,
+            top_p=self.top_p,
+            top_k=self.top_k,
+            min_p=self.min_p,
+            repetition_penalty=self.repetition_penalty,
+            extra=self.generation_kwargs,
+        )
 
     # ------------------------------------------------------------------ generation
     def generate(self, prompts: list[list[int]], images, num_generations: int, profiler=None):
@@ -149,25 +185,43 @@ class NodeLocalGeneration:
             assert client is not None  # node_generate asks on the leader only
             # which prompts this node trained on at this step (a resumed run must continue the same order)
             self.stats["prompts_digest"] = hashlib.sha1(repr(flat).encode()).hexdigest()[:12]
-            return client.complete(
-                flat,
-                max_tokens=self.max_completion_length,
-                temperature=self.temperature,
-                top_p=self.top_p,
-                top_k=self.top_k,
-                min_p=self.min_p,
-                repetition_penalty=self.repetition_penalty,
-                extra=self.generation_kwargs,
-                step=step,
-            )
+            sent, self.pending = self.pending, None
+            if sent is not None and sent.prompts == flat:  # generated during the last step's training
+                comps = sent.future.result(timeout=self.settings.request_timeout_s)
+                self.stats.update(staleness=step - sent.weights_step, ahead_hits=self.stats.get("ahead_hits", 0) + 1)
+                return comps
+            if sent is not None:  # the lookahead saw other prompts: never train on them, generate these now
+                self.stats["ahead_misses"] = self.stats.get("ahead_misses", 0) + 1
+            self.stats["staleness"] = 0
+            return client.complete(flat, **self.sampling(), step=step)
 
         mine, node_tokens = node_generate(self.par, prompts, ask_server)
         if client is not None:
             self.stats.update(gen_tokens=node_tokens, gen_s=time.time() - t0, server_requests=client.requests_sent)
+        if self.settings.max_staleness:
+            self.send_ahead(step)
         self.on_stats(self.stats)
         completion_ids = [c for c, _ in mine]
         logprobs = [[[lp] for lp in lps] for _, lps in mine]
         return prompts, completion_ids, logprobs, None
+
+    def send_ahead(self, step: int) -> None:
+        """Collective over the node: gather every rank's next prompts on the leader, which sends them to the server
+        in the background (the weights it has now: this step's) and returns at once. Not past the last step."""
+        nxt = self.peek_next() if step + 1 < self.settings.max_steps else None
+        gathered: list[Any] | None = [None] * len(self.par.node_ranks) if self.par.is_leader else None
+        dist.gather_object(nxt, gathered, dst=self.par.leader, group=self.par.node_group)
+        if gathered is None or self.ahead is None or any(g is None for g in gathered):
+            return
+        client, pool = self.ahead
+        flat = [list(p) for g in gathered for p in g]
+        self.pending = Pending(flat, step, pool.submit(client.complete, flat, **self.sampling(), step=step + 1))
+
+    def wait_ahead(self) -> None:
+        """No push while a request is in flight: wait for the one sent ahead (its completions are kept for the next
+        generate; they were made with the weights before this push, which is the one step of staleness)."""
+        if self.pending is not None:
+            concurrent.futures.wait([self.pending.future], timeout=self.settings.request_timeout_s)
 
     # ------------------------------------------------------------------ weights
     def sync_weights(self) -> None:
@@ -175,6 +229,7 @@ class NodeLocalGeneration:
 
     def push(self, step: int) -> None:
         """Push and check parity: before (how stale the server was) and after (the push landed). Collective."""
+        self.wait_ahead()
         try:
             stale = self.parity.check(step, kind="stale") if step > 0 else None
             push_s = self.pusher.push(step)
@@ -188,6 +243,8 @@ class NodeLocalGeneration:
         """The last optimizer step is never pushed during training (a push precedes each generation): push it,
         so every server ends holding the final weights, proven by parity. Returns the node's figures (leader)."""
         self.push(step)
+        if self.ahead is not None:
+            self.ahead[1].shutdown(wait=False, cancel_futures=True)
         if not self.par.is_leader:
             return None
         return {

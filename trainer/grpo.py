@@ -168,6 +168,12 @@ class SlurmGrpoCallback(TrainerCallback):
             },
             "server_requests": {str(n): s.get("server_requests") for n, s in sorted(by.items())},
             "prompts_digest": {str(n): s.get("prompts_digest") for n, s in sorted(by.items())},
+            # asynchronous generation: how many optimizer steps old the weights were that generated this step's
+            # completions, per node; TRL's importance-sampling ratio and the vLLM-vs-trainer logprob difference
+            "staleness": {str(n): s.get("staleness") for n, s in sorted(by.items())},
+            "ahead_misses": {str(n): s.get("ahead_misses", 0) for n, s in sorted(by.items())},
+            "is_ratio_mean": logs.get("sampling/importance_sampling_ratio/mean"),
+            "logp_mismatch_mean": logs.get("sampling/sampling_logp_difference/mean"),
         }
         tps = row["gen_tokens_per_s_node"]
         row["gen_tokens_per_s"] = round(sum(tps.values()), 1) if tps else None
