@@ -47,12 +47,14 @@ nvidia-smi --query-gpu=memory.used --format=csv,noheader,nounits -lms 500 > "$OU
 smi=$!
 (while sleep 1; do free -m | awk '/^Mem:/ {print $3}'; done) > "$OUT/host_mem_used_mib.txt" &
 hostmem=$!
+nvidia-smi --query-gpu=utilization.gpu --format=csv,noheader,nounits -lms 500 > "$OUT/gpu_busy_pct.txt" 2>/dev/null &
+busy=$!
 log "slurm-grpo local $CONFIG ($STEPS steps)"
 rm -rf $JOB
 timeout "${RUN_TIMEOUT:-330}" python3 -m launcher local $CONFIG --set job.job_dir=$JOB --set vllm.model=$MODEL \
   --set "trainer.max_steps=$STEPS" ${EXTRA:-} 2>&1 | grep -v "^\[\#" | tail -25
 rc=${PIPESTATUS[0]}
-kill $smi $hostmem 2>/dev/null
+kill $smi $hostmem $busy 2>/dev/null
 log "local run exit $rc"
 cp $JOB/metrics.jsonl $JOB/summary.json "$OUT/" 2>/dev/null
 tar -czf "$OUT/logs.tgz" -C $JOB logs config.yaml plan.json 2>/dev/null

@@ -57,6 +57,12 @@ res = {
     "gpu_peak_used_gib": round(max(mem) / 1024, 1) if mem else None,
     "peak_memory_per_rank": summary.get("peak_memory_per_rank"),
     "host_peak_used_gib": round(max(hm) / 1024, 1) if (hm := _samples(out / "host_mem_used_mib.txt")) else None,
+    # GPU busy while training ran (nvidia-smi samples every 0.5 s; the samples before the first step are vLLM's start)
+    "gpu_busy_pct_mean": round(statistics.mean(b[-int(2 * sum(r["step_s"] for r in steps)) :]), 1)
+    if (b := _samples(out / "gpu_busy_pct.txt")) and steps
+    else None,
+    "staleness": [max((r.get("staleness") or {"0": None}).values(), default=None) for r in steps],
+    "logp_mismatch_mean": [r.get("logp_mismatch_mean") for r in steps],
     "startup_phases_s": startup_phases(job, 0),
     "model_loaded": next(
         (
