@@ -22,13 +22,14 @@ def tail(path: Path, lines: int = 25, max_bytes: int = 64_000) -> str:
 CAUSE_RE = re.compile(r"^(?:\[rank\d+\]:\s*)?((?:[A-Za-z_][\w.]*\.)?\w*(?:Error|Exception|Interrupt)): (.+)$")
 NOT_CAUSES = ("ChildFailedError", "SignalException")
 PEER_LOST = ("closed by peer", "reset by peer", "remote worker", "Broken pipe", "NCCL communicator was aborted")
-# torchrun's failure summary: a first observed failure that is a signal (SIGKILL by the OOM killer or a user)
-# is this node's own root cause, even when the surviving local ranks printed "reset by peer" before it
-KILLED_RE = re.compile(
-    r"Root Cause \(first observed failure\):.*?rank\s*:\s*(\d+) \(local_rank: (\d+)\)"
-    r".*?exitcode\s*:\s*(-\d+) \(pid: (\d+)\)\s*\((\w+)\)",
-    re.S,
+# torchrun's failure summary lists every failed rank ("Failures:" and "Root Cause (first observed failure):"). A rank
+# killed by a signal (SIGKILL by the OOM killer or a user, SIGSEGV, ...) is this node's own root cause, even when the
+# surviving local ranks printed "reset by peer" before it and torchrun, seeing both exits in one poll, named a
+# survivor first. SIGTERM is not: torchrun sends it to the survivors itself.
+FAILED_RANK_RE = re.compile(
+    r"rank\s*:\s*(\d+) \(local_rank: (\d+)\)\s*exitcode\s*:\s*(-\d+) \(pid: (\d+)\)\s*\((\w+)\)",
 )
+OWN_SIGNALS_EXCLUDE = ("SIGTERM",)
 
 
 def root_cause(path: Path) -> str:
@@ -37,9 +38,10 @@ def root_cause(path: Path) -> str:
     death - peer closed, SIGTERM - print theirs after it)."""
     text = tail(path, 100_000, max_bytes=4_000_000)
     text = text[max(0, text.rfind("===== ")) :]  # Proc writes this header at each start
-    k = KILLED_RE.search(text)
-    if k:
-        rank, local, code, pid, sig = k.groups()
+    summary = text[text.find("Failures:") :] if "Failures:" in text else text
+    killed = [m for m in FAILED_RANK_RE.finditer(summary) if m.group(5) not in OWN_SIGNALS_EXCLUDE]
+    if killed:
+        rank, local, code, pid, sig = killed[0].groups()
         return (
             f"rank {rank} (local rank {local}, pid {pid}) was killed by {sig} (exit code {code}); "
             f"if nobody sent it, look for the OOM killer in the node's kernel log"

@@ -65,6 +65,12 @@ def test_submitit_internals():
 WORKER = """
 import os, signal, sys, time
 rank = int(os.environ["RANK"])
+if sys.argv[1] == "peer-first":  # the survivor exits just before the kill: both land in one torchrun poll
+    time.sleep(0.5 if rank == 0 else 0.7)
+    if rank == 0:
+        print("RuntimeError: [pair.cc:537] Read error: Connection reset by peer. remote worker", file=sys.stderr, flush=True)
+        sys.exit(1)
+    os.kill(os.getpid(), signal.SIGKILL)
 if rank == 1:
     time.sleep(0.5)
     if sys.argv[1] == "kill":
@@ -79,7 +85,12 @@ time.sleep(60)
 
 
 @pytest.mark.parametrize(
-    "how, needles", [("kill", ("rank 1", "local rank 1", "SIGKILL")), ("raise", ("ValueError: boom in rank 1",))]
+    "how, needles",
+    [
+        ("kill", ("rank 1", "local rank 1", "SIGKILL")),
+        ("peer-first", ("rank 1", "local rank 1", "SIGKILL")),  # torchrun names rank 0 first; the kill is the cause
+        ("raise", ("ValueError: boom in rank 1",)),
+    ],
 )
 def test_torchrun_failure_summary_names_the_killed_rank(tmp_path, how, needles):
     """launcher.bootstrap.root_cause reads torchrun's failure summary (its format is torch's): a rank killed
@@ -106,6 +117,8 @@ def test_torchrun_failure_summary_names_the_killed_rank(tmp_path, how, needles):
                 "0",
                 "--master-port",
                 "29561",
+                "--monitor-interval",
+                "3",
                 str(tmp_path / "w.py"),
                 how,
             ],
