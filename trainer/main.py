@@ -48,4 +48,9 @@ if __name__ == "__main__":
         sys.stdout.flush()
         sys.stderr.flush()
         os._exit(1)
-    sys.exit(code)
+    # Success exits at once too: everything is written (checkpoint, metrics, summary) and the process groups are
+    # destroyed; interpreter teardown has been seen to abort a rank after "done" (a native thread destroyed while
+    # joinable: "terminate called without an active exception", SIGABRT), failing a finished run.
+    sys.stdout.flush()
+    sys.stderr.flush()
+    os._exit(code)
