@@ -9,6 +9,10 @@ everything back, and pushes every weight. Here every node works alone:
                 scatter each rank's completions back in order.
   sync_weights: every rank takes part in the FSDP2 gather, parameter by parameter; each node leader
                 streams them to its own server (trainer.weight_push), then checks parity (trainer.parity).
+  one step off:  with trainer.max_staleness 1, right after a step's generation the node's ranks hand their next
+                prompts (trainer.data.Lookahead) to the leader, which sends them to the server in the background
+                while the ranks train; the next step uses those completions (made one optimizer step earlier),
+                and no push starts while that request is in flight (server_requests counts the main client's only).
 
 The trainer swaps this class in for the name `VLLMGeneration` in trl.trainer.grpo_trainer (see
 trainer.grpo): TRL calls it with its own keyword arguments; ours (the node's settings, the parallel world,
