@@ -183,37 +183,27 @@ def bench_local_run(work: Path, model: str) -> dict:
     }
 
 
-def bench_cluster_run(work: Path, model: str, env_file: str) -> dict:
+def cluster_env(env_file: str) -> dict[str, str]:
+    """This environment plus the test cluster's (SLURM_CONF, PATH, ...) from its env.sh."""
     env = dict(os.environ)
     for line in Path(env_file).read_text().splitlines():
         m = re.match(r"export (\w+)=(.*)", line)
         if m:
             env[m.group(1)] = m.group(2).strip("'")
-    job = Path(tempfile.mkdtemp(prefix="bench-cluster-", dir="/tmp"))
-    say("2-node cluster job (configs/cluster_cpu.yaml, 3 steps) for start-up phases")
-    r = subprocess.run(
-        cli_argv(
-            PY,
-            "submit",
-            "configs/cluster_cpu.yaml",
-            f"vllm.model={model}",
-            f"job.job_dir={job}",
-            f"job.python={PY}",
-            "trainer.max_steps=3",
-            f"trainer.dataset={REPO}/data/letters.jsonl",
-        ),
-        cwd=REPO,
-        env=env,
-        capture_output=True,
-        text=True,
-        timeout=60,
-    )
+    return env
+
+
+def submit_and_wait(config: str, job: Path, env_file: str, sets: list[str], timeout: float = 900) -> tuple[str, str]:
+    """`slurm-grpo submit` on the test cluster, then wait for the job to leave PENDING/RUNNING. Returns (job id, state)."""
+    env = cluster_env(env_file)
+    argv = cli_argv(PY, "submit", config, f"job.job_dir={job}", f"job.python={PY}", *sets)
+    r = subprocess.run(argv, cwd=REPO, env=env, capture_output=True, text=True, timeout=60)
     if r.returncode != 0:
         raise RuntimeError(f"submit failed: {r.stderr}")
     m = re.search(r"submitted job (\d+)", r.stdout)
     assert m, r.stdout
-    jid = m.group(1)
-    deadline = time.time() + 900
+    jid, st = m.group(1), ""
+    deadline = time.time() + timeout
     while time.time() < deadline:
         st = subprocess.run(
             ["sacct", "-j", jid, "-X", "-n", "-P", "-o", "State"], env=env, capture_output=True, text=True
@@ -221,6 +211,14 @@ def bench_cluster_run(work: Path, model: str, env_file: str) -> dict:
         if st and st.split()[0] not in ("PENDING", "RUNNING"):
             break
         time.sleep(3)
+    return jid, st
+
+
+def bench_cluster_run(work: Path, model: str, env_file: str) -> dict:
+    job = Path(tempfile.mkdtemp(prefix="bench-cluster-", dir="/tmp"))
+    say("2-node cluster job (configs/cluster_cpu.yaml, 3 steps) for start-up phases")
+    sets = [f"vllm.model={model}", "trainer.max_steps=3", f"trainer.dataset={REPO}/data/letters.jsonl"]
+    jid, st = submit_and_wait("configs/cluster_cpu.yaml", job, env_file, sets)
     return {"job": jid, "state": st, "phases": {n: startup_phases(job, n) for n in (0, 1)}}
 
 

@@ -68,6 +68,8 @@ def vllm_command(plan: Plan, node: int, python: str = "python", allocated: str |
         "--seed",
         str(plan.config.trainer.seed),
     ]
+    if plan.data_parallel_size > 1:  # vLLM's own DP: several engines behind this one endpoint, balanced by vLLM
+        argv += ["--data-parallel-size", str(plan.data_parallel_size)]
     if v.max_model_len:
         argv += ["--max-model-len", str(v.max_model_len)]
     argv += list(v.extra_args)

@@ -62,12 +62,18 @@ class SlurmConfig:
     """On preemption or the time-limit warning, checkpoint and requeue the job."""
 
 
+MAX_STALENESS = 4
+"""trainer.max_staleness above this is refused: the policy would learn from completions of a model that old."""
+
+
 @dataclass(frozen=True)
 class VllmConfig:
     model: str = ""
     """Model to serve and train: a local directory or a hub name (required)."""
     tensor_parallel_size: int = 1
-    """GPUs per node given to the vLLM server (the first ones); the rest run trainer ranks."""
+    """GPUs per vLLM engine (tensor parallelism); the node's server uses the first TP x DP GPUs, the rest run trainer ranks."""
+    data_parallel_size: int = 1
+    """vLLM engines behind the node's one server (vLLM's own data parallelism, one endpoint): more GPUs generating."""
     port: int = 8000
     """HTTP port of each node's server; it listens on 127.0.0.1 only."""
     gpu_memory_utilization: float = 0.9
@@ -139,7 +145,7 @@ class TrainerConfig:
     cpu_offload: bool = False
     """Keep the sharded fp32 parameters, gradients and optimizer state in host memory (FSDP2 CPUOffloadPolicy; the optimizer step runs on the CPU): a big model on few GPUs."""
     max_staleness: int = 0
-    """Asynchronous generation per node: 0 = generate, then train (synchronous); 1 = each node's server generates the next step's completions with the weights it has while the node's ranks train, used one optimizer step later (TRL's importance-sampling correction on vLLM's logprobs)."""
+    """Asynchronous generation per node: 0 = generate, then train (synchronous); k = each node's server generates the batches of the next k steps with the weights it has while the node's ranks train, so a completion is used at most k optimizer steps after the weights that started it (TRL's importance-sampling correction on vLLM's logprobs). With k >= 2 a push pauses requests in flight (vLLM /pause mode keep) and they finish under the new weights."""
     stall_timeout_s: int = 900
     """The bootstrap stops the node if the trainer writes no metrics for this long after its first step; 0 = off."""
     grpo: dict[str, Any] = field(default_factory=dict)
@@ -396,10 +402,12 @@ def validate(cfg: JobConfig) -> None:
             "vllm.model is required: a local model folder (e.g. one made by `slurm-grpo make-tiny-model DIR`) or a hub name"
         )
     _positive("vllm.tensor_parallel_size", v.tensor_parallel_size, "vLLM needs at least one GPU")
-    if v.tensor_parallel_size >= s.gpus_per_node and not (s.gpus_per_node == 1 and v.tensor_parallel_size == 1):
+    _positive("vllm.data_parallel_size", v.data_parallel_size, "the server needs at least one engine")
+    serving = v.tensor_parallel_size * v.data_parallel_size
+    if serving >= s.gpus_per_node and not (s.gpus_per_node == 1 and serving == 1):
         raise ConfigError(
-            f"vllm.tensor_parallel_size ({v.tensor_parallel_size}) leaves no trainer GPU on a {s.gpus_per_node}-GPU node; "
-            f"lower it or ask for more GPUs per node (slurm.gpus_per_node)"
+            f"vllm.tensor_parallel_size x data_parallel_size ({v.tensor_parallel_size} x {v.data_parallel_size}) leaves "
+            f"no trainer GPU on a {s.gpus_per_node}-GPU node; lower them or ask for more GPUs per node (slurm.gpus_per_node)"
         )
     if not 0 < v.gpu_memory_utilization <= 1:
         raise ConfigError(f"vllm.gpu_memory_utilization must be in (0, 1], got {v.gpu_memory_utilization}")
@@ -462,16 +470,16 @@ def validate(cfg: JobConfig) -> None:
         raise ConfigError(f"trainer.model_loading {t.model_loading!r} must be sharded (each rank reads its shard) or full")
     if s.gpu_memory_gb < 0:
         raise ConfigError(f"slurm.gpu_memory_gb must be >= 0 (0 = from the GPU name), got {s.gpu_memory_gb}")
-    if t.max_staleness not in (0, 1):
+    if not 0 <= t.max_staleness <= MAX_STALENESS:
         raise ConfigError(
-            f"trainer.max_staleness must be 0 (synchronous) or 1 (one step off), got {t.max_staleness}; "
-            "more steps off are not built"
+            f"trainer.max_staleness must be 0 (synchronous) to {MAX_STALENESS} (steps off), got {t.max_staleness}; "
+            "1 already overlaps generation with training completely when generation is the shorter of the two"
         )
     if t.max_staleness and any(
         t.grpo.get(k, 1) != 1 for k in ("steps_per_generation", "num_iterations", "gradient_accumulation_steps")
     ):
         raise ConfigError(
-            "trainer.max_staleness 1 generates one batch ahead, one generation per optimizer step: remove "
+            f"trainer.max_staleness {t.max_staleness} generates whole batches ahead, one generation per optimizer step: remove "
             "steps_per_generation, num_iterations and gradient_accumulation_steps from trainer.grpo (or set them to 1)"
         )
     if t.parity_action not in ("fail", "warn"):

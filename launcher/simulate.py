@@ -99,7 +99,7 @@ def split_rows(gpus: int, tp: int, nodes: int, params_b: float, completions: int
         gen, train = work / (tps * v), train_rank_s / (gpus - v)
         rows.append(
             SplitRow(
-                f"per-node, {v} serve",
+                f"per-node, {v} serve (TP {tp} x DP {v // tp})",
                 v,
                 gpus - v,
                 gen,
@@ -159,7 +159,7 @@ def main(a) -> int:
         figures.update(json.loads(open(a.calibration).read()).get("calibration", {}))
     shape = ModelShape.read(cfg.vllm.model)
     params = a.params_b or (shape.params / 1e9 if shape else 7.0)
-    per = cfg.slurm.gpus_per_node - cfg.vllm.tensor_parallel_size or 1
+    per = cfg.slurm.gpus_per_node - cfg.vllm.tensor_parallel_size * cfg.vllm.data_parallel_size or 1
     nodes = [int(x) for x in a.nodes.split(",")]
     rows = predict(nodes, params, per, cfg.trainer.per_device_train_batch_size, cfg.trainer.max_completion_length, figures)
     print(
@@ -176,6 +176,7 @@ def main(a) -> int:
         )
     g, tp = cfg.slurm.gpus_per_node, cfg.vllm.tensor_parallel_size
     f2 = {**figures, **LAYOUT_DEFAULTS}
+    # the split table trains the config's own batch on every split: the node's completions per step stay fixed
     completions = cfg.trainer.per_device_train_batch_size * per
     rows2 = split_rows(g, tp, nodes[-1], params, completions, cfg.trainer.max_completion_length, figures["train_s"] * per, f2)
     if g > tp:
@@ -188,11 +189,13 @@ def main(a) -> int:
             + "):"
         )
         print("\n".join(split_table(rows2)))
+        now = next((r for r in rows2 if r.vllm_gpus == tp * cfg.vllm.data_parallel_size and r.async_s), None)
         print(
-            f"recommended: {best_sync.vllm_gpus} of {g} GPUs serving for synchronous steps (today through "
-            f"vllm.tensor_parallel_size={best_sync.vllm_gpus} where it divides the heads; data parallelism is not built yet); "
-            f"{best_async.vllm_gpus} if generation overlapped training one step off (asynchronous per node: modelled, "
-            f"not built yet), which would give {best_sync.sync_s / (best_async.async_s or best_async.sync_s):.2f}x the steps per hour"
+            f"recommended: synchronous: {best_sync.vllm_gpus} of {g} GPUs serving (--set vllm.tensor_parallel_size={tp} "
+            f"vllm.data_parallel_size={best_sync.vllm_gpus // tp}); asynchronous: {best_async.vllm_gpus} serving "
+            f"(--set vllm.data_parallel_size={best_async.vllm_gpus // tp} trainer.max_staleness=1), "
+            f"{best_sync.sync_s / (best_async.async_s or best_async.sync_s):.2f}x the steps per hour of the best synchronous split"
+            + (f", {now.sync_s / (best_async.async_s or best_async.sync_s):.2f}x this config's" if now else "")
         )
     from launcher.memory import fit_table, layout
     from launcher.topology import plan

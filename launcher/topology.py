@@ -68,6 +68,13 @@ class Plan:
     """How long the bootstrap waits for torchrun after SIGTERM: torchrun's own shutdown, plus a margin."""
     derivation: list[str] = field(default_factory=list)
     """One line per derived number: the rule that produced it (printed by dry-run)."""
+    data_parallel_size: int = 1
+    """vLLM engines behind each node's server (vllm.data_parallel_size), each on tensor_parallel_size GPUs."""
+
+    @property
+    def server_world(self) -> int:
+        """The server's workers, all of which receive every weight push: TP x DP (the transfer world is this + 1)."""
+        return self.tensor_parallel_size * self.data_parallel_size
 
     def to_json(self) -> str:
         return json.dumps(asdict(self), indent=2, sort_keys=False)
@@ -109,16 +116,17 @@ def resolve_backend(cfg: JobConfig, shared_gpu: bool) -> str:
 
 def plan(cfg: JobConfig, job_dir: str) -> Plan:
     s, v, t = cfg.slurm, cfg.vllm, cfg.trainer
-    tp, g = v.tensor_parallel_size, s.gpus_per_node
-    shared = g == 1 and tp == 1
+    tp, dp, g = v.tensor_parallel_size, v.data_parallel_size, s.gpus_per_node
+    shared = g == 1 and tp * dp == 1
     if shared and cfg.job.device == "cpu":
         raise ConfigError(
             "slurm.gpus_per_node 1 with job.device cpu leaves no slot for a trainer rank beside vLLM; "
             "use gpus_per_node >= 2 (one vLLM slot plus trainer slots)"
         )
-    if tp > g:
+    if tp * dp > g:
         raise ConfigError(
-            f"vllm.tensor_parallel_size ({tp}) is larger than the node ({g} GPUs); lower it or raise slurm.gpus_per_node"
+            f"vllm.tensor_parallel_size x data_parallel_size ({tp} x {dp}) is larger than the node ({g} GPUs); "
+            f"lower them or raise slurm.gpus_per_node"
         )
     shape = ModelShape.read(v.model)
     if shape is not None:
@@ -128,8 +136,8 @@ def plan(cfg: JobConfig, job_dir: str) -> Plan:
                 f"vllm.tensor_parallel_size ({tp}) does not divide the model's {nh} attention heads "
                 f"({v.model}/config.json); pick a TP size that divides {nh}"
             )
-    vllm_gpus = [0] if shared else list(range(tp))
-    trainer_gpus = [0] if shared else list(range(tp, g))
+    vllm_gpus = [0] if shared else list(range(tp * dp))
+    trainer_gpus = [0] if shared else list(range(tp * dp, g))
     per_node = len(trainer_gpus)
     world = per_node * s.nodes
     batch = t.per_device_train_batch_size
@@ -162,14 +170,15 @@ def plan(cfg: JobConfig, job_dir: str) -> Plan:
     # the ranks get the time-limit warning minus 30 s for their checkpoint; the bootstrap outwaits torchrun by 10 s
     shutdown = max(30, s.signal_seconds - 30)
     derivation = [
-        f"vLLM GPUs per node = first tensor_parallel_size = {vllm_gpus}"
+        f"vLLM GPUs per node = first tensor_parallel_size x data_parallel_size = {tp} x {dp} = {vllm_gpus}"
         + (" (shared with the trainer: one-GPU node)" if shared else ""),
-        f"trainer ranks per node = gpus_per_node - tensor_parallel_size = {g} - {tp} = {per_node}"
+        f"trainer ranks per node = gpus_per_node - TP x DP = {g} - {tp * dp} = {per_node}"
         if not shared
         else "trainer ranks per node = 1 (shares GPU 0 with vLLM)",
         f"world size = ranks per node x nodes = {per_node} x {s.nodes} = {world}",
         f"completions per step = per_device_train_batch_size x world = {batch} x {world} = {batch * world} "
         f"= {batch * world // t.num_generations} prompts x {t.num_generations} generations",
+        f"weight push world per node = 1 sender (the node leader) + TP x DP = {tp} x {dp} server workers = {1 + tp * dp}",
         f"weight push backend = {backend} ({'set' if v.weight_transfer_backend != 'auto' else 'auto: ' + cfg.job.device + (', shared GPU' if shared else '')})",
         f"sharding = {t.fsdp}: "
         + ("shard over the node's ranks, replicate across nodes" if t.fsdp == "hsdp" else "shard over all ranks"),
@@ -196,4 +205,5 @@ def plan(cfg: JobConfig, job_dir: str) -> Plan:
         trainer_shutdown_s=shutdown,
         bootstrap_grace_s=shutdown + 10,
         derivation=derivation,
+        data_parallel_size=dp,
     )

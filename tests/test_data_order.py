@@ -59,3 +59,10 @@ def test_the_lookahead_knows_the_next_batch_of_the_same_pass_and_changes_nothing
         seen.append((batch, ahead.next_batch))
     assert seen == [(["a"], ["b"]), (["b"], ["c"]), (["c"], None)]  # none across the end of a pass
     assert [b for b in Lookahead(inner)] == inner and len(ahead) == 3
+    # max_staleness 2: the next two batches, fewer at the pass's end; the inner loader is read once, in order
+    reads = []
+    counted = type("Loader", (), {"__iter__": lambda self: (reads.append(b) or b for b in inner), "__len__": lambda self: 3})()
+    deep = Lookahead(counted, depth=2)
+    seen = [(batch, list(deep.following)) for batch in deep]
+    assert seen == [(["a"], [["b"], ["c"]]), (["b"], [["c"]]), (["c"], [])]
+    assert reads == inner

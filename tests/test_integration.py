@@ -254,3 +254,39 @@ def test_async_generation_one_step_off_learns_and_survives_a_resume(tmp_path, ti
     assert all(x["logp_mismatch_mean"] is not None and x["is_ratio_mean"] is not None for x in stale)
     assert max(x["logp_mismatch_mean"] for x in stale) > 1e-3, [x["logp_mismatch_mean"] for x in stale]
     assert len({x["prompts_digest"]["0"] for x in steps}) == 12  # each step its own prompts, none repeated
+
+
+def test_two_steps_off_on_a_data_parallel_server_pauses_pushes_and_every_engine_gets_the_weights(tmp_path, tiny_model):
+    """vllm.data_parallel_size 2 (two vLLM engines behind the node's one server; the CPU build runs them) with
+    trainer.max_staleness 2: every push reaches both engines (parity probed on each by the X-data-parallel-rank
+    header, stale before and equal after), completions are at most 2 steps old (0, 1, then 2), a push that finds a
+    request of a later step still running pauses it (/pause?mode=keep) and it finishes after the push with every token
+    it asked for and a logprob per token (nothing lost or doubled), and the run learns nothing it should not: no misses."""
+    job = tmp_path / "dp"
+    long = 96  # long completions keep the request of step s+2 running while step s trains, so pushes must pause it
+    r = local(
+        job,
+        tiny_model,
+        "vllm.data_parallel_size=2",  # slots 0-1 serve, slot 2 trains
+        "trainer.max_staleness=2",
+        "trainer.max_steps=8",
+        f"trainer.max_completion_length={long}",
+        "trainer.grpo={generation_kwargs: {ignore_eos: true}}",
+    )
+    assert r.returncode == 0, r.stdout[-3000:] + r.stderr[-3000:]
+    plan = json.loads((job / "plan.json").read_text())
+    assert plan["nodes"][0]["vllm_gpus"] == [0, 1] and plan["nodes"][0]["trainer_gpus"] == [2]
+    vllm_log = (job / "logs" / "node0-vllm.log").read_text()
+    assert "EngineCore_DP1" in vllm_log  # two engines really ran
+    steps = [x for x in read(job / "metrics.jsonl") if "reward" in x]
+    assert [x["staleness"]["0"] for x in steps] == [0, 1, 2, 2, 2, 2, 2, 2], [x["staleness"] for x in steps]
+    assert all(x["ahead_misses"]["0"] == 0 for x in steps)
+    for x in steps[1:]:  # the push before each later step reached both engines
+        assert len(x["parity_engines"]["0"]) == 2 and max(x["parity_engines"]["0"]) <= 1e-4, x["parity_engines"]
+    hist = json.loads((job / "summary.json").read_text())["nodes"]["0"]["parity_history"]
+    stale = [h["per_engine"] for h in hist if h["kind"] == "stale"]
+    assert stale and all(len(e) == 2 and min(e) > 1e-3 for e in stale), stale  # each engine's weights really changed
+    assert steps[-1]["pushes_paused"]["0"] >= 1, [x["pushes_paused"] for x in steps]
+    assert vllm_log.count("POST /pause?mode=keep") == vllm_log.count("POST /resume") == steps[-1]["pushes_paused"]["0"]
+    # 8 completions of exactly `long` tokens per step, paused or not (a length mismatch of ids and logprobs fails the run)
+    assert all(x["gen_tokens"]["0"] == 8 * long for x in steps), [x["gen_tokens"] for x in steps]

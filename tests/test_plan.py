@@ -79,3 +79,44 @@ def test_gpu_indices_map_through_the_allocation_slurm_gave_the_node():
     assert [r.cuda_index for r in p.nodes[0].ranks] == [0, 1, 2]  # each rank's index inside its torchrun's list
     with pytest.raises(C.ConfigError, match=r"CUDA_VISIBLE_DEVICES='4,5' lists 2"):
         trainer_command(p, 0, "127.0.0.1", allocated="4,5")
+
+
+@pytest.mark.parametrize("tp,dp", [(1, 4), (2, 2), (1, 1)])
+def test_vllm_data_parallelism_takes_tp_x_dp_gpus_and_every_engine_joins_the_push(tp, dp):
+    """vllm.data_parallel_size: the node's one server runs dp engines of tp GPUs each on the first tp x dp GPUs, the
+    trainer ranks get the rest, the weight push's world is 1 sender + tp x dp workers, and the command says so."""
+    from launcher.cli import render_dry_run
+    from launcher.commands import vllm_command
+
+    cfg = C.from_dict(
+        {"vllm": {"model": "/m", "tensor_parallel_size": tp, "data_parallel_size": dp}, "slurm": {"nodes": 2, "gpus_per_node": 8}}
+    )
+    p = plan(cfg, "/jobs/x")
+    n = p.nodes[1]
+    assert n.vllm_gpus == list(range(tp * dp)) and n.trainer_gpus == list(range(tp * dp, 8))
+    assert p.ranks_per_node == 8 - tp * dp and p.server_world == tp * dp
+    cmd = vllm_command(p, 1, allocated="8,9,10,11,12,13,14,15")
+    assert cmd.env["CUDA_VISIBLE_DEVICES"] == ",".join(str(8 + g) for g in range(tp * dp))
+    assert ("--data-parallel-size" in cmd.argv) == (dp > 1)
+    if dp > 1:
+        assert cmd.argv[cmd.argv.index("--data-parallel-size") + 1] == str(dp)
+    assert cmd.argv[cmd.argv.index("--tensor-parallel-size") + 1] == str(tp)
+    text = render_dry_run(cfg, p)
+    assert (
+        f"weight push world per node = 1 sender (the node leader) + TP x DP = {tp} x {dp} server workers = {1 + tp * dp}" in text
+    )
+    assert Plan.from_dict(__import__("json").loads(p.to_json())).server_world == tp * dp
+    # the trainer side reads the same number: GenerationSettings sizes the transfer group from the plan
+    from trainer.generation import GenerationSettings
+
+    g = GenerationSettings.from_plan(p, 1, __import__("torch").float32)
+    assert g.push.server_world == tp * dp and g.server_engines == dp
+
+
+def test_data_parallelism_that_leaves_no_trainer_gpu_is_refused_with_the_fix():
+    with pytest.raises(C.ConfigError, match=r"tensor_parallel_size x data_parallel_size \(2 x 4\) leaves no trainer GPU"):
+        C.validate(
+            C.from_dict(
+                {"vllm": {"model": "/m", "tensor_parallel_size": 2, "data_parallel_size": 4}, "slurm": {"gpus_per_node": 8}}
+            )
+        )

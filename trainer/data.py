@@ -84,13 +84,17 @@ class DataCursor:
 
 
 class Lookahead:
-    """The trainer's train dataloader, one batch ahead: while the trainer works on batch k, `next_batch` is batch k+1
-    of the same pass (None at a pass's end), so the node's server can generate its completions during batch k's
-    training (trainer.max_staleness 1). Everything else is the inner dataloader's."""
+    """The trainer's train dataloader, read `depth` batches ahead: while the trainer works on batch k, `following[j-1]`
+    is batch k+j of the same pass (the list is shorter at a pass's end), so the node's server can generate their
+    completions during batch k's training (trainer.max_staleness). Everything else is the inner dataloader's."""
 
-    def __init__(self, inner) -> None:
-        self.inner = inner
-        self.next_batch = None
+    def __init__(self, inner, depth: int = 1) -> None:
+        self.inner, self.depth = inner, depth
+        self.following: list = []
+
+    @property
+    def next_batch(self):
+        return self.following[0] if self.following else None
 
     def __len__(self) -> int:
         return len(self.inner)
@@ -99,35 +103,34 @@ class Lookahead:
         return getattr(self.inner, name)
 
     def __iter__(self):
-        end = object()
         it = iter(self.inner)
-        current = next(it, end)
-        while current is not end:
-            following = next(it, end)
-            self.next_batch = None if following is end else following
+        window = list(itertools.islice(it, self.depth + 1))
+        while window:
+            current, self.following = window[0], window[1:]
             yield current
-            current = following
-        self.next_batch = None
+            window = window[1:] + list(itertools.islice(it, 1))
+        self.following = []
 
 
-def look_ahead(trainer) -> Callable[[], list[list[int]] | None]:
-    """Wrap the trainer's train dataloader in a Lookahead; returns what gives this rank's next prompt ids, tokenized
-    the way TRL tokenizes them before it calls the generation backend (a difference only costs a lookahead miss)."""
+def look_ahead(trainer, depth: int = 1) -> Callable[[], list[list[list[int]]]]:
+    """Wrap the trainer's train dataloader in a Lookahead; returns what gives this rank's prompt ids of the next `depth`
+    batches (fewer at a pass's end), tokenized the way TRL tokenizes them before it calls the generation backend
+    (a difference only costs a lookahead miss)."""
     holder: dict[str, Lookahead] = {}
     make = trainer.get_train_dataloader
 
     def wrapped():
-        holder["it"] = Lookahead(make())
+        holder["it"] = Lookahead(make(), depth)
         return holder["it"]
 
     trainer.get_train_dataloader = wrapped
 
-    def next_prompt_ids() -> list[list[int]] | None:
+    def next_prompt_ids() -> list[list[list[int]]]:
         ahead = holder.get("it")
-        batch = ahead.next_batch if ahead is not None else None
-        if batch is None:
-            return None
-        ids = trainer._tokenize_prompts([x["prompt"] for x in batch])[0]
-        return [list(map(int, p)) for p in ids]
+        out = []
+        for batch in ahead.following if ahead is not None else []:
+            ids = trainer._tokenize_prompts([x["prompt"] for x in batch])[0]
+            out.append([list(map(int, p)) for p in ids])
+        return out
 
     return next_prompt_ids

@@ -9,10 +9,16 @@ everything back, and pushes every weight. Here every node works alone:
                 scatter each rank's completions back in order.
   sync_weights: every rank takes part in the FSDP2 gather, parameter by parameter; each node leader
                 streams them to its own server (trainer.weight_push), then checks parity (trainer.parity).
-  one step off:  with trainer.max_staleness 1, right after a step's generation the node's ranks hand their next
-                prompts (trainer.data.Lookahead) to the leader, which sends them to the server in the background
-                while the ranks train; the next step uses those completions (made one optimizer step earlier),
-                and no push starts while that request is in flight (server_requests counts the main client's only).
+  k steps off:  with trainer.max_staleness k, right after a step's generation the node's ranks hand the prompts of
+                their next k steps (trainer.data.Lookahead) to the leader, which sends those not yet sent to the server
+                in the background while the ranks train; step s+k uses the completions started with step s's weights.
+                Before a push the leader waits for the batch the next step needs. With k = 1 nothing else is in flight
+                then; with k >= 2 the later batches are: the push runs between /pause?mode=keep and /resume (vLLM 0.32
+                freezes them in its queue: nothing lost, nothing aborted), and /reset_prefix_cache with
+                reset_running_requests recomputes their KV under the new weights, so their remaining tokens come from
+                the new weights (vLLM returns each token's own logprob, which TRL's importance-sampling correction
+                uses). `abort` would lose them and `wait` would hold the push until they finish, idling the trainer.
+                server_requests counts the main client's requests only.
 
 The trainer swaps this class in for the name `VLLMGeneration` in trl.trainer.grpo_trainer (see
 trainer.grpo): TRL calls it with its own keyword arguments; ours (the node's settings, the parallel world,
@@ -54,8 +60,10 @@ class GenerationSettings:
     parity_action: str
     parity_probe: str = PARITY_PROBE
     max_staleness: int = 0
-    """1: the node's next prompts go to its server right after this step's generation (trainer.max_staleness)."""
+    """k: the node's prompts of the next k steps go to its server right after this step's generation (trainer.max_staleness)."""
     max_steps: int = 0
+    server_engines: int = 1
+    """vLLM engines behind the node's server (vllm.data_parallel_size): parity is checked on each."""
 
     @staticmethod
     def from_plan(plan: Plan, node: int, dtype: torch.dtype) -> GenerationSettings:
@@ -63,7 +71,7 @@ class GenerationSettings:
         push = PushSettings(
             backend=plan.weight_transfer_backend,
             transfer_port=n.weight_transfer_port,
-            server_world=plan.tensor_parallel_size,
+            server_world=plan.server_world,
             timeout_s=t.push_timeout_s,
             dtype=dtype,
             bucket_bytes=t.bucket_mb * 2**20,
@@ -78,6 +86,7 @@ class GenerationSettings:
             parity_action=t.parity_action,
             max_staleness=t.max_staleness,
             max_steps=t.max_steps,
+            server_engines=plan.data_parallel_size,
         )
 
 
@@ -116,9 +125,16 @@ def node_generate(par: Parallel, prompts: list[list[int]], ask_server: Callable[
     return mine[0], tokens
 
 
+def timed_complete(client: ServerClient, prompts: list[list[int]], sampling: dict[str, Any], step: int):
+    """One generation request; returns (completions, seconds it took the server)."""
+    t0 = time.time()
+    comps = client.complete(prompts, **sampling, step=step)
+    return comps, time.time() - t0
+
+
 @dataclass
 class Pending:
-    """A request sent one step ahead (max_staleness 1): the node's next prompts, generated with the weights the server
+    """A request sent ahead (max_staleness k): the node's prompts of a later step, started with the weights the server
     had after `weights_step` optimizer steps, while the node's ranks train."""
 
     prompts: list[list[int]]
@@ -153,12 +169,21 @@ class NodeLocalGeneration:
             self.vllm_client = ServerClient(s.server_url, s.model, par.node, s.request_timeout_s)
         self.pusher = NodePusher(model, self.vllm_client, s.push, par.device)
         self.parity = ParityChecker(
-            model, self.vllm_client, par, processing_class, s.parity_tolerance, s.parity_action, s.parity_probe, s.push.dtype
+            model,
+            self.vllm_client,
+            par,
+            processing_class,
+            s.parity_tolerance,
+            s.parity_action,
+            s.parity_probe,
+            s.push.dtype,
+            s.server_engines,
         )
         self.stats: dict[str, Any] = {}
-        self.peek_next: Callable[[], list[list[int]] | None] = lambda: None
-        """This rank's prompt ids of the next step, or None (set by trainer.run.build when max_staleness is 1)."""
-        self.pending: Pending | None = None
+        self.peek_next: Callable[[], list[list[list[int]]]] = lambda: []
+        """This rank's prompt ids of the next max_staleness steps (set by trainer.run.build when max_staleness >= 1)."""
+        self.pending: dict[int, Pending] = {}
+        """Requests sent ahead, by the step whose batch they generate."""
         self.ahead: tuple[ServerClient, concurrent.futures.ThreadPoolExecutor] | None = None
         if par.is_leader and s.max_staleness:  # its own client: the main thread's is busy with pushes and parity
             self.ahead = (
@@ -189,19 +214,21 @@ class NodeLocalGeneration:
             assert client is not None  # node_generate asks on the leader only
             # which prompts this node trained on at this step (a resumed run must continue the same order)
             self.stats["prompts_digest"] = hashlib.sha1(repr(flat).encode()).hexdigest()[:12]
-            sent, self.pending = self.pending, None
-            if sent is not None and sent.prompts == flat:  # generated during the last step's training
-                comps = sent.future.result(timeout=self.settings.request_timeout_s)
+            sent = self.pending.pop(step, None)
+            if sent is not None and sent.prompts == flat:  # generated during earlier steps' training
+                comps, self.stats["gen_s"] = sent.future.result(timeout=self.settings.request_timeout_s)
                 self.stats.update(staleness=step - sent.weights_step, ahead_hits=self.stats.get("ahead_hits", 0) + 1)
                 return comps
             if sent is not None:  # the lookahead saw other prompts: never train on them, generate these now
                 self.stats["ahead_misses"] = self.stats.get("ahead_misses", 0) + 1
             self.stats["staleness"] = 0
-            return client.complete(flat, **self.sampling(), step=step)
+            comps, self.stats["gen_s"] = timed_complete(client, flat, self.sampling(), step)
+            return comps
 
         mine, node_tokens = node_generate(self.par, prompts, ask_server)
         if client is not None:
-            self.stats.update(gen_tokens=node_tokens, gen_s=time.time() - t0, server_requests=client.requests_sent)
+            # gen_s: the server's time for this step's batch; gen_wait_s: what the step waited for it (less when ahead)
+            self.stats.update(gen_tokens=node_tokens, gen_wait_s=time.time() - t0, server_requests=client.requests_sent)
         if self.settings.max_staleness:
             self.send_ahead(step)
         self.on_stats(self.stats)
@@ -210,22 +237,30 @@ class NodeLocalGeneration:
         return prompts, completion_ids, logprobs, None
 
     def send_ahead(self, step: int) -> None:
-        """Collective over the node: gather every rank's next prompts on the leader, which sends them to the server
-        in the background (the weights it has now: this step's) and returns at once. Not past the last step."""
-        nxt = self.peek_next() if step + 1 < self.settings.max_steps else None
+        """Collective over the node: gather every rank's prompts of the next max_staleness steps on the leader, which
+        sends those not yet sent to the server in the background (the weights it has now: this step's) and returns at
+        once. Not past the last step."""
+        k = min(self.settings.max_staleness, self.settings.max_steps - step - 1)
+        nxt = self.peek_next()[: max(k, 0)]
         gathered: list[Any] | None = [None] * len(self.par.node_ranks) if self.par.is_leader else None
         dist.gather_object(nxt, gathered, dst=self.par.leader, group=self.par.node_group)
-        if gathered is None or self.ahead is None or any(g is None for g in gathered):
+        if gathered is None or self.ahead is None:
             return
         client, pool = self.ahead
-        flat = [list(p) for g in gathered for p in g]
-        self.pending = Pending(flat, step, pool.submit(client.complete, flat, **self.sampling(), step=step + 1))
+        for j in range(1, min(len(g) for g in gathered) + 1):
+            if step + j in self.pending:
+                continue
+            flat = [list(p) for g in gathered for p in g[j - 1]]
+            future = pool.submit(timed_complete, client, flat, self.sampling(), step + j)
+            self.pending[step + j] = Pending(flat, step, future)
 
-    def wait_ahead(self) -> None:
-        """No push while a request is in flight: wait for the one sent ahead (its completions are kept for the next
-        generate; they were made with the weights before this push, which is the one step of staleness)."""
-        if self.pending is not None:
-            concurrent.futures.wait([self.pending.future], timeout=self.settings.request_timeout_s)
+    def wait_ahead(self, step: int) -> bool:
+        """Before the push of `step`: wait for the batch that step generates (sent ahead; its completions were made with
+        the weights before this push). Returns whether later batches are still in flight (max_staleness >= 2)."""
+        needed = self.pending.get(step)
+        if needed is not None:
+            concurrent.futures.wait([needed.future], timeout=self.settings.request_timeout_s)
+        return any(not p.future.done() for p in self.pending.values())
 
     # ------------------------------------------------------------------ weights
     def sync_weights(self) -> None:
@@ -233,15 +268,19 @@ class NodeLocalGeneration:
 
     def push(self, step: int) -> None:
         """Push and check parity: before (how stale the server was) and after (the push landed). Collective."""
-        self.wait_ahead()
+        in_flight = self.wait_ahead(step) if self.par.is_leader else False
         try:
             stale = self.parity.check(step, kind="stale") if step > 0 else None
-            push_s = self.pusher.push(step)
+            push_s = self.pusher.push(step, keep_in_flight=in_flight)
             after = self.parity.check(step, kind="after_push")
         except ServerError as e:
             raise ServerError(f"weight push at step {step} (node {self.par.node}) failed: {e}") from None
         if self.par.is_leader:
-            self.stats.update(push_s=push_s, parity=after, parity_stale=stale)
+            self.stats.update(
+                push_s=push_s, parity=after, parity_stale=stale, parity_engines=self.parity.history[-1]["per_engine"]
+            )
+            if in_flight:
+                self.stats["pushes_paused"] = self.stats.get("pushes_paused", 0) + 1
 
     def finish(self, step: int) -> dict[str, Any] | None:
         """The last optimizer step is never pushed during training (a push precedes each generation): push it,
@@ -258,5 +297,5 @@ class NodeLocalGeneration:
             "pushes": self.pusher.pushes,
             "server_requests": self.vllm_client.requests_sent if self.vllm_client else None,
             "trainer_peak_gpu_gb": round(torch.cuda.max_memory_allocated() / 1e9, 2) if self.par.device.type == "cuda" else None,
-            "parity_history": [{k: h[k] for k in ("step", "kind", "max_diff")} for h in self.parity.history],
+            "parity_history": [{k: h[k] for k in ("step", "kind", "max_diff", "per_engine")} for h in self.parity.history],
         }

@@ -160,9 +160,13 @@ class SlurmGrpoCallback(TrainerCallback):
             "step_s": round(time.time() - self.step_t0, 3),
             "push_s": {str(n): round(s.get("push_s", 0.0), 4) for n, s in sorted(by.items()) if "push_s" in s},
             "gen_s": {str(n): round(s["gen_s"], 4) for n, s in sorted(by.items()) if s.get("gen_s")},
+            "gen_wait_s": {str(n): round(s["gen_wait_s"], 4) for n, s in sorted(by.items()) if "gen_wait_s" in s},
             "parity": {str(n): s.get("parity") for n, s in sorted(by.items())},
             "parity_stale": {str(n): s.get("parity_stale") for n, s in sorted(by.items())},
+            # with vLLM data parallelism: the parity of each engine of the node's server, checked one by one
+            "parity_engines": {str(n): s.get("parity_engines") for n, s in sorted(by.items())},
             "parity_max": max((s["parity"] for s in by.values() if s.get("parity") is not None), default=None),
+            "gen_tokens": {str(n): s.get("gen_tokens") for n, s in sorted(by.items())},
             "gen_tokens_per_s_node": {
                 str(n): round(s["gen_tokens"] / max(s["gen_s"], 1e-9), 1) for n, s in sorted(by.items()) if s.get("gen_s")
             },
@@ -172,6 +176,8 @@ class SlurmGrpoCallback(TrainerCallback):
             # completions, per node; TRL's importance-sampling ratio and the vLLM-vs-trainer logprob difference
             "staleness": {str(n): s.get("staleness") for n, s in sorted(by.items())},
             "ahead_misses": {str(n): s.get("ahead_misses", 0) for n, s in sorted(by.items())},
+            # pushes so far that paused requests still running (max_staleness >= 2) and resumed them after
+            "pushes_paused": {str(n): s.get("pushes_paused", 0) for n, s in sorted(by.items())},
             "is_ratio_mean": logs.get("sampling/importance_sampling_ratio/mean"),
             "logp_mismatch_mean": logs.get("sampling/sampling_logp_difference/mean"),
         }

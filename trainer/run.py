@@ -124,8 +124,8 @@ def build(plan: Plan, par: Parallel, preemption: grpo.PreemptionFlag) -> Run:
         callback,
         make_backend,
     )
-    if t.max_staleness:  # the node's server generates the next step's completions while the ranks train
-        trainer.vllm_generation.peek_next = data.look_ahead(trainer)
+    if t.max_staleness:  # the node's server generates the next steps' completions while the ranks train
+        trainer.vllm_generation.peek_next = data.look_ahead(trainer, t.max_staleness)
     per_step = data.indices_per_step(trainer)
     if resume is None:
         callback.cursor = data.DataCursor(0, 0, per_step)

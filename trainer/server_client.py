@@ -24,11 +24,21 @@ class ServerClient:
             f"(deadline trainer.request_timeout_s={self.timeout_s:.0f} s; see logs/node{self.node}-vllm.log)"
         )
 
-    def request(self, method: str, route: str, body: dict | None = None, timeout_s: float | None = None, step: int = 0) -> Any:
+    def request(
+        self,
+        method: str,
+        route: str,
+        body: dict | None = None,
+        timeout_s: float | None = None,
+        step: int = 0,
+        headers: dict[str, str] | None = None,
+    ) -> Any:
         """step: the training step, named in errors so they say when they happened."""
         timeout = timeout_s or self.timeout_s
         try:
-            r = self.session.request(method, self.base_url + route, json=body, timeout=(min(10.0, timeout), timeout))
+            r = self.session.request(
+                method, self.base_url + route, json=body, headers=headers, timeout=(min(10.0, timeout), timeout)
+            )
         except requests.Timeout:
             raise self._fail(route, f"no answer within {timeout:.0f} s", step) from None
         except requests.ConnectionError as e:
@@ -43,8 +53,13 @@ class ServerClient:
         except ValueError:
             return r.text
 
-    def post(self, route: str, body: dict | None = None, timeout_s: float | None = None, step: int = 0) -> Any:
-        return self.request("POST", route, body or {}, timeout_s, step)
+    def post(
+        self, route: str, body: dict | None = None, timeout_s: float | None = None, step: int = 0, engine: int | None = None
+    ) -> Any:
+        """engine: with vLLM data parallelism, the engine (DP rank) that must serve the request, instead of the one
+        vLLM's balancer picks (vLLM reads the X-data-parallel-rank header)."""
+        headers = None if engine is None else {"X-data-parallel-rank": str(engine)}
+        return self.request("POST", route, body or {}, timeout_s, step, headers)
 
     def get_server_info(self) -> dict:
         """What TRL's trainer asks of its client (`["model_config"]["logprobs_mode"]`); we start servers with it."""
@@ -87,4 +102,7 @@ class ServerClient:
         choices = sorted(out["choices"], key=lambda c: c["index"])
         if len(choices) != len(prompts):
             raise self._fail("/v1/completions", f"asked for {len(prompts)} completions, got {len(choices)}", step)
-        return [(list(c["token_ids"]), [float(x) for x in c["logprobs"]["token_logprobs"]]) for c in choices]
+        out_pairs = [(list(c["token_ids"]), [float(x) for x in c["logprobs"]["token_logprobs"]]) for c in choices]
+        if any(len(ids) != len(lps) for ids, lps in out_pairs):  # e.g. a token lost or repeated across a paused push
+            raise self._fail("/v1/completions", "a completion's token ids and logprobs differ in length", step)
+        return out_pairs

@@ -102,7 +102,7 @@ class PushSettings:
     """gloo, nccl or ipc (the plan resolved auto)."""
     transfer_port: int
     server_world: int
-    """The server's workers in the transfer group (tensor_parallel_size)."""
+    """The server's workers in the transfer group: tensor_parallel_size x data_parallel_size (every engine's)."""
     timeout_s: float
     dtype: torch.dtype
     bucket_bytes: int
@@ -127,8 +127,12 @@ class NodePusher:
         self.meta = param_metadata(model, settings.dtype)
         self.pushes = 0
 
-    def push(self, step: int) -> float:
-        """Push all parameters; returns seconds on the leader (0.0 elsewhere). Collective over the model's mesh."""
+    def push(self, step: int, keep_in_flight: bool = False) -> float:
+        """Push all parameters; returns seconds on the leader (0.0 elsewhere). Collective over the model's mesh.
+        keep_in_flight (leader): requests are running on the server (generated ahead, max_staleness >= 2): freeze them
+        in vLLM's queue during the push (/pause?mode=keep), then make them recompute their KV under the new weights
+        and go on (/reset_prefix_cache?reset_running_requests=true, /resume): none is lost, aborted or finished on
+        a half-written model."""
         t0 = time.time()
         params = iter_unsharded_params(self.model, self.settings.dtype)
         if self.client is None:
@@ -137,17 +141,25 @@ class NodePusher:
             return 0.0
         if self.sender is None:
             self.sender = make_sender(self.settings, self.client, self.meta, self.device)
-        self.sender.push(params, self.meta, step)
-        reset_prefix_cache(self.client, step)
+        if keep_in_flight:
+            self.client.post("/pause?mode=keep", {}, step=step)
+        try:
+            self.sender.push(params, self.meta, step)
+            reset_prefix_cache(self.client, step, reset_running=keep_in_flight)
+        finally:
+            if keep_in_flight:
+                self.client.post("/resume", {}, step=step)
         self.pushes += 1
         return time.time() - t0
 
 
-def reset_prefix_cache(client: ServerClient, step: int) -> None:
+def reset_prefix_cache(client: ServerClient, step: int, reset_running: bool = False) -> None:
     """KV cached for prompts under the old weights must not serve the new ones. vLLM answers 200 with
-    {"success": false} when it could not reset (requests still running): retry briefly, then fail."""
+    {"success": false} when it could not reset (requests still running): retry briefly, then fail.
+    reset_running: running requests are preempted and recompute their KV (tokens so far kept) under the new weights."""
+    route = "/reset_prefix_cache" + ("?reset_running_requests=true" if reset_running else "")
     for _ in range(20):
-        out = client.post("/reset_prefix_cache", {}, step=step)
+        out = client.post(route, {}, step=step)
         if not isinstance(out, dict) or out.get("success", True) is not False:
             return
         time.sleep(0.1)
