@@ -295,19 +295,44 @@ def from_dict(raw: dict[str, Any]) -> JobConfig:
 
 
 def load(path: str | Path | None, overrides: list[str] | None = None) -> JobConfig:
-    """Read a YAML config, apply --set overrides, validate. path=None starts from the defaults."""
-    raw: Any = {}
-    if path is not None:
-        p = Path(path)
-        if not p.is_file():
-            raise ConfigError(f"config file {str(p)!r} not found; pass a YAML file such as configs/smoke_cpu.yaml")
-        try:
-            raw = yaml.safe_load(p.read_text()) or {}
-        except yaml.YAMLError as e:
-            raise ConfigError(f"config file {str(p)!r} is not valid YAML: {e}") from None
-    if not isinstance(raw, dict):
-        raise ConfigError(f"config file {path!s} must hold a mapping of sections ({', '.join(SECTIONS)})")
+    """Read a YAML config (and the files its `base:` names), apply --set overrides, validate. path=None starts from
+    the defaults."""
+    raw = read_raw(Path(path)) if path is not None else {}
     return from_dict(merge_raw(raw, overrides or []))
+
+
+def deep_merge(under: dict[str, Any], over: dict[str, Any]) -> dict[str, Any]:
+    """`over` on top of `under`: mappings merge key by key at every depth; any other value (lists too) replaces."""
+    out = dict(under)
+    for k, v in over.items():
+        out[k] = deep_merge(out[k], v) if isinstance(v, dict) and isinstance(out.get(k), dict) else v
+    return out
+
+
+def read_raw(path: Path, chain: tuple[Path, ...] = ()) -> dict[str, Any]:
+    """One config file as a plain mapping, its `base:` files (one path or a list, relative to this file's folder)
+    deep-merged under it in order, recursively. `chain`: the files that led here, to name a cycle."""
+    where = f" (base of {chain[-1]})" if chain else ""
+    if not path.is_file():
+        raise ConfigError(f"config file {str(path)!r}{where} not found; pass a YAML file such as configs/smoke_cpu.yaml")
+    real = path.resolve()
+    if real in chain:
+        raise ConfigError("config base cycle: " + " -> ".join(str(p) for p in (*chain, real)) + "; remove one of the base: lines")
+    try:
+        raw = yaml.safe_load(path.read_text()) or {}
+    except yaml.YAMLError as e:
+        raise ConfigError(f"config file {str(path)!r}{where} is not valid YAML: {e}") from None
+    if not isinstance(raw, dict):
+        raise ConfigError(f"config file {path!s}{where} must hold a mapping of sections ({', '.join(SECTIONS)})")
+    bases = raw.pop("base", None) or []
+    if isinstance(bases, str):
+        bases = [bases]
+    if not isinstance(bases, list) or not all(isinstance(b, str) and b for b in bases):
+        raise ConfigError(f"config file {path!s}: base must be a file path or a list of them, got {bases!r}")
+    merged: dict[str, Any] = {}
+    for b in bases:
+        merged = deep_merge(merged, read_raw(real.parent / b, (*chain, real)))
+    return deep_merge(merged, raw)
 
 
 def rebuild(d: dict[str, Any]) -> JobConfig:

@@ -11,7 +11,7 @@ from launcher import config as C
 from launcher.config import ConfigError
 from launcher.jobdir import make_plan
 
-from .conftest import cli
+from .conftest import REPO, cli
 
 BASE = {"vllm": {"model": "/models/m"}, "slurm": {"gpus_per_node": 4}}
 
@@ -183,3 +183,45 @@ def test_readme_config_reference_is_current():
         "README's config reference is stale; regenerate it with "
         "python -c 'from launcher.config import reference_markdown as r; print(r())'"
     )
+
+
+def test_base_files_deep_merge_in_order_and_the_job_folder_gets_the_flat_result(tmp_path):
+    """`base:` (one path or a list, relative to the file) deep-merges under the file's own keys, later bases over
+    earlier ones; dry-run's resolved config has no base: left; a cycle or a missing base is a one-line error."""
+    (tmp_path / "site").mkdir()
+    (tmp_path / "site" / "cluster.yaml").write_text(
+        "slurm: {partition: gpu, gpus_per_node: 8, setup_vars: {venv: /v, modules: cuda}}\ntrainer: {grpo: {loss_type: dapo, epsilon: 0.2}}\n"
+    )
+    (tmp_path / "model.yaml").write_text("vllm: {model: /m, dtype: bfloat16}\nslurm: {partition: big}\n")
+    (tmp_path / "job.yaml").write_text(
+        "base: [site/cluster.yaml, model.yaml]\nslurm: {nodes: 4, setup_vars: {modules: ''}}\ntrainer: {grpo: {epsilon: 0.3}}\n"
+    )
+    cfg = C.load(tmp_path / "job.yaml", ["slurm.time=01:00:00"])
+    assert cfg.slurm.partition == "big"  # the later base wins over the earlier
+    assert cfg.slurm.nodes == 4 and cfg.slurm.gpus_per_node == 8 and cfg.vllm.model == "/m"
+    assert cfg.slurm.setup_vars == {"venv": "/v", "modules": ""}  # mappings merge key by key
+    assert cfg.trainer.grpo == {"loss_type": "dapo", "epsilon": 0.3}
+    assert cfg.slurm.time == "01:00:00"  # --set still comes last
+    r = cli("dry-run", str(tmp_path / "job.yaml"))
+    assert r.returncode == 0, r.stderr
+    resolved = r.stdout.split("# plan")[0]
+    assert "base" not in resolved and "partition: big" in resolved and "loss_type: dapo" in resolved
+
+    (tmp_path / "a.yaml").write_text("base: b.yaml\n")
+    (tmp_path / "b.yaml").write_text("base: a.yaml\n")
+    with pytest.raises(ConfigError, match=r"config base cycle: .*a.yaml -> .*b.yaml -> .*a.yaml"):
+        C.load(tmp_path / "a.yaml")
+    (tmp_path / "c.yaml").write_text("base: nowhere.yaml\n")
+    with pytest.raises(ConfigError, match=r"nowhere.yaml' \(base of .*c.yaml\) not found"):
+        C.load(tmp_path / "c.yaml")
+    (tmp_path / "d.yaml").write_text("base: {x: 1}\n")
+    with pytest.raises(ConfigError, match="base must be a file path or a list"):
+        C.load(tmp_path / "d.yaml")
+
+
+def test_the_shipped_configs_that_use_a_base_resolve_to_their_full_settings():
+    cfg = C.load(REPO / "configs/gpu_7b_4nodes.yaml")
+    assert (cfg.slurm.partition, cfg.slurm.gpus_per_node, cfg.slurm.setup_profile, cfg.slurm.nodes) == ("gpu", 8, "hpc", 4)
+    cpu = C.load(REPO / "configs/cluster_cpu.yaml")
+    smoke = C.load(REPO / "configs/smoke_cpu.yaml")
+    assert cpu.vllm == smoke.vllm and cpu.trainer.dataset == smoke.trainer.dataset and cpu.slurm.nodes == 2
