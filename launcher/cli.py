@@ -22,7 +22,7 @@ from pathlib import Path
 from launcher import config as config_mod
 from launcher.commands import redact_argv, trainer_command, vllm_command
 from launcher.config import ConfigError, JobConfig
-from launcher.jobs import cancel, find_job_dir, format_summary, log_files, read_jsonl, status, summarize
+from launcher.jobs import cancel, find_job_dir, format_summary, log_files, q, read_jsonl, status, summarize
 from launcher.memory import plan_report
 from launcher.topology import Plan
 
@@ -49,8 +49,13 @@ def _add_config_args(p: argparse.ArgumentParser) -> None:
 
 
 def _load(a: argparse.Namespace, **force: object) -> JobConfig:
+    """The config of a command, a hub model name resolved to its cached snapshot (the nodes run offline): downloaded
+    first by submit and local, only looked up by dry-run."""
+    from launcher.hub import resolve_hub_model
+
     overrides = list(a.overrides) + [f"{k}={json.dumps(v)}" for k, v in force.items()]
-    return config_mod.load(a.config, overrides)
+    cfg = config_mod.load(a.config, overrides)
+    return resolve_hub_model(cfg, download=a.command in ("submit", "local") and not getattr(a, "dry_run", False))
 
 
 def node_table(p: Plan) -> str:
@@ -113,14 +118,19 @@ def cmd_dry_run(a: argparse.Namespace) -> int:
     return 0
 
 
-def _show_or_submit(cfg: JobConfig, p: Plan, dry_run: bool, preface: str = ""):
-    """--dry-run: print what would be submitted and return None; else write the job folder and sbatch it."""
+def _show_or_submit(cfg: JobConfig, p: Plan, dry_run: bool, preface: str = "", check_paths: bool = True):
+    """--dry-run: print what would be submitted and return None; else check the config's paths on this host (unless
+    told not to), write the job folder and sbatch it."""
     from launcher.jobdir import write_job_dir
+    from launcher.preflight import SKIP_HINT, submit_path_problems
     from launcher.submit import submit
 
     if dry_run:
         print(preface + render_dry_run(cfg, p))
         return None
+    problems = submit_path_problems(cfg) if check_paths else []
+    if problems:  # before sbatch: a typo must not wait in the queue
+        raise ConfigError("; ".join(problems) + f" ({SKIP_HINT})")
     for line in plan_report(p):  # a job that will not fit should not wait in the queue unwarned
         if line.startswith("WARNING"):
             print(line, file=sys.stderr)
@@ -132,12 +142,12 @@ def cmd_submit(a: argparse.Namespace) -> int:
     from launcher.jobdir import make_plan
 
     cfg = _load(a)
-    s = _show_or_submit(cfg, make_plan(cfg), a.dry_run)
+    s = _show_or_submit(cfg, make_plan(cfg), a.dry_run, check_paths=not a.skip_path_checks)
     if s is None:
         return 0
     print(
-        f"submitted job {s.job_id}\njob folder: {s.job_dir}\nsbatch text: {s.sbatch_path}\n"
-        f"watch it: slurm-grpo status {shlex.quote(str(s.job_dir))}"
+        f"submitted job {s.job_id}\njob folder: {q(s.job_dir)}\nsbatch text: {q(s.sbatch_path)}\n"
+        f"watch it: slurm-grpo status {q(s.job_dir)}"
     )
     return 0
 
@@ -158,12 +168,12 @@ def cmd_resume(a: argparse.Namespace) -> int:
     p = make_plan(cfg)
     step, path = done[-1]
     preface = f"# would resume {d} from step {step} ({path.name}) on {p.num_nodes} nodes x {p.ranks_per_node} ranks\n\n"
-    s = _show_or_submit(cfg, p, a.dry_run, preface)
+    s = _show_or_submit(cfg, p, a.dry_run, preface, check_paths=not a.skip_path_checks)
     if s is None:
         return 0
     print(
-        f"resubmitted job folder {d} as job {s.job_id}: resumes from step {step} on {p.num_nodes} nodes "
-        f"({p.world_size} ranks)\nwatch it: slurm-grpo status {shlex.quote(str(d))}"
+        f"resubmitted job folder {q(d)} as job {s.job_id}: resumes from step {step} on {p.num_nodes} nodes "
+        f"({p.world_size} ranks)\nwatch it: slurm-grpo status {q(d)}"
     )
     return 0
 
@@ -203,7 +213,9 @@ def cmd_local(a: argparse.Namespace) -> int:
         cfg = _load(a, **{"slurm.nodes": 1})
     p = make_plan(cfg)
     d = write_job_dir(cfg, p)
-    print(f"job folder: {d}\n" + node_table(p) + f"\nlogs: {d}/logs/ (vLLM start takes about a minute on CPU)", flush=True)
+    print(
+        f"job folder: {q(d)}\n" + node_table(p) + f"\nlogs: {q(d / 'logs')}/ (vLLM start takes about a minute on CPU)", flush=True
+    )
     prog = Progress(d, cfg.trainer.max_steps)
     prog.start()
     t0 = time.time()
@@ -214,7 +226,7 @@ def cmd_local(a: argparse.Namespace) -> int:
     print("summary: " + format_summary(summarize(read_jsonl(d / "metrics.jsonl"))))
     for f in ("summary.json", "metrics.png", "metrics.jsonl"):
         if (d / f).exists():
-            print(f"  {d / f}")
+            print(f"  {q(d / f)}")
     return rc
 
 
@@ -229,7 +241,7 @@ def cmd_logs(a: argparse.Namespace) -> int:
     d = find_job_dir(a.job)
     files = log_files(d, a.node)
     if not files:
-        print(f"no logs yet in {d}/logs")
+        print(f"no logs yet in {q(d / 'logs')}")
     for f in files:
         print(f"==> {f} <==\n{tail(f, a.lines)}")
     return 0
@@ -252,6 +264,15 @@ def cmd_simulate(a: argparse.Namespace) -> int:
     return simulate_main(a)
 
 
+def _add_skip_path_checks(p: argparse.ArgumentParser) -> None:
+    p.add_argument(
+        "--skip-path-checks",
+        action="store_true",
+        help="do not check on this host that the model folder, dataset, reward modules and setup venv exist "
+        "(for paths that exist only on the compute nodes; the nodes still check them before starting)",
+    )
+
+
 def build_parser() -> argparse.ArgumentParser:
     ap = argparse.ArgumentParser(prog="slurm-grpo", description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     sub = ap.add_subparsers(dest="command", required=True, metavar="COMMAND")
@@ -261,6 +282,7 @@ def build_parser() -> argparse.ArgumentParser:
     p = sub.add_parser("submit", help="write the job folder and submit it with sbatch (through submitit)")
     _add_config_args(p)
     p.add_argument("--dry-run", action="store_true", help="print what would be submitted and stop")
+    _add_skip_path_checks(p)
     p.set_defaults(fn=cmd_submit)
     p = sub.add_parser(
         "resume",
@@ -270,6 +292,7 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("job", help="job folder (runs/NAME-STAMP) or SLURM job id")
     _add_set_arg(p, "a value of the folder's config.yaml")
     p.add_argument("--dry-run", action="store_true", help="print what would be resubmitted and stop")
+    _add_skip_path_checks(p)
     p.set_defaults(fn=cmd_resume)
     p = sub.add_parser("local", help="run the job on this machine as one node (vLLM + trainer ranks), no SLURM")
     _add_config_args(p)

@@ -16,6 +16,10 @@ PLUGIN_ENV = "SLURM_GRPO_CPU_PLAIN_LINEAR"
 """Set for CPU servers: our vLLM plugin then keeps linear weights unpacked so pushed weights take effect."""
 
 
+OFFLINE_ENV = {"HF_HUB_OFFLINE": "1", "HF_DATASETS_OFFLINE": "1"}
+"""Nodes never reach for the hub: a hub model name was resolved to its cached snapshot at submit (launcher.hub)."""
+
+
 @dataclass(frozen=True)
 class NodeCommand:
     name: str
@@ -74,6 +78,7 @@ def vllm_command(plan: Plan, node: int, python: str = "python", allocated: str |
         argv += ["--max-model-len", str(v.max_model_len)]
     argv += list(v.extra_args)
     env = {
+        **OFFLINE_ENV,
         "VLLM_SERVER_DEV_MODE": "1",
         "CUDA_VISIBLE_DEVICES": gpu_list(n.vllm_gpus, allocated),
         "VLLM_NO_USAGE_STATS": "1",
@@ -121,6 +126,7 @@ def trainer_command(
         f"{plan.job_dir}/plan.json",
     ]
     env = {
+        **OFFLINE_ENV,
         "SLURM_GRPO_NODE": str(node),
         "CUDA_VISIBLE_DEVICES": gpu_list(n.trainer_gpus, allocated),
         "TORCH_NCCL_ASYNC_ERROR_HANDLING": "1",

@@ -11,6 +11,12 @@ from typing import Any
 from launcher.config import ConfigError
 
 
+def q(path: str | Path) -> str:
+    """A path as the user may paste it into a shell: quoted when it holds anything the shell would interpret
+    (a job folder named `it's $(touch x) one` must not run the `$()`)."""
+    return shlex.quote(str(path))
+
+
 def find_job_dir(ref: str, root: str = "runs") -> Path:
     """A job folder, or a SLURM job id looked up in runs/*/job_id."""
     p = Path(ref)
@@ -118,7 +124,7 @@ ENDED_RESUMABLE = ("NODE_FAIL", "TIMEOUT", "FAILED", "PREEMPTED", "OUT_OF_MEMORY
 
 
 def status(job_dir: Path) -> str:
-    lines = [f"job folder: {job_dir}"]
+    lines = [f"job folder: {q(job_dir)}"]
     from launcher.topology import Plan
 
     plan = Plan.load(job_dir / "plan.json")
@@ -130,7 +136,7 @@ def status(job_dir: Path) -> str:
         main = next((ln.split("|") for ln in states if ln.split("|")[0] == jid), None)
         if main and len(main) > 1 and main[1].split()[0] in ENDED_RESUMABLE:
             lines.append(
-                f"next: slurm-grpo resume {shlex.quote(str(job_dir))}   (continues from the newest checkpoint; "
+                f"next: slurm-grpo resume {q(job_dir)}   (continues from the newest checkpoint; "
                 f"add --set slurm.nodes=N to go on with the nodes left)"
             )
     else:

@@ -1,9 +1,13 @@
 """Checks each node runs before it starts anything (torch-free): the model folder and the dataset are
 readable there. A missing model or a malformed data line then fails in seconds, naming the node and the
-file, instead of after a minute of vLLM start-up or inside a torchrun traceback."""
+file, instead of after a minute of vLLM start-up or inside a torchrun traceback.
+
+`submit_path_problems` runs the same checks on the submit host before sbatch (plus: reward modules importable,
+the setup venv present), so a typo fails at once instead of after the job waited in the queue."""
 
 from __future__ import annotations
 
+import importlib.util
 import json
 from pathlib import Path
 
@@ -90,3 +94,41 @@ def check_dataset(path: str) -> None:
 def check_node_inputs(config: JobConfig) -> None:
     check_model(config.vllm.model)
     check_dataset(config.trainer.dataset)
+
+
+SKIP_HINT = "if these paths exist only on the compute nodes, submit again with --skip-path-checks"
+
+
+def reward_module_problem(entry: str) -> str | None:
+    """A 'pkg.module:function' reward whose module cannot be found from here (found, not run: its imports may need
+    the GPU stack this host lacks). Built-in names are the trainer's and were checked by the config."""
+    if ":" not in entry:
+        return None
+    module = entry.split(":", 1)[0]
+    try:
+        found = importlib.util.find_spec(module) is not None
+    except (ImportError, ValueError):  # a parent package missing
+        found = False
+    if found:
+        return None
+    return (
+        f"trainer.reward_funcs {entry!r}: module {module!r} is not importable here; put its folder on PYTHONPATH "
+        f"(the job's nodes get the same) or install it into the job's venv"
+    )
+
+
+def submit_path_problems(config: JobConfig) -> list[str]:
+    """What the nodes would find missing, checked on the submit host: each a one-line error."""
+    problems = []
+    for check in (lambda: check_model(config.vllm.model), lambda: check_dataset(config.trainer.dataset)):
+        try:
+            check()
+        except PreflightError as e:
+            problems.append(str(e).replace(" on this node", " on this host"))
+    problems += [p for p in map(reward_module_problem, config.trainer.reward_funcs) if p]
+    venv = config.slurm.setup_vars.get("venv", "")
+    if venv and not (Path(venv).expanduser() / "bin" / "activate").is_file():
+        problems.append(
+            f"slurm.setup_vars.venv {venv!r}: no bin/activate there; create it (python -m venv {venv}) or fix the path"
+        )
+    return problems

@@ -16,6 +16,7 @@ import jinja2
 
 from launcher.commands import bootstrap_argv
 from launcher.config import ConfigError, JobConfig
+from launcher.jobs import q
 from launcher.topology import Plan
 
 TEMPLATES = Path(__file__).resolve().parent.parent / "slurm_templates"
@@ -107,7 +108,7 @@ def submit(cfg: JobConfig, p: Plan) -> Submitted:
     try:
         job = ex._submit_command(job_command(cfg, p))
     except Exception as e:  # submitit raises its own FailedJobError/OSError with sbatch's stderr
-        raise RuntimeError(f"sbatch refused the job: {e}\nThe sbatch text is in {p.job_dir}/job.sbatch") from None
+        raise RuntimeError(f"sbatch refused the job: {e}\nThe sbatch text is in {q(Path(p.job_dir) / 'job.sbatch')}") from None
     finally:
         (Path(p.job_dir) / "job.sbatch").write_text(text)
     (Path(p.job_dir) / "job_id").write_text(str(job.job_id) + "\n")

@@ -1,0 +1,108 @@
+"""Submit-time checks: a config's local paths are checked on the submit host before sbatch (one-line errors, a
+--skip-path-checks way out), and every command printed for the user to paste is shell-quoted. `sbatch` is faked
+at the process boundary: a script on PATH that records it was called and answers as sbatch does."""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+from pathlib import Path
+
+import pytest
+
+from .conftest import cli
+
+
+@pytest.fixture
+def fake_sbatch(tmp_path: Path) -> tuple[dict, Path]:
+    bin_dir, calls = tmp_path / "bin", tmp_path / "sbatch-calls"
+    bin_dir.mkdir()
+    (bin_dir / "sbatch").write_text(f'#!/bin/sh\necho "$@" >> "{calls}"\necho "Submitted batch job 4242"\n')
+    (bin_dir / "sbatch").chmod(0o755)
+    return {**os.environ, "PATH": f"{bin_dir}:{os.environ['PATH']}"}, calls
+
+
+@pytest.mark.parametrize(
+    "override,needle",
+    [
+        ("vllm.model=/nonexistent/dir", "vllm.model '/nonexistent/dir': no such folder on this host"),
+        (
+            "trainer.dataset=/nonexistent/prompts.jsonl",
+            "trainer.dataset '/nonexistent/prompts.jsonl' does not exist on this host",
+        ),
+        ("trainer.reward_funcs=[no_such_pkg.rewards:f]", "module 'no_such_pkg.rewards' is not importable here"),
+        ("slurm.setup_vars={venv: /nonexistent/venv}", "slurm.setup_vars.venv '/nonexistent/venv': no bin/activate there"),
+    ],
+)
+def test_a_bad_path_fails_at_submit_in_one_line_and_sbatch_is_never_called(fake_sbatch, tiny_model, tmp_path, override, needle):
+    env, calls = fake_sbatch
+    r = cli("submit", "configs/smoke_cpu.yaml", "--set", f"vllm.model={tiny_model}", "--set", override,
+            "--set", f"job.job_dir={tmp_path / 'job'}", env=env)  # fmt: skip
+    assert r.returncode == 2, r.stdout + r.stderr
+    assert needle in r.stderr and "--skip-path-checks" in r.stderr, r.stderr
+    assert len(r.stderr.strip().splitlines()) == 1, r.stderr
+    assert not calls.exists()  # nothing was queued
+    # a path that exists only on the compute nodes: the user says so, and the job goes to sbatch
+    r = cli("submit", "configs/smoke_cpu.yaml", "--set", f"vllm.model={tiny_model}", "--set", override,
+            "--set", f"job.job_dir={tmp_path / 'job2'}", "--skip-path-checks", env=env)  # fmt: skip
+    assert r.returncode == 0, r.stderr
+    assert calls.exists()
+
+
+def test_every_printed_command_is_shell_quoted(fake_sbatch, tiny_model, weird_tmp_path):
+    """A job folder named `it's $(touch x) one`: pasting the printed `watch it:` line must pass the folder as one
+    argument and run nothing."""
+    env, _ = fake_sbatch
+    job = weird_tmp_path / "it's $(touch x) one"
+    r = cli("submit", "configs/smoke_cpu.yaml", "--set", f"vllm.model={tiny_model}", "--set", f"job.job_dir={job}", env=env)
+    assert r.returncode == 0, r.stderr
+    lines = {ln.split(":", 1)[0]: ln.split(":", 1)[1].strip() for ln in r.stdout.splitlines() if ":" in ln}
+    watch = lines["watch it"]
+    assert watch.startswith("slurm-grpo status ")
+    for pasted in (watch, "ls " + lines["job folder"], "ls " + lines["sbatch text"]):
+        # what a shell makes of the pasted line, run in an empty folder: the arguments, and no file x created
+        scratch = weird_tmp_path / "scratch"
+        scratch.mkdir(exist_ok=True)
+        out = subprocess.run(
+            ["bash", "-c", "set -- " + pasted + '; printf "%s\\n" "$@"'], cwd=scratch, capture_output=True, text=True
+        )
+        args = out.stdout.splitlines()
+        assert args[-1] in (str(job), str(job / "job.sbatch")), (pasted, args)
+        assert not (scratch / "x").exists(), pasted
+
+
+def hub_cache(home: Path, repo: str, model_dir: str) -> Path:
+    """A Hugging Face cache as huggingface_hub lays it out (refs/main -> snapshots/<commit>/files), made here: no network."""
+    import shutil
+
+    commit = "0123456789abcdef0123456789abcdef01234567"
+    root = home / "hub" / ("models--" + repo.replace("/", "--"))
+    (root / "refs").mkdir(parents=True)
+    (root / "refs" / "main").write_text(commit)
+    snap = root / "snapshots" / commit
+    shutil.copytree(model_dir, snap)
+    return snap
+
+
+def test_a_hub_name_runs_offline_on_its_cached_snapshot_and_a_missing_one_fails_before_sbatch(fake_sbatch, tiny_model, tmp_path):
+    env, calls = fake_sbatch
+    snap = hub_cache(tmp_path / "hf", "acme/tiny", tiny_model)
+    env = {**env, "HF_HOME": str(tmp_path / "hf"), "HF_HUB_OFFLINE": "1"}
+    job = tmp_path / "job"
+    r = cli("submit", "configs/smoke_cpu.yaml", "--set", "vllm.model=acme/tiny", "--set", f"job.job_dir={job}", env=env)
+    assert r.returncode == 0, r.stderr
+    assert f"vllm.model acme/tiny -> {snap}" in r.stdout
+    plan = json.loads((job / "plan.json").read_text())
+    assert plan["config"]["vllm"]["model"] == str(snap)  # the job runs on the folder, not the name
+    r = cli("dry-run", "configs/smoke_cpu.yaml", "--set", "vllm.model=acme/tiny", env=env)
+    node_cmds = r.stdout.split("# per-node commands")[1]
+    assert node_cmds.count("HF_HUB_OFFLINE=1") == 2 and f"--model {snap}" in node_cmds  # both processes, offline
+
+    calls.unlink()
+    r = cli(
+        "submit", "configs/smoke_cpu.yaml", "--set", "vllm.model=acme/missing", "--set", f"job.job_dir={tmp_path / 'j2'}", env=env
+    )
+    assert r.returncode == 2 and len(r.stderr.strip().splitlines()) == 1, r.stderr
+    assert "no snapshot in the cache" in r.stderr and "huggingface-cli download acme/missing" in r.stderr, r.stderr
+    assert not calls.exists()
