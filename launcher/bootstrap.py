@@ -67,9 +67,14 @@ def node_index(arg: int | None) -> int:
     return 0
 
 
+FIRST_NODE_ENV = "SLURM_GRPO_FIRST_NODE"
+
+
 def rendezvous_host(p: Plan) -> str:
     if p.rendezvous_host != FIRST_NODE:
         return p.rendezvous_host
+    if os.environ.get(FIRST_NODE_ENV):  # resolved by the batch script on the host (a container may lack scontrol)
+        return os.environ[FIRST_NODE_ENV]
     nodelist = os.environ.get("SLURM_JOB_NODELIST") or os.environ.get("SLURM_NODELIST")
     if not nodelist:
         raise NodeFailure(
@@ -352,7 +357,15 @@ def requeue(run: NodeRun) -> None:
     if not run.plan.config.slurm.requeue:
         run.say("slurm.requeue is off: resubmit the config to resume")
         return
-    out = subprocess.run(["scontrol", "requeue", job], capture_output=True, text=True, timeout=60)
+    try:
+        out = subprocess.run(["scontrol", "requeue", job], capture_output=True, text=True, timeout=60)
+    except FileNotFoundError:  # in a container image without SLURM's tools
+        run.events("requeue", job=job, code=127, stderr="scontrol not found")
+        run.say(
+            f"requeue job {job}: scontrol is not in this image; the checkpoint is saved: `slurm-grpo resume` the job "
+            f"folder from the login node (or bind-mount scontrol and the SLURM config into the image)"
+        )
+        return
     run.events("requeue", job=job, code=out.returncode, stderr=out.stderr.strip())
     run.say(f"requeue job {job}: rc={out.returncode} {out.stderr.strip()}")
 

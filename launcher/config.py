@@ -27,6 +27,18 @@ class ConfigError(ValueError):
 
 
 @dataclass(frozen=True)
+class ContainerConfig:
+    image: str = ""
+    """Container image: pyxis takes a registry name (nvcr.io#nvidia/pytorch:25.01-py3) or a .sqsh file, Apptainer a .sif file; empty = no container."""
+    runtime: str = "pyxis"
+    """pyxis (srun --container-image ..., NVIDIA's SLURM plugin) or apptainer (srun ... apptainer exec --nv IMAGE ...; Singularity too)."""
+    mounts: list[str] = field(default_factory=list)
+    """Bind mounts SRC:DST[:ro] (shared file systems with models, data, the venv); the job folder is always mounted at its own path."""
+    workdir: str = ""
+    """Working directory inside the container; empty = the image's own (then slurm-grpo must be installed in the image, or mount its folder and name it here)."""
+
+
+@dataclass(frozen=True)
 class SlurmConfig:
     partition: str = ""
     """SLURM partition (sbatch --partition); empty = the cluster's default partition."""
@@ -60,6 +72,8 @@ class SlurmConfig:
     """Seconds before the time limit at which SLURM warns the job (USR2) so it can checkpoint and requeue."""
     requeue: bool = True
     """On preemption or the time-limit warning, checkpoint and requeue the job."""
+    container: ContainerConfig = field(default_factory=ContainerConfig)
+    """Run each node's processes in a container: {image, runtime, mounts, workdir} (keys below)."""
 
 
 MAX_STALENESS = 4
@@ -206,6 +220,8 @@ def _coerce(where: str, value: Any, annotation: Any) -> Any:
     origin = typing.get_origin(annotation)
     if annotation is Any:
         return value
+    if dataclasses.is_dataclass(annotation):  # a nested group of keys, e.g. slurm.container
+        return _build(annotation, where, value)
     if annotation is bool:
         if isinstance(value, bool):
             return value
@@ -338,7 +354,12 @@ def read_raw(path: Path, chain: tuple[Path, ...] = ()) -> dict[str, Any]:
 def rebuild(d: dict[str, Any]) -> JobConfig:
     """The typed config back from its plain form in plan.json. It was validated when the plan was made,
     so nothing is checked again (the nodes may lack TRL's source that the grpo check reads)."""
-    return JobConfig(**{name: cls(**d[name]) for name, cls in SECTIONS.items()})
+
+    def typed(cls: type, raw: dict[str, Any]) -> Any:
+        hints = typing.get_type_hints(cls)
+        return cls(**{k: typed(hints[k], v) if dataclasses.is_dataclass(hints[k]) else v for k, v in raw.items()})
+
+    return JobConfig(**{name: typed(cls, d[name]) for name, cls in SECTIONS.items()})
 
 
 def to_dict(cfg: JobConfig) -> dict[str, Any]:
@@ -422,6 +443,14 @@ def validate(cfg: JobConfig) -> None:
     for k in s.extra_sbatch:
         if not _FLAG.match(k):
             raise ConfigError(f"slurm.extra_sbatch key {k!r} must be an sbatch flag name without dashes, e.g. reservation")
+    c = s.container
+    if c.runtime not in ("pyxis", "apptainer"):
+        raise ConfigError(f"slurm.container.runtime {c.runtime!r} must be pyxis (srun --container-image) or apptainer")
+    for m in c.mounts:
+        if m.count(":") not in (1, 2) or "," in m or not all(m.split(":")[:2]):
+            raise ConfigError(f"slurm.container.mounts entry {m!r} must be SRC:DST or SRC:DST:ro, without commas")
+    if (c.mounts or c.workdir) and not c.image:
+        raise ConfigError("slurm.container has mounts or a workdir but no image; set slurm.container.image")
     if not v.model:
         raise ConfigError(
             "vllm.model is required: a local model folder (e.g. one made by `slurm-grpo make-tiny-model DIR`) or a hub name"
@@ -550,8 +579,15 @@ def reference_markdown() -> str:
     for name, cls in SECTIONS.items():
         docs = field_docs(cls)
         out.append(f"**`{name}`**\n\n| key | default | meaning |\n|---|---|---|")
-        for f in dataclasses.fields(cls):
+        rows = [(f.name, f, docs) for f in dataclasses.fields(cls)]
+        while rows:
+            key, f, d = rows.pop(0)
+            sub = typing.get_type_hints(cls).get(f.name) if "." not in key else None
+            if sub is not None and dataclasses.is_dataclass(sub):  # a nested group: one row per key
+                out.append(f"| `{key}` | | {d.get(f.name, '')} |")
+                rows[:0] = [(f"{key}.{g.name}", g, field_docs(sub)) for g in dataclasses.fields(sub)]
+                continue
             default = repr(_default(f)).replace("|", "\\|")
-            out.append(f"| `{f.name}` | `{default}` | {docs.get(f.name, '').replace('|', '/')} |")
+            out.append(f"| `{key}` | `{default}` | {d.get(f.name, '').replace('|', '/')} |")
         out.append("")
     return "\n".join(out).strip()

@@ -30,7 +30,15 @@ def render_setup(cfg: JobConfig) -> list[str]:
         raise ConfigError(f"slurm.setup_profile {cfg.slurm.setup_profile!r} has no template {path}; profiles: {', '.join(have)}")
     env = jinja2.Environment(undefined=jinja2.StrictUndefined, keep_trailing_newline=True, autoescape=False)
     env.filters["q"] = lambda v: shlex.quote(str(v))
-    known = {"venv": "", "conda_env": "", "pythonpath": "", "modules": "", "nccl_ifname": "", "ib_hca": ""}
+    known = {
+        "venv": "",
+        "conda_env": "",
+        "pythonpath": "",
+        "modules": "",
+        "nccl_ifname": "",
+        "ib_hca": "",
+        "apptainer_module": "",
+    }
     try:
         text = env.from_string(path.read_text()).render({**known, **cfg.slurm.setup_vars})
     except jinja2.UndefinedError as e:
@@ -51,11 +59,11 @@ def executor_parameters(cfg: JobConfig, p: Plan) -> dict:
         ntasks_per_node=1,
         gpus_per_node=s.gpus_per_node,
         signal_delay_s=s.signal_seconds,
-        setup=render_setup(cfg),
+        setup=render_setup(cfg) + container_setup(cfg),
         additional_parameters=extra,
         stderr_to_stdout=True,
         # one task per node must see all of the node's GPUs and CPUs; the bootstrap splits them
-        srun_args=["--kill-on-bad-exit=1", "--cpu-bind=none"],
+        srun_args=["--kill-on-bad-exit=1", "--cpu-bind=none", *pyxis_args(cfg, p)],
     )
     for key, value in (
         ("partition", s.partition),
@@ -86,8 +94,44 @@ def make_executor(cfg: JobConfig, p: Plan, render_only: bool = False):
     return ex
 
 
+def container_setup(cfg: JobConfig) -> list[str]:
+    """With a container: the first node's name, found on the host, where `scontrol` is (images seldom have it)."""
+    if not cfg.slurm.container.image:
+        return []
+    return [
+        "# the rendezvous host, resolved here: the image may have no scontrol",
+        'export SLURM_GRPO_FIRST_NODE=$(scontrol show hostnames "$SLURM_JOB_NODELIST" | head -n 1)',
+    ]
+
+
+def container_mounts(cfg: JobConfig, p: Plan) -> list[str]:
+    """The config's mounts plus the job folder at its own path (plan.json, logs and checkpoints are found there)."""
+    if any(ch in p.job_dir for ch in ",:"):
+        raise ConfigError(
+            f"job folder {p.job_dir!r} has a comma or colon, which a container mount list cannot hold; set job.job_dir"
+        )
+    own = f"{p.job_dir}:{p.job_dir}"
+    return [*cfg.slurm.container.mounts, *([] if own in cfg.slurm.container.mounts else [own])]
+
+
+def pyxis_args(cfg: JobConfig, p: Plan) -> list[str]:
+    """srun flags of NVIDIA's pyxis plugin: each node's one task (the bootstrap, and so vLLM and torchrun) runs in
+    the image. `sbatch --container-image` would put the batch script itself in it, which then cannot call srun."""
+    c = cfg.slurm.container
+    if not c.image or c.runtime != "pyxis":
+        return []
+    args = [f"--container-image={c.image}", f"--container-mounts={','.join(container_mounts(cfg, p))}"]
+    return args + ([f"--container-workdir={c.workdir}"] if c.workdir else [])
+
+
 def job_command(cfg: JobConfig, p: Plan) -> str:
-    return shlex.join(bootstrap_argv(f"{p.job_dir}/plan.json", cfg.job.python))
+    """What srun runs on each node: the bootstrap; inside `apptainer exec --nv` for an Apptainer image."""
+    argv = bootstrap_argv(f"{p.job_dir}/plan.json", cfg.job.python)
+    c = cfg.slurm.container
+    if c.image and c.runtime == "apptainer":
+        wrap = ["apptainer", "exec", "--nv", "--bind", ",".join(container_mounts(cfg, p))]
+        argv = [*wrap, *(["--pwd", c.workdir] if c.workdir else []), c.image, *argv]
+    return shlex.join(argv)
 
 
 def sbatch_text(cfg: JobConfig, p: Plan) -> str:

@@ -24,6 +24,21 @@ CASES = {
     "smoke_cpu": ("configs/smoke_cpu.yaml", []),
     "gpu_4x8_hpc": ("configs/gpu_7b_4nodes.yaml", []),
     "gpu_1node": ("configs/gpu_1node.yaml", []),
+    "pyxis": (
+        "configs/gpu_7b_4nodes.yaml",
+        [
+            "slurm.container={image: 'nvcr.io#nvidia/pytorch:25.01-py3', mounts: ['/shared:/shared', '/scratch/hf:/hf:ro'], "
+            "workdir: /shared/slurm-grpo}"
+        ],
+    ),
+    "apptainer": (
+        "configs/gpu_7b_4nodes.yaml",
+        [
+            "slurm.setup_profile=apptainer",
+            "slurm.setup_vars={apptainer_module: apptainer/1.3, nccl_ifname: ib0}",
+            "slurm.container={runtime: apptainer, image: /shared/images/grpo.sif, mounts: ['/shared:/shared']}",
+        ],
+    ),
     "weird_values": (
         "configs/gpu_1node.yaml",
         [
@@ -107,3 +122,22 @@ def test_dry_run_256_nodes_prints_the_pattern():
     out = render_dry_run(cfg, plan(cfg, "/j"))
     assert "world size = ranks per node x nodes = 7 x 256 = 1792" in out
     assert "node 255 trainer" in out and "--node-rank 255" in out
+
+
+def test_a_container_config_survives_the_plan_round_trip_and_the_nodes_find_the_first_host_without_scontrol():
+    import json
+
+    from launcher.topology import Plan
+
+    path, sets = CASES["pyxis"]
+    cfg = C.load(REPO / path, sets + [f"job.job_dir={JOB_DIR}"])
+    p = plan(cfg, JOB_DIR)
+    back = Plan.from_dict(json.loads(p.to_json()))
+    assert back == p and back.config.slurm.container.image == "nvcr.io#nvidia/pytorch:25.01-py3"
+    from launcher.bootstrap import rendezvous_host
+
+    os.environ["SLURM_GRPO_FIRST_NODE"] = "gpu-017"  # what the batch script exported on the host
+    try:
+        assert rendezvous_host(back) == "gpu-017"
+    finally:
+        del os.environ["SLURM_GRPO_FIRST_NODE"]
