@@ -111,11 +111,11 @@ def main(argv: list[str] | None = None) -> int:
     if not (Path(a.model) / "config.json").exists():
         subprocess.run([sys.executable, "-m", "trainer.tiny_model", a.model], check=True, cwd=REPO)
     values = [int(k) for k in a.staleness.split(",")]
-    with tempfile.TemporaryDirectory(dir="/tmp") as d:  # /tmp: the cluster's nodes see it
-        runs = []
-        for k in values:
-            print(f"max_staleness {k}: {a.steps} steps ...", flush=True)
-            runs.append(one_run(a.config, a.model, Path(d) / f"s{k}", a.steps, k, a.sets, a.cluster_env))
+    d = tempfile.mkdtemp(prefix="bench-async-", dir="/tmp")  # /tmp: the cluster's nodes see it; kept for the logs
+    runs = []
+    for k in values:
+        print(f"max_staleness {k}: {a.steps} steps in {d}/s{k} ...", flush=True)
+        runs.append(one_run(a.config, a.model, Path(d) / f"s{k}", a.steps, k, a.sets, a.cluster_env))
     text = table(runs)
     print(text)
     if a.out:

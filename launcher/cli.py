@@ -5,6 +5,7 @@ slurm-grpo submit CONFIG [--dry-run]          write the job folder and sbatch it
 slurm-grpo local CONFIG                       run the same bootstrap here as a one-node job (no SLURM)
 slurm-grpo resume JOB_DIR [--set ...]         resubmit into the same folder, continue from its checkpoint
 slurm-grpo status|logs|cancel JOB_DIR|JOB_ID  look after a job
+slurm-grpo sync JOB_DIR                       upload the job's offline W&B run from the login node
 slurm-grpo make-tiny-model DIR                build a tiny Qwen2 + tokenizer locally (tests, CPU smoke run)
 slurm-grpo simulate CONFIG --nodes 1,2,...    predicted step time, per-node design vs one global server
 """
@@ -247,6 +248,29 @@ def cmd_logs(a: argparse.Namespace) -> int:
     return 0
 
 
+def cmd_sync(a: argparse.Namespace) -> int:
+    """Upload a job's offline W&B run (every attempt's part) from a host that reaches the Internet."""
+    import shutil
+    import subprocess
+
+    from launcher.jobdir import WANDB_ID_FILE
+
+    d = find_job_dir(a.job)
+    parts = sorted((d / "wandb").glob("offline-run-*"))
+    if not parts:
+        raise ConfigError(
+            f"no offline W&B run under {q(d / 'wandb')}: the job ran without trainer.report_to: [wandb] or with wandb_mode online"
+        )
+    exe = shutil.which("wandb")
+    if exe is None:
+        raise ConfigError(
+            "the wandb command is not installed here: pip install wandb (or slurm-grpo[track]), then run sync again"
+        )
+    run_id = (d / WANDB_ID_FILE).read_text().strip()
+    print(f"syncing W&B run {run_id}: {len(parts)} part(s) (one per attempt) from {q(d / 'wandb')}", flush=True)
+    return subprocess.run([exe, "sync", *map(str, parts)]).returncode
+
+
 def cmd_cancel(a: argparse.Namespace) -> int:
     print(cancel(find_job_dir(a.job)))
     return 0
@@ -301,6 +325,7 @@ def build_parser() -> argparse.ArgumentParser:
         ("status", cmd_status, "SLURM state per node, server health, last metrics, summary"),
         ("logs", cmd_logs, "last lines of every node's logs"),
         ("cancel", cmd_cancel, "scancel the job"),
+        ("sync", cmd_sync, "upload the job's offline W&B run (all its attempts) from this host"),
     ):
         p = sub.add_parser(name, help=text)
         p.add_argument("job", help="job folder (runs/NAME-STAMP) or SLURM job id")

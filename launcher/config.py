@@ -158,6 +158,12 @@ class TrainerConfig:
     """Recompute each decoder layer's activations in the backward instead of keeping them (less memory, about a third more compute); TRL's GRPOConfig default too."""
     cpu_offload: bool = False
     """Keep the sharded fp32 parameters, gradients and optimizer state in host memory (FSDP2 CPUOffloadPolicy; the optimizer step runs on the CPU): a big model on few GPUs."""
+    report_to: list[str] = field(default_factory=list)
+    """Experiment trackers: wandb and/or tensorboard ([] or [none] = none). Rank 0 reports TRL's figures and the project's (per-node push seconds, parity, tokens/s, staleness); files go to the job folder (wandb/, tensorboard/)."""
+    wandb_mode: str = "offline"
+    """offline (compute nodes seldom reach the Internet; upload later with `slurm-grpo sync JOB`), online, or disabled. One W&B run per job folder: a requeued or resumed job continues it."""
+    wandb_project: str = "slurm-grpo"
+    """W&B project name."""
     max_staleness: int = 0
     """Asynchronous generation per node: 0 = generate, then train (synchronous); k = each node's server generates the batches of the next k steps with the weights it has while the node's ranks train, so a completion is used at most k optimizer steps after the weights that started it (TRL's importance-sampling correction on vLLM's logprobs). With k >= 2 a push pauses requests in flight (vLLM /pause mode keep) and they finish under the new weights."""
     stall_timeout_s: int = 900
@@ -524,6 +530,11 @@ def validate(cfg: JobConfig) -> None:
         raise ConfigError(f"trainer.model_loading {t.model_loading!r} must be sharded (each rank reads its shard) or full")
     if s.gpu_memory_gb < 0:
         raise ConfigError(f"slurm.gpu_memory_gb must be >= 0 (0 = from the GPU name), got {s.gpu_memory_gb}")
+    bad = sorted(set(t.report_to) - {"wandb", "tensorboard", "none"})
+    if bad:
+        raise ConfigError(f"trainer.report_to entry {bad[0]!r} must be wandb, tensorboard or none, e.g. [wandb, tensorboard]")
+    if t.wandb_mode not in ("offline", "online", "disabled"):
+        raise ConfigError(f"trainer.wandb_mode {t.wandb_mode!r} must be offline (then `slurm-grpo sync JOB`), online or disabled")
     if not 0 <= t.max_staleness <= MAX_STALENESS:
         raise ConfigError(
             f"trainer.max_staleness must be 0 (synchronous) to {MAX_STALENESS} (steps off), got {t.max_staleness}; "

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 import os
+import secrets
 import time
 from pathlib import Path
 
@@ -13,6 +14,9 @@ from launcher.topology import Plan, plan
 # Secrets that must never be written into the job folder, the sbatch text or the logs. The job
 # inherits them from the submitting environment through SLURM (sbatch exports the environment).
 SECRET_ENV_MARKERS = ("TOKEN", "SECRET", "PASSWORD", "API_KEY", "CREDENTIAL")
+
+WANDB_ID_FILE = "wandb_run_id"
+"""The job's one W&B run id, written once with the folder: every attempt (requeue, resume) continues that run."""
 
 
 def resolve_job_dir(cfg: JobConfig, now: float | None = None) -> Path:
@@ -36,6 +40,9 @@ def write_job_dir(cfg: JobConfig, p: Plan) -> Path:
         os.chmod(d, 0o700)
         (d / "config.yaml").write_text(to_yaml(cfg))
         (d / "plan.json").write_text(p.to_json())
+        if not (d / WANDB_ID_FILE).is_file():  # W&B's own id format: 8 of [a-z0-9]
+            alphabet = "abcdefghijklmnopqrstuvwxyz0123456789"
+            (d / WANDB_ID_FILE).write_text("".join(secrets.choice(alphabet) for _ in range(8)) + "\n")
     finally:
         os.umask(old)
     return d

@@ -49,3 +49,21 @@ def report(what: str, seconds: float, outcome: int | str) -> None:
     print(line)
     with open(os.environ.get("SLURM_GRPO_FAULT_TIMES", "/tmp/slurm-grpo-fault-times.jsonl"), "a") as f:
         f.write(line + "\n")
+
+
+def assert_tracked(job: Path, attempts: int, steps: int) -> None:
+    """One W&B run (the id the launcher wrote into the job folder) with a part per attempt, each holding TRL's and the
+    project's figures; TensorBoard events, read back with TensorBoard's own reader, for every step."""
+    run_id = (job / "wandb_run_id").read_text().strip()
+    parts = sorted((job / "wandb").glob("offline-run-*"))
+    assert len(parts) == attempts and all(p.name.endswith("-" + run_id) for p in parts), (run_id, parts)
+    for p in parts:
+        log = (p / f"run-{run_id}.wandb").read_bytes()
+        assert b"train/reward" in log and b"slurm_grpo/push_s/node0" in log and b"slurm_grpo/parity/node0" in log
+    from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
+
+    tb = EventAccumulator(str(job / "tensorboard"))
+    tb.Reload()
+    assert [e.step for e in tb.Scalars("train/reward")] == list(range(1, steps + 1))
+    parity = tb.Scalars("train/slurm_grpo/parity/node0")
+    assert len(parity) == steps and max(e.value for e in parity) <= 1e-4

@@ -17,7 +17,7 @@ import pytest
 from launcher.cli import cli_argv
 from launcher.topology import Plan
 
-from .conftest import PY, REPO, read, report
+from .conftest import PY, REPO, assert_tracked, read, report
 
 pytestmark = pytest.mark.cluster
 ENV_FILE = os.environ.get("SLURM_GRPO_CLUSTER_ENV", "/tmp/slurm-grpo-cluster/env.sh")
@@ -136,7 +136,8 @@ def test_two_node_job_preempted_requeued_resumes_and_completes(tmp_path, tiny_mo
     env = {**cluster_env(), **PLANTED}
     job = tmp_path / "cluster job"
     # with asynchronous generation on (one step off, per node): preemption and resume must not care
-    job_id = submit(job, tiny_model, env, "trainer.max_staleness=1")
+    # and W&B (offline on the nodes): the requeued attempt must continue the same run
+    job_id = submit(job, tiny_model, env, "trainer.max_staleness=1", "trainer.report_to=[wandb, tensorboard]")
     p = Plan.load(job / "plan.json")
 
     wait_until(lambda: steps_done(job) >= 1, 600, "step 1", job_id, env, job)
@@ -198,6 +199,7 @@ def test_two_node_job_preempted_requeued_resumes_and_completes(tmp_path, tiny_mo
     dcp_to_torch_save(s["final_checkpoint"], str(tmp_path / "ck.pt"))
     osd = torch.load(tmp_path / "ck.pt", weights_only=False)["optim"]["state"]
     assert {float(v["step"]) for v in osd.values()} == {16.0}
+    assert_tracked(job, attempts=2, steps=16)  # one W&B run id across the requeue, figures in both parts
     assert meta is None or meta["reason"] == "preempt"  # (kept only if it is among the last two)
     assert s["reward_last"] > s["reward_first"], (s["reward_first"], s["reward_last"])
     assert (job / "metrics.png").exists()

@@ -14,7 +14,7 @@ import pytest
 
 from launcher.cli import cli_argv
 
-from .conftest import PY, REPO, read, report
+from .conftest import PY, REPO, assert_tracked, read, report
 
 pytestmark = pytest.mark.integration
 
@@ -31,7 +31,8 @@ def local(job_dir: Path, model: str, *sets: str, timeout: float = 900) -> subpro
 
 def test_local_run_learns_pushes_land_and_resume_continues(tmp_path, tiny_model):
     job = tmp_path / "run"
-    r = local(job, tiny_model, "trainer.max_steps=16", "trainer.save_steps=8")
+    track = "trainer.report_to=[wandb, tensorboard]"  # W&B offline (the default), TensorBoard event files
+    r = local(job, tiny_model, "trainer.max_steps=16", "trainer.save_steps=8", track)
     assert r.returncode == 0, r.stdout[-3000:] + r.stderr[-3000:]
     s = json.loads((job / "summary.json").read_text())
     # real FSDP2: every trained parameter is a DTensor
@@ -46,7 +47,7 @@ def test_local_run_learns_pushes_land_and_resume_continues(tmp_path, tiny_model)
     assert "step 16/16" in r.stdout  # the progress lines
 
     # resume: run on to step 24 in the same job folder
-    r = local(job, tiny_model, "trainer.max_steps=24", "trainer.save_steps=8")
+    r = local(job, tiny_model, "trainer.max_steps=24", "trainer.save_steps=8", track)
     assert r.returncode == 0, r.stdout[-3000:] + r.stderr[-3000:]
     rows = read(job / "metrics.jsonl")
     resumed = [x for x in rows if x.get("event") == "resumed"]
@@ -70,6 +71,7 @@ def test_local_run_learns_pushes_land_and_resume_continues(tmp_path, tiny_model)
     first, last = sum(rewards[:5]) / 5, sum(rewards[-5:]) / 5
     print(f"reward first 5 {first:.3f} -> last 5 {last:.3f}")
     assert last > first + 0.05, (first, last)
+    assert_tracked(job, attempts=2, steps=24)
 
 
 def start_local(job_dir: Path, model: str, *sets: str) -> subprocess.Popen:

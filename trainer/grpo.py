@@ -26,7 +26,7 @@ import torch.distributed as dist
 from transformers import TrainerCallback
 
 from launcher.config import TrainerConfig
-from trainer import checkpoint, data
+from trainer import checkpoint, data, tracking
 from trainer.generation import NodeLocalGeneration, StepClock
 from trainer.metrics import MetricsWriter
 from trainer.parallel import Parallel
@@ -184,6 +184,7 @@ class SlurmGrpoCallback(TrainerCallback):
         tps = row["gen_tokens_per_s_node"]
         row["gen_tokens_per_s"] = round(sum(tps.values()), 1) if tps else None
         self.metrics.write(row)
+        logs.update(tracking.flat_figures(row))  # the same dict the trackers' callbacks get next
         print(
             f"step {row['step']}/{state.max_steps} reward {row['reward']:.4f} push {row['push_s']} "
             f"parity {row['parity_max']} step {row['step_s']:.2f}s",
@@ -246,7 +247,8 @@ def grpo_config(job_dir: Path, t: TrainerConfig, device: str, **overrides: Any):
         seed=t.seed,
         logging_steps=1,
         save_strategy="no",
-        report_to=[],
+        report_to=tracking.trackers(t) or "none",
+        run_name=job_dir.name,
         use_cpu=device == "cpu",
         bf16=bf16,
         use_vllm=True,
@@ -270,5 +272,8 @@ def build_trainer(
         )
     if not isinstance(tr.vllm_generation, NodeLocalGeneration):
         raise RuntimeError("GRPOTrainer did not use the node-local generation backend; TRL changed how it builds it")
+    # first in line: its on_log adds the project's figures to the record the reporting callbacks (W&B, TensorBoard) send
+    tr.callback_handler.callbacks.remove(callback)
+    tr.callback_handler.callbacks.insert(0, callback)
     callback.trainer = tr
     return tr

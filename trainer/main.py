@@ -18,7 +18,7 @@ import traceback
 def main(plan_path: str) -> int:
     from launcher.jobdir import PREEMPTED_EXIT
     from launcher.topology import Plan
-    from trainer import parallel, run
+    from trainer import parallel, run, tracking
     from trainer.grpo import PreemptionFlag
 
     preemption = PreemptionFlag()  # first: a preemption signal during the minutes of start-up must not kill us
@@ -27,9 +27,11 @@ def main(plan_path: str) -> int:
     par.log(par.describe())
     r = run.build(plan, par, preemption)
     if r.train() is run.Outcome.PREEMPTED:
+        tracking.finish()  # this attempt's part of the W&B run is complete; the requeued attempt continues the run
         par.close()
         return PREEMPTED_EXIT
     r.finish()
+    tracking.finish()
     par.close()
     par.log("done")
     return 0

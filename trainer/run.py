@@ -16,7 +16,7 @@ import torch.distributed as dist
 
 from launcher.jobdir import Events
 from launcher.topology import Plan
-from trainer import checkpoint, data, grpo, loading, procmem, rewards
+from trainer import checkpoint, data, grpo, loading, procmem, rewards, tracking
 from trainer.generation import GenerationSettings, NodeLocalGeneration, StepClock
 from trainer.metrics import MetricsWriter, write_summary_and_plot
 from trainer.parallel import Parallel
@@ -111,6 +111,7 @@ def build(plan: Plan, par: Parallel, preemption: grpo.PreemptionFlag) -> Run:
         clock=clock,
         on_stats=stats.gather,
     )
+    tracking.set_tracking_env(job_dir, t, plan.job_name)
     resume = checkpoint.latest(job_dir / "checkpoints") if t.resume else None
     callback = grpo.SlurmGrpoCallback(
         job_dir, par, t, stats, clock, preemption, resume=resume, on_first_step=lambda: node_event("first_step")
