@@ -226,7 +226,7 @@ def _coerce(where: str, value: Any, annotation: Any) -> Any:
     origin = typing.get_origin(annotation)
     if annotation is Any:
         return value
-    if dataclasses.is_dataclass(annotation):  # a nested group of keys, e.g. slurm.container
+    if isinstance(annotation, type) and dataclasses.is_dataclass(annotation):  # a nested group of keys, e.g. slurm.container
         return _build(annotation, where, value)
     if annotation is bool:
         if isinstance(value, bool):
@@ -594,7 +594,7 @@ def reference_markdown() -> str:
         while rows:
             key, f, d = rows.pop(0)
             sub = typing.get_type_hints(cls).get(f.name) if "." not in key else None
-            if sub is not None and dataclasses.is_dataclass(sub):  # a nested group: one row per key
+            if isinstance(sub, type) and dataclasses.is_dataclass(sub):  # a nested group: one row per key
                 out.append(f"| `{key}` | | {d.get(f.name, '')} |")
                 rows[:0] = [(f"{key}.{g.name}", g, field_docs(sub)) for g in dataclasses.fields(sub)]
                 continue
