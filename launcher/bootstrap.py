@@ -370,15 +370,28 @@ def requeue(run: NodeRun) -> None:
     run.say(f"requeue job {job}: rc={out.returncode} {out.stderr.strip()}")
 
 
+def sweep_point_plan(sweep_dir: str) -> str:
+    """The plan of this array task's point (launcher.sweep writes point-NNN/ per grid point)."""
+    from launcher.sweep import point_dir
+
+    task = os.environ.get("SLURM_ARRAY_TASK_ID")
+    if task is None or not task.isdigit():
+        raise ConfigError(f"--sweep {sweep_dir}: SLURM_ARRAY_TASK_ID is not set; a sweep runs as a SLURM job array")
+    return str(point_dir(Path(sweep_dir), int(task)) / "plan.json")
+
+
 def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(
         prog="python -m launcher.bootstrap", description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
     )
-    ap.add_argument("plan", help="the job's plan.json")
+    ap.add_argument("plan", nargs="?", help="the job's plan.json")
+    ap.add_argument("--sweep", default="", help="a sweep folder: run the plan of its point $SLURM_ARRAY_TASK_ID")
     ap.add_argument("--node", type=int, default=None, help="node index (default: $SLURM_NODEID, else 0)")
     a = ap.parse_args(argv)
+    if bool(a.plan) == bool(a.sweep):
+        ap.error("give a plan.json or --sweep DIR")
     try:
-        p = Plan.load(a.plan)
+        p = Plan.load(a.plan or sweep_point_plan(a.sweep))
     except ConfigError as e:
         print(f"bootstrap: {e}", file=sys.stderr)
         return 2

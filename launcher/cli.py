@@ -6,6 +6,7 @@ slurm-grpo local CONFIG                       run the same bootstrap here as a o
 slurm-grpo resume JOB_DIR [--set ...]         resubmit into the same folder, continue from its checkpoint
 slurm-grpo status|logs|cancel JOB_DIR|JOB_ID  look after a job
 slurm-grpo sync JOB_DIR                       upload the job's offline W&B run from the login node
+slurm-grpo sweep CONFIG --grid k=v1,v2 ...    a grid of configs as one job array, a job folder per point
 slurm-grpo make-tiny-model DIR                build a tiny Qwen2 + tokenizer locally (tests, CPU smoke run)
 slurm-grpo simulate CONFIG --nodes 1,2,...    predicted step time, per-node design vs one global server
 """
@@ -114,6 +115,9 @@ def render_dry_run(cfg: JobConfig, p: Plan) -> str:
 def cmd_dry_run(a: argparse.Namespace) -> int:
     from launcher.jobdir import make_plan
 
+    if a.grid:  # a sweep's dry-run: the grid and the array's sbatch text
+        a.dry_run, a.parallel, a.skip_path_checks = True, 0, True
+        return cmd_sweep(a)
     cfg = _load(a)
     print(render_dry_run(cfg, make_plan(cfg)))
     return 0
@@ -232,6 +236,11 @@ def cmd_local(a: argparse.Namespace) -> int:
 
 
 def cmd_status(a: argparse.Namespace) -> int:
+    from launcher.sweep import is_sweep, sweep_status
+
+    if is_sweep(Path(a.job)):
+        print(sweep_status(Path(a.job)))
+        return 0
     print(status(find_job_dir(a.job)))
     return 0
 
@@ -245,6 +254,34 @@ def cmd_logs(a: argparse.Namespace) -> int:
         print(f"no logs yet in {q(d / 'logs')}")
     for f in files:
         print(f"==> {f} <==\n{tail(f, a.lines)}")
+    return 0
+
+
+def cmd_sweep(a: argparse.Namespace) -> int:
+    """Plan every grid point, check them, write the sweep folder, submit one job array."""
+    from launcher import sweep
+    from launcher.preflight import SKIP_HINT, submit_path_problems
+    from launcher.submit import ArraySpec, sbatch_text, submit
+
+    grid = sweep.parse_grid(a.grid)
+    base = _load(a)
+    d = sweep.sweep_dir_for(base)
+    points = sweep.plan_sweep(a.config, list(a.overrides), grid, d)
+    array = ArraySpec(str(d), len(points), a.parallel or len(points))
+    first = points[0]
+    print(f"sweep of {len(points)} points ({' x '.join(str(len(v)) for _, v in grid)}), at most {array.parallel} at once:")
+    print("\n".join(sweep.grid_table(points)))
+    if a.dry_run:
+        print("\n# sbatch text (one job array; task i runs point-i)\n" + sbatch_text(first.config, first.plan, array))
+        return 0
+    problems = [] if a.skip_path_checks else sorted({x for p in points for x in submit_path_problems(p.config)})
+    if problems:
+        raise ConfigError("; ".join(problems) + f" ({SKIP_HINT})")
+    sweep.write_sweep(d, grid, points)
+    s = submit(first.config, first.plan, array)
+    for p in points:  # each point's folder answers `slurm-grpo status` on its own too
+        (Path(p.plan.job_dir) / "job_id").write_text(f"{s.job_id}_{p.index}\n")
+    print(f"submitted job array {s.job_id}\nsweep folder: {q(d)}\nwatch it: slurm-grpo status {q(d)}")
     return 0
 
 
@@ -288,6 +325,16 @@ def cmd_simulate(a: argparse.Namespace) -> int:
     return simulate_main(a)
 
 
+def _add_grid_arg(p: argparse.ArgumentParser) -> None:
+    p.add_argument(
+        "--grid",
+        action="append",
+        default=[],
+        metavar="SECTION.KEY=V1,V2",
+        help="a sweep: values of one key (repeat for more keys; the points are every combination), e.g. trainer.beta=0,0.04",
+    )
+
+
 def _add_skip_path_checks(p: argparse.ArgumentParser) -> None:
     p.add_argument(
         "--skip-path-checks",
@@ -302,6 +349,7 @@ def build_parser() -> argparse.ArgumentParser:
     sub = ap.add_subparsers(dest="command", required=True, metavar="COMMAND")
     p = sub.add_parser("dry-run", help="print the plan, sbatch text and per-node commands; submit nothing")
     _add_config_args(p)
+    _add_grid_arg(p)
     p.set_defaults(fn=cmd_dry_run)
     p = sub.add_parser("submit", help="write the job folder and submit it with sbatch (through submitit)")
     _add_config_args(p)
@@ -318,6 +366,16 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--dry-run", action="store_true", help="print what would be resubmitted and stop")
     _add_skip_path_checks(p)
     p.set_defaults(fn=cmd_resume)
+    p = sub.add_parser(
+        "sweep",
+        help="submit a grid of configs as one SLURM job array, a job folder per point (slurm-grpo status shows them all)",
+    )
+    _add_config_args(p)
+    _add_grid_arg(p)
+    p.add_argument("--parallel", type=int, default=0, help="run at most N points at once (sbatch --array %%N; default all)")
+    p.add_argument("--dry-run", action="store_true", help="print the grid and the array's sbatch text; submit nothing")
+    _add_skip_path_checks(p)
+    p.set_defaults(fn=cmd_sweep)
     p = sub.add_parser("local", help="run the job on this machine as one node (vLLM + trainer ranks), no SLURM")
     _add_config_args(p)
     p.set_defaults(fn=cmd_local)

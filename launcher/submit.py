@@ -46,7 +46,7 @@ def render_setup(cfg: JobConfig) -> list[str]:
     return [line for line in text.splitlines() if line.strip()]
 
 
-def executor_parameters(cfg: JobConfig, p: Plan) -> dict:
+def executor_parameters(cfg: JobConfig, p: Plan, array: ArraySpec | None = None) -> dict:
     s = cfg.slurm
     extra: dict[str, object] = {"time": s.time}
     if s.requeue:
@@ -63,7 +63,7 @@ def executor_parameters(cfg: JobConfig, p: Plan) -> dict:
         additional_parameters=extra,
         stderr_to_stdout=True,
         # one task per node must see all of the node's GPUs and CPUs; the bootstrap splits them
-        srun_args=["--kill-on-bad-exit=1", "--cpu-bind=none", *pyxis_args(cfg, p)],
+        srun_args=["--kill-on-bad-exit=1", "--cpu-bind=none", *pyxis_args(cfg, p, array)],
     )
     for key, value in (
         ("partition", s.partition),
@@ -81,7 +81,22 @@ def executor_parameters(cfg: JobConfig, p: Plan) -> dict:
     return params
 
 
-def make_executor(cfg: JobConfig, p: Plan, render_only: bool = False):
+@dataclass(frozen=True)
+class ArraySpec:
+    """A sweep as one SLURM job array: task i runs the plan in `sweep_dir`/point-i (launcher.sweep)."""
+
+    sweep_dir: str
+    count: int
+    parallel: int
+    """At most this many points run at once (sbatch --array=0-N%parallel)."""
+
+
+def root_dir(p: Plan, array: ArraySpec | None) -> str:
+    """The folder that holds the submission (job.sbatch, job_id, submitit/): the job folder, or the sweep folder."""
+    return array.sweep_dir if array else p.job_dir
+
+
+def make_executor(cfg: JobConfig, p: Plan, render_only: bool = False, array: ArraySpec | None = None):
     import submitit  # imported here: `slurm-grpo --help` must not pay for it
 
     cls: type = submitit.SlurmExecutor
@@ -89,8 +104,11 @@ def make_executor(cfg: JobConfig, p: Plan, render_only: bool = False):
         # submitit refuses to build an executor where there is no `srun` (a laptop doing a dry-run);
         # rendering does not need it, so the dry-run uses the same class with that check answered.
         cls = type("RenderOnlySlurmExecutor", (submitit.SlurmExecutor,), {"affinity": classmethod(lambda c: 2)})
-    ex = cls(folder=Path(p.job_dir) / "submitit" / "%j", max_num_timeout=0)
-    ex.update_parameters(**executor_parameters(cfg, p))
+    ex = cls(folder=Path(root_dir(p, array)) / "submitit" / "%j", max_num_timeout=0)
+    ex.update_parameters(**executor_parameters(cfg, p, array))
+    if array is not None:  # submitit renders --array=0-(count-1)%parallel and per-task log names (%A_%a)
+        ex.update_parameters(array_parallelism=array.parallel)
+        ex.parameters["map_count"] = array.count  # as submitit's own array submission sets it (not an update key)
     return ex
 
 
@@ -104,39 +122,42 @@ def container_setup(cfg: JobConfig) -> list[str]:
     ]
 
 
-def container_mounts(cfg: JobConfig, p: Plan) -> list[str]:
-    """The config's mounts plus the job folder at its own path (plan.json, logs and checkpoints are found there)."""
-    if any(ch in p.job_dir for ch in ",:"):
-        raise ConfigError(
-            f"job folder {p.job_dir!r} has a comma or colon, which a container mount list cannot hold; set job.job_dir"
-        )
-    own = f"{p.job_dir}:{p.job_dir}"
+def container_mounts(cfg: JobConfig, p: Plan, array: ArraySpec | None = None) -> list[str]:
+    """The config's mounts plus the job (or sweep) folder at its own path (plan.json, logs and checkpoints are there)."""
+    root = root_dir(p, array)
+    if any(ch in root for ch in ",:"):
+        raise ConfigError(f"job folder {root!r} has a comma or colon, which a container mount list cannot hold; set job.job_dir")
+    own = f"{root}:{root}"
     return [*cfg.slurm.container.mounts, *([] if own in cfg.slurm.container.mounts else [own])]
 
 
-def pyxis_args(cfg: JobConfig, p: Plan) -> list[str]:
+def pyxis_args(cfg: JobConfig, p: Plan, array: ArraySpec | None = None) -> list[str]:
     """srun flags of NVIDIA's pyxis plugin: each node's one task (the bootstrap, and so vLLM and torchrun) runs in
     the image. `sbatch --container-image` would put the batch script itself in it, which then cannot call srun."""
     c = cfg.slurm.container
     if not c.image or c.runtime != "pyxis":
         return []
-    args = [f"--container-image={c.image}", f"--container-mounts={','.join(container_mounts(cfg, p))}"]
+    args = [f"--container-image={c.image}", f"--container-mounts={','.join(container_mounts(cfg, p, array))}"]
     return args + ([f"--container-workdir={c.workdir}"] if c.workdir else [])
 
 
-def job_command(cfg: JobConfig, p: Plan) -> str:
-    """What srun runs on each node: the bootstrap; inside `apptainer exec --nv` for an Apptainer image."""
-    argv = bootstrap_argv(f"{p.job_dir}/plan.json", cfg.job.python)
+def job_command(cfg: JobConfig, p: Plan, array: ArraySpec | None = None) -> str:
+    """What srun runs on each node: the bootstrap (of the array task's point, for a sweep); inside `apptainer exec
+    --nv` for an Apptainer image."""
+    if array is None:
+        argv = bootstrap_argv(f"{p.job_dir}/plan.json", cfg.job.python)
+    else:
+        argv = bootstrap_argv("--sweep", cfg.job.python) + [array.sweep_dir]
     c = cfg.slurm.container
     if c.image and c.runtime == "apptainer":
-        wrap = ["apptainer", "exec", "--nv", "--bind", ",".join(container_mounts(cfg, p))]
+        wrap = ["apptainer", "exec", "--nv", "--bind", ",".join(container_mounts(cfg, p, array))]
         argv = [*wrap, *(["--pwd", c.workdir] if c.workdir else []), c.image, *argv]
     return shlex.join(argv)
 
 
-def sbatch_text(cfg: JobConfig, p: Plan) -> str:
+def sbatch_text(cfg: JobConfig, p: Plan, array: ArraySpec | None = None) -> str:
     """Exactly what submit hands to sbatch (submitit's own renderer, same executor, same parameters)."""
-    return make_executor(cfg, p, render_only=True)._make_submission_file_text(job_command(cfg, p), "dry-run")
+    return make_executor(cfg, p, True, array)._make_submission_file_text(job_command(cfg, p, array), "dry-run")
 
 
 @dataclass(frozen=True)
@@ -146,14 +167,18 @@ class Submitted:
     sbatch_path: str
 
 
-def submit(cfg: JobConfig, p: Plan) -> Submitted:
-    ex = make_executor(cfg, p)
-    text = ex._make_submission_file_text(job_command(cfg, p), "submitted")
+def submit(cfg: JobConfig, p: Plan, array: ArraySpec | None = None) -> Submitted:
+    """sbatch the job (or the sweep's array, from its first point's config and plan); job.sbatch and job_id go into
+    the job (or sweep) folder."""
+    root = Path(root_dir(p, array))
+    ex = make_executor(cfg, p, array=array)
+    command = job_command(cfg, p, array)
+    text = ex._make_submission_file_text(command, "submitted")
     try:
-        job = ex._submit_command(job_command(cfg, p))
+        job = ex._submit_command(command)
     except Exception as e:  # submitit raises its own FailedJobError/OSError with sbatch's stderr
-        raise RuntimeError(f"sbatch refused the job: {e}\nThe sbatch text is in {q(Path(p.job_dir) / 'job.sbatch')}") from None
+        raise RuntimeError(f"sbatch refused the job: {e}\nThe sbatch text is in {q(root / 'job.sbatch')}") from None
     finally:
-        (Path(p.job_dir) / "job.sbatch").write_text(text)
-    (Path(p.job_dir) / "job_id").write_text(str(job.job_id) + "\n")
-    return Submitted(job_id=str(job.job_id), job_dir=p.job_dir, sbatch_path=f"{p.job_dir}/job.sbatch")
+        (root / "job.sbatch").write_text(text)
+    (root / "job_id").write_text(str(job.job_id) + "\n")
+    return Submitted(job_id=str(job.job_id), job_dir=str(root), sbatch_path=str(root / "job.sbatch"))

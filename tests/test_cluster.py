@@ -14,6 +14,7 @@ from pathlib import Path
 
 import pytest
 
+from launcher import config as C
 from launcher.cli import cli_argv
 from launcher.topology import Plan
 
@@ -372,3 +373,37 @@ def test_a_lost_node_is_named_and_the_run_resumes_on_the_node_left(tmp_path, tin
     # for a rise that always shows (a run here: 0.055 -> 0.063); tests/test_integration.py asserts learning
     rewards = [x["reward"] for x in rows if "reward" in x]
     print(f"reward first 3 {sum(rewards[:3]) / 3:.3f} -> last 3 {sum(rewards[-3:]) / 3:.3f}")
+
+
+def test_a_two_point_sweep_runs_as_one_job_array_each_point_with_its_own_config(tmp_path, tiny_model):
+    """`slurm-grpo sweep` on the real cluster: one sbatch, an array of 2 one-node tasks (one per grid point, side by
+    side on the 2 nodes), both COMPLETED, each trained with its own learning rate (its folder's resolved config and
+    its metrics), and `slurm-grpo status` of the sweep folder lists both with their state and last reward."""
+    env = cluster_env()
+    sweep = tmp_path / "sweep"
+    argv = cli_argv(
+        PY, "sweep", "configs/cluster_cpu.yaml", f"vllm.model={tiny_model}", f"job.job_dir={sweep}", f"job.python={PY}",
+        f"trainer.dataset={REPO}/data/letters.jsonl", "slurm.nodes=1", "trainer.max_steps=3", "trainer.save_steps=0",
+    ) + ["--grid", "trainer.learning_rate=0.003,0.0"]  # fmt: skip
+    r = subprocess.run(argv, capture_output=True, text=True, env=env, cwd=REPO, timeout=120)
+    assert r.returncode == 0, r.stderr
+    array_id = re.search(r"submitted job array (\d+)", r.stdout).group(1)  # type: ignore[union-attr]
+    for i in (0, 1):
+        wait_until(
+            lambda i=i: sacct_state(f"{array_id}_{i}", env) == "COMPLETED", 900, f"point {i}", f"{array_id}_{i}", env, sweep / f"point-00{i}"
+        )  # fmt: skip
+    hosts = set()
+    for i, lr in ((0, 0.003), (1, 0.0)):
+        d = sweep / f"point-00{i}"
+        assert C.load(d / "config.yaml").trainer.learning_rate == lr
+        rows = [x for x in read(d / "metrics.jsonl") if "reward" in x]
+        assert [x["step"] for x in rows] == [1, 2, 3]
+        s = json.loads((d / "summary.json").read_text())
+        assert s["final_step"] == 3
+        hosts |= {e["host"] for e in events(d, 0) if e["event"] == "bootstrap_start"}
+        # learning rate 0 leaves the weights where they were: parity before each push finds nothing to catch up
+        stale = [h["max_diff"] for h in s["nodes"]["0"]["parity_history"] if h["kind"] == "stale"]
+        assert (max(stale) < 1e-4) == (lr == 0.0), (lr, stale)
+    assert hosts == {"n1", "n2"}  # the two points ran side by side, one per node
+    st = subprocess.run([PY, "-m", "launcher", "status", str(sweep)], capture_output=True, text=True, env=env, cwd=REPO)
+    assert st.stdout.count("COMPLETED") == 2 and "trainer.learning_rate=0.0" in st.stdout, st.stdout

@@ -11,6 +11,8 @@ from pathlib import Path
 
 import pytest
 
+from launcher import config as C
+
 from .conftest import cli
 
 
@@ -105,4 +107,52 @@ def test_a_hub_name_runs_offline_on_its_cached_snapshot_and_a_missing_one_fails_
     )
     assert r.returncode == 2 and len(r.stderr.strip().splitlines()) == 1, r.stderr
     assert "no snapshot in the cache" in r.stderr and "huggingface-cli download acme/missing" in r.stderr, r.stderr
+    assert not calls.exists()
+
+
+def test_a_sweep_is_one_job_array_with_a_job_folder_per_point(fake_sbatch, tiny_model, tmp_path):
+    env, calls = fake_sbatch
+    sweep = tmp_path / "sweep"
+    r = cli("sweep", "configs/smoke_cpu.yaml", "--set", f"vllm.model={tiny_model}", "--set", f"job.job_dir={sweep}",
+            "--grid", "trainer.learning_rate=1e-6,3e-6", "--grid", "trainer.beta=0,0.04", "--parallel", "3", env=env)  # fmt: skip
+    assert r.returncode == 0, r.stderr
+    assert "submitted job array 4242" in r.stdout and f"slurm-grpo status {sweep}" in r.stdout
+    sbatch = (sweep / "job.sbatch").read_text()
+    assert "#SBATCH --array=0-3%3" in sbatch and f"launcher.bootstrap --sweep {sweep}" in sbatch
+    assert len(calls.read_text().splitlines()) == 1  # one sbatch for the whole grid
+    record = json.loads((sweep / "sweep.json").read_text())
+    want = [(1e-6, 0.0), (1e-6, 0.04), (3e-6, 0.0), (3e-6, 0.04)]
+    for i, (lr, beta) in enumerate(want):
+        d = sweep / f"point-{i:03d}"
+        assert record["points"][i]["job_dir"] == str(d)
+        cfg = C.load(d / "config.yaml")  # the resolved config of the point, flat
+        assert (cfg.trainer.learning_rate, cfg.trainer.beta, cfg.job.job_dir) == (lr, beta, str(d))
+        assert json.loads((d / "plan.json").read_text())["job_dir"] == str(d)
+        assert (d / "job_id").read_text().strip() == f"4242_{i}"  # the array task: `status` of the point works
+    # the array task finds its own point's plan
+    from launcher.bootstrap import sweep_point_plan
+
+    os.environ["SLURM_ARRAY_TASK_ID"] = "2"
+    try:
+        assert sweep_point_plan(str(sweep)) == str(sweep / "point-002" / "plan.json")
+    finally:
+        del os.environ["SLURM_ARRAY_TASK_ID"]
+    r = cli("status", str(sweep), env=env)
+    assert r.returncode == 0 and r.stdout.count("point-00") == 4 and "trainer.beta=0.04" in r.stdout, r.stdout
+
+
+@pytest.mark.parametrize(
+    "grid,needle",
+    [
+        ("slurm.nodes=1,2", "share its sbatch header"),
+        ("trainer.beta", "must be section.key=v1,v2"),
+        ("trainer.beta=0,0", "empty or repeated values"),
+        ("beta=0,1", "must be section.key"),
+        ("trainer.max_steps=3,x", "sweep point 1 (trainer.max_steps=x): trainer.max_steps must be an integer"),
+    ],
+)
+def test_bad_grids_are_one_line_errors(fake_sbatch, grid, needle):
+    env, calls = fake_sbatch
+    r = cli("sweep", "configs/smoke_cpu.yaml", "--grid", grid, env=env)
+    assert r.returncode == 2 and needle in r.stderr and len(r.stderr.strip().splitlines()) == 1, r.stderr
     assert not calls.exists()

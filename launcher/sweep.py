@@ -1,0 +1,128 @@
+"""Hyperparameter sweeps as one SLURM job array.
+
+    slurm-grpo sweep CONFIG --grid trainer.learning_rate=1e-6,3e-6 --grid trainer.beta=0,0.04 [--parallel 2]
+
+The grid's cartesian product gives the points; each point is an ordinary job folder (its resolved config, plan,
+logs, checkpoints, metrics) under the sweep folder as point-000, point-001, ...; sweep.json lists them with their
+values. One sbatch submits them all as an array (submitit's array support; `--parallel N` is the %N throttle): task i
+runs point-i's plan (`launcher.bootstrap --sweep DIR`). The array's tasks share one sbatch header, so a grid cannot
+vary slurm.* keys; everything else can vary. `slurm-grpo status SWEEP_DIR` shows every point's state and last reward.
+"""
+
+from __future__ import annotations
+
+import itertools
+import json
+import time
+from dataclasses import dataclass
+from pathlib import Path
+
+from launcher.config import ConfigError, JobConfig, load, parse_override
+from launcher.topology import Plan, plan
+
+SWEEP_FILE = "sweep.json"
+
+
+def point_dir(sweep_dir: Path, index: int) -> Path:
+    return sweep_dir / f"point-{index:03d}"
+
+
+def parse_grid(specs: list[str]) -> list[tuple[str, list[str]]]:
+    """['trainer.beta=0,0.04', ...] -> [('trainer.beta', ['0', '0.04']), ...]; values stay text for --set."""
+    grid = []
+    for spec in specs:
+        key, eq, values = spec.partition("=")
+        (section, name), _ = parse_override(f"{key}=0")  # the key's form: section.key
+        if not eq or not values.strip():
+            raise ConfigError(f"--grid {spec!r} must be section.key=v1,v2,..., e.g. --grid trainer.learning_rate=1e-6,3e-6")
+        if section == "slurm" or key in ("job.job_dir", "job.name"):
+            raise ConfigError(
+                f"--grid {key}: the points of a sweep are the tasks of one job array and share its sbatch header and "
+                f"folder; vary trainer/vllm keys (submit separate jobs to compare slurm settings)"
+            )
+        vals = [v.strip() for v in values.split(",")]
+        if any(not v for v in vals) or len(set(vals)) != len(vals):
+            raise ConfigError(f"--grid {spec!r}: empty or repeated values")
+        grid.append((key, vals))
+    if not grid:
+        raise ConfigError("a sweep needs at least one --grid section.key=v1,v2")
+    if len({k for k, _ in grid}) != len(grid):
+        raise ConfigError("--grid names the same key twice; list all its values in one --grid")
+    return grid
+
+
+def grid_points(grid: list[tuple[str, list[str]]]) -> list[list[str]]:
+    """Every combination, as --set overrides, the first key varying slowest."""
+    return [[f"{k}={v}" for (k, _), v in zip(grid, combo)] for combo in itertools.product(*(vals for _, vals in grid))]
+
+
+@dataclass(frozen=True)
+class Point:
+    index: int
+    overrides: list[str]
+    config: JobConfig
+    plan: Plan
+
+
+def plan_sweep(config_path: str, overrides: list[str], grid: list[tuple[str, list[str]]], sweep_dir: Path) -> list[Point]:
+    """Load, validate and plan every point (a bad value fails here, naming the point, before anything is written)."""
+    points = []
+    for i, point in enumerate(grid_points(grid)):
+        d = point_dir(sweep_dir, i)
+        try:
+            cfg = load(config_path, [*overrides, *point, f"job.job_dir={json.dumps(str(d))}"])
+            points.append(Point(i, point, cfg, plan(cfg, str(d))))
+        except ConfigError as e:
+            raise ConfigError(f"sweep point {i} ({' '.join(point)}): {e}") from None
+    return points
+
+
+def sweep_dir_for(cfg: JobConfig, now: float | None = None) -> Path:
+    if cfg.job.job_dir:
+        return Path(cfg.job.job_dir).expanduser().absolute()
+    return (Path("runs") / f"{cfg.job.name}-sweep-{time.strftime('%Y%m%d-%H%M%S', time.localtime(now))}").absolute()
+
+
+def write_sweep(sweep_dir: Path, grid: list[tuple[str, list[str]]], points: list[Point]) -> None:
+    from launcher.jobdir import write_job_dir
+
+    (sweep_dir / "submitit").mkdir(parents=True, exist_ok=True)  # the array's sbatch file and logs
+    for p in points:
+        write_job_dir(p.config, p.plan)
+    record = {
+        "grid": {k: v for k, v in grid},
+        "points": [{"index": p.index, "overrides": p.overrides, "job_dir": p.plan.job_dir} for p in points],
+    }
+    (sweep_dir / SWEEP_FILE).write_text(json.dumps(record, indent=1))
+
+
+def grid_table(points: list[Point]) -> list[str]:
+    return [f"  point-{p.index:03d}  {' '.join(p.overrides)}" for p in points]
+
+
+def is_sweep(d: Path) -> bool:
+    return (d / SWEEP_FILE).is_file()
+
+
+def sweep_status(sweep_dir: Path) -> str:
+    """One line per point: its array task's SLURM state, last step and reward."""
+    from launcher.jobs import q, read_jsonl, slurm_state
+
+    record = json.loads((sweep_dir / SWEEP_FILE).read_text())
+    jid = (sweep_dir / "job_id").read_text().strip() if (sweep_dir / "job_id").is_file() else None
+    lines = [f"sweep folder: {q(sweep_dir)}", f"SLURM job array {jid}" if jid else "not submitted"]
+    states = {}
+    for ln in slurm_state(jid) if jid else []:
+        parts = ln.split("|")
+        if len(parts) > 1 and "_" in parts[0] and "." not in parts[0]:
+            states[parts[0].split("_", 1)[1]] = parts[1]
+    lines.append(f"  {'point':<10} {'state':<12} {'step':>5} {'reward':>8}  values")
+    for pt in record["points"]:
+        rows = [x for x in read_jsonl(Path(pt["job_dir"]) / "metrics.jsonl") if "reward" in x]
+        last = rows[-1] if rows else {}
+        reward = f"{last['reward']:.4f}" if last.get("reward") is not None else "-"
+        state = states.get(str(pt["index"]), "PENDING" if jid else "-")
+        lines.append(
+            f"  point-{pt['index']:03d}  {state:<12} {last.get('step', '-')!s:>5} {reward:>8}  {' '.join(pt['overrides'])}"
+        )
+    return "\n".join(lines)
