@@ -233,6 +233,7 @@ def run_node(p: Plan, node: int) -> int:
         preflight(run)
         # the GPUs SLURM (or the user) gave this node: the plan's indices map through them
         allocated = os.environ.get("CUDA_VISIBLE_DEVICES") if p.device == "cuda" else None
+        clear_leftovers(run, allocated)
         vllm = Proc(vllm_command(p, node, python, allocated), job_dir, node, ignore_signals=(signal.SIGUSR1, signal.SIGUSR2))
         procs.append(vllm)
         run.events("vllm_start", pid=vllm.popen.pid)
@@ -345,6 +346,20 @@ def supervise(run: NodeRun, vllm: Supervised, trainer: Supervised, stop_requeste
                     f"{trainer.describe()}\n  last lines of {trainer.log_path}:\n{tail(trainer.log_path)}"
                 )
         time.sleep(POLL_S)
+
+
+def clear_leftovers(run: NodeRun, allocated: str | None) -> None:
+    """Before this node binds its ports and fills its GPUs: stop what an earlier attempt of this job left running,
+    fail naming anything else in the way, remove orphaned shared memory (launcher.stale)."""
+    from launcher.stale import StaleError, clean_node
+
+    p = run.plan
+    ports = {p.vllm_port, p.rendezvous_port, p.nodes[run.node].weight_transfer_port}
+    try:
+        done = clean_node(p.job_dir, ports, p.device == "cuda", run.say, allocated)
+    except StaleError as e:
+        raise NodeFailure(f"{run.where}: {e}") from None
+    run.events("leftovers", **done)
 
 
 def requeue(run: NodeRun) -> None:

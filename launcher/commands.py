@@ -10,6 +10,7 @@ import json
 from dataclasses import dataclass
 
 from launcher.config import ConfigError
+from launcher.stale import JOB_DIR_ENV
 from launcher.topology import Plan
 
 PLUGIN_ENV = "SLURM_GRPO_CPU_PLAIN_LINEAR"
@@ -79,6 +80,7 @@ def vllm_command(plan: Plan, node: int, python: str = "python", allocated: str |
     argv += list(v.extra_args)
     env = {
         **OFFLINE_ENV,
+        JOB_DIR_ENV: plan.job_dir,  # marks the processes as this job folder's (launcher.stale finds leftovers by it)
         "VLLM_SERVER_DEV_MODE": "1",
         "CUDA_VISIBLE_DEVICES": gpu_list(n.vllm_gpus, allocated),
         "VLLM_NO_USAGE_STATS": "1",
@@ -127,6 +129,7 @@ def trainer_command(
     ]
     env = {
         **OFFLINE_ENV,
+        JOB_DIR_ENV: plan.job_dir,
         "SLURM_GRPO_NODE": str(node),
         "CUDA_VISIBLE_DEVICES": gpu_list(n.trainer_gpus, allocated),
         "TORCH_NCCL_ASYNC_ERROR_HANDLING": "1",

@@ -46,9 +46,16 @@ def test_local_run_learns_pushes_land_and_resume_continues(tmp_path, tiny_model)
     assert (job / "metrics.png").stat().st_size > 1000
     assert "step 16/16" in r.stdout  # the progress lines
 
-    # resume: run on to step 24 in the same job folder
+    # resume: run on to step 24 in the same job folder, with a leftover of the first attempt (a process of this job
+    # folder) still holding the server's port: the node stops it before it starts its own server
+    from .test_stale import listener
+
+    leftover = listener(8000, str(job))
     r = local(job, tiny_model, "trainer.max_steps=24", "trainer.save_steps=8", track)
+    leftover.kill()
     assert r.returncode == 0, r.stdout[-3000:] + r.stderr[-3000:]
+    cleared = [e for e in read(job / "logs" / "node0-events.jsonl") if e["event"] == "leftovers"]
+    assert cleared[-1]["stopped"] == [leftover.pid], cleared
     rows = read(job / "metrics.jsonl")
     resumed = [x for x in rows if x.get("event") == "resumed"]
     assert resumed and resumed[0]["from_step"] == 16
