@@ -230,10 +230,10 @@ def run_node(p: Plan, node: int) -> int:
     procs: list[Proc] = []
     failed = True  # until a normal end (finished or preempted) says otherwise
     try:
-        preflight(run)
         # the GPUs SLURM (or the user) gave this node: the plan's indices map through them
         allocated = os.environ.get("CUDA_VISIBLE_DEVICES") if p.device == "cuda" else None
-        clear_leftovers(run, allocated)
+        clear_leftovers(run, allocated)  # first: an earlier attempt's server may still hold the port preflight checks
+        preflight(run)
         vllm = Proc(vllm_command(p, node, python, allocated), job_dir, node, ignore_signals=(signal.SIGUSR1, signal.SIGUSR2))
         procs.append(vllm)
         run.events("vllm_start", pid=vllm.popen.pid)

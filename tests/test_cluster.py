@@ -384,7 +384,7 @@ def test_a_two_point_sweep_runs_as_one_job_array_each_point_with_its_own_config(
     argv = cli_argv(
         PY, "sweep", "configs/cluster_cpu.yaml", f"vllm.model={tiny_model}", f"job.job_dir={sweep}", f"job.python={PY}",
         f"trainer.dataset={REPO}/data/letters.jsonl", "slurm.nodes=1", "trainer.max_steps=3", "trainer.save_steps=0",
-    ) + ["--grid", "trainer.learning_rate=0.003,0.0"]  # fmt: skip
+    ) + ["--grid", "trainer.learning_rate=0.003,1e-9"]  # fmt: skip
     r = subprocess.run(argv, capture_output=True, text=True, env=env, cwd=REPO, timeout=120)
     assert r.returncode == 0, r.stderr
     array_id = re.search(r"submitted job array (\d+)", r.stdout).group(1)  # type: ignore[union-attr]
@@ -393,7 +393,7 @@ def test_a_two_point_sweep_runs_as_one_job_array_each_point_with_its_own_config(
             lambda i=i: sacct_state(f"{array_id}_{i}", env) == "COMPLETED", 900, f"point {i}", f"{array_id}_{i}", env, sweep / f"point-00{i}"
         )  # fmt: skip
     hosts = set()
-    for i, lr in ((0, 0.003), (1, 0.0)):
+    for i, lr in ((0, 0.003), (1, 1e-9)):
         d = sweep / f"point-00{i}"
         assert C.load(d / "config.yaml").trainer.learning_rate == lr
         rows = [x for x in read(d / "metrics.jsonl") if "reward" in x]
@@ -401,9 +401,9 @@ def test_a_two_point_sweep_runs_as_one_job_array_each_point_with_its_own_config(
         s = json.loads((d / "summary.json").read_text())
         assert s["final_step"] == 3
         hosts |= {e["host"] for e in events(d, 0) if e["event"] == "bootstrap_start"}
-        # learning rate 0 leaves the weights where they were: parity before each push finds nothing to catch up
+        # learning rate 1e-9 leaves the weights where they were: parity before each push finds nothing to catch up
         stale = [h["max_diff"] for h in s["nodes"]["0"]["parity_history"] if h["kind"] == "stale"]
-        assert (max(stale) < 1e-4) == (lr == 0.0), (lr, stale)
+        assert (max(stale) < 1e-4) == (lr == 1e-9), (lr, stale)
     assert hosts == {"n1", "n2"}  # the two points ran side by side, one per node
     st = subprocess.run([PY, "-m", "launcher", "status", str(sweep)], capture_output=True, text=True, env=env, cwd=REPO)
-    assert st.stdout.count("COMPLETED") == 2 and "trainer.learning_rate=0.0" in st.stdout, st.stdout
+    assert st.stdout.count("COMPLETED") == 2 and "trainer.learning_rate=1e-9" in st.stdout, st.stdout
