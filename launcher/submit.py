@@ -104,7 +104,10 @@ def make_executor(cfg: JobConfig, p: Plan, render_only: bool = False, array: Arr
         # submitit refuses to build an executor where there is no `srun` (a laptop doing a dry-run);
         # rendering does not need it, so the dry-run uses the same class with that check answered.
         cls = type("RenderOnlySlurmExecutor", (submitit.SlurmExecutor,), {"affinity": classmethod(lambda c: 2)})
-    ex = cls(folder=Path(root_dir(p, array)) / "submitit" / "%j", max_num_timeout=0)
+    # a job's logs go to submitit/<id>/ (submitit makes it after sbatch); an array's tasks all write into submitit/
+    # itself (<array>_<task>_...): SLURM does not create folders, and a task may start before anyone could make one
+    folder = Path(root_dir(p, array)) / "submitit"
+    ex = cls(folder=folder if array else folder / "%j", max_num_timeout=0)
     ex.update_parameters(**executor_parameters(cfg, p, array))
     if array is not None:  # submitit renders --array=0-(count-1)%parallel and per-task log names (%A_%a)
         ex.update_parameters(array_parallelism=array.parallel)

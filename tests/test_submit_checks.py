@@ -119,6 +119,8 @@ def test_a_sweep_is_one_job_array_with_a_job_folder_per_point(fake_sbatch, tiny_
     assert "submitted job array 4242" in r.stdout and f"slurm-grpo status {sweep}" in r.stdout
     sbatch = (sweep / "job.sbatch").read_text()
     assert "#SBATCH --array=0-3%3" in sbatch and f"launcher.bootstrap --sweep {sweep}" in sbatch
+    # every task logs into the one folder that exists before sbatch (SLURM makes no folders; a task fails without one)
+    assert f"--output={sweep}/submitit/%A_%a_0_log.out" in sbatch and (sweep / "submitit").is_dir()
     assert len(calls.read_text().splitlines()) == 1  # one sbatch for the whole grid
     record = json.loads((sweep / "sweep.json").read_text())
     want = [(1e-6, 0.0), (1e-6, 0.04), (3e-6, 0.0), (3e-6, 0.04)]
