@@ -133,7 +133,7 @@ def stop(pids: list[int], grace_s: float = 5.0) -> None:
 
 def open_paths(proc: Path = Path("/proc")) -> set[str]:
     """Every /dev/shm path some live process has open or mapped (that we may read)."""
-    seen = set()
+    seen: set[str] = set()
     for d in proc.iterdir():
         if not d.name.isdigit():
             continue
