@@ -57,7 +57,7 @@ def _load(a: argparse.Namespace, **force: object) -> JobConfig:
 
     overrides = list(a.overrides) + [f"{k}={json.dumps(v)}" for k, v in force.items()]
     cfg = config_mod.load(a.config, overrides)
-    return resolve_hub_model(cfg, download=a.command in ("submit", "local") and not getattr(a, "dry_run", False))
+    return resolve_hub_model(cfg, download=a.command in ("submit", "local", "sweep") and not getattr(a, "dry_run", False))
 
 
 def node_table(p: Plan) -> str:
@@ -264,9 +264,13 @@ def cmd_sweep(a: argparse.Namespace) -> int:
     from launcher.submit import ArraySpec, sbatch_text, submit
 
     grid = sweep.parse_grid(a.grid)
-    base = _load(a)
+    if a.parallel < 0:
+        raise ConfigError(f"--parallel {a.parallel}: give the number of points to run at once (0 = all)")
+    base = _load(a)  # a hub model name resolved once, for every point
     d = sweep.sweep_dir_for(base)
-    points = sweep.plan_sweep(a.config, list(a.overrides), grid, d)
+    if sweep.is_sweep(d) and not a.dry_run:
+        raise ConfigError(f"{q(d)} already holds a sweep; pick another job.job_dir (or leave it empty for a new folder)")
+    points = sweep.plan_sweep(a.config, [*a.overrides, f"vllm.model={json.dumps(base.vllm.model)}"], grid, d)
     array = ArraySpec(str(d), len(points), a.parallel or len(points))
     first = points[0]
     print(f"sweep of {len(points)} points ({' x '.join(str(len(v)) for _, v in grid)}), at most {array.parallel} at once:")
