@@ -354,7 +354,11 @@ def clear_leftovers(run: NodeRun, allocated: str | None) -> None:
     from launcher.stale import StaleError, clean_node
 
     p = run.plan
-    ports = {p.vllm_port, p.rendezvous_port, p.nodes[run.node].weight_transfer_port}
+    ports = {
+        p.rendezvous_port: "trainer.rendezvous_port",
+        p.nodes[run.node].weight_transfer_port: "trainer.weight_transfer_port",
+        p.vllm_port: "vllm.port",
+    }
     try:
         done = clean_node(p.job_dir, ports, p.device == "cuda", run.say, allocated)
     except StaleError as e:

@@ -39,10 +39,10 @@ class Holder:
 
     def describe(self) -> str:
         origin = f"job folder {self.job_dir}" if self.job_dir else f"SLURM job {self.slurm_job or '?'}"
-        return f"pid {self.pid} (uid {self.uid}, {origin}) holds {self.what}: {self.cmdline[:160]}"
+        return f"{self.what} is already in use by pid {self.pid} (uid {self.uid}, {origin}): {self.cmdline[:160]}"
 
 
-def listening_inodes(ports: set[int], proc: Path = Path("/proc")) -> dict[int, int]:
+def listening_inodes(ports: dict[int, str], proc: Path = Path("/proc")) -> dict[int, int]:
     """socket inode -> port, for TCP sockets listening on one of `ports` (any address, IPv4 or IPv6)."""
     out = {}
     for table in ("tcp", "tcp6"):
@@ -77,7 +77,8 @@ def holder(pid: int, what: str, proc: Path = Path("/proc")) -> Holder | None:
     return Holder(pid, what, uid, cmd, env.get(JOB_DIR_ENV, ""), env.get("SLURM_JOB_ID", ""))
 
 
-def port_holders(ports: set[int], proc: Path = Path("/proc")) -> list[Holder]:
+def port_holders(ports: dict[int, str], proc: Path = Path("/proc")) -> list[Holder]:
+    """ports: port -> the config key that set it (named in the error)."""
     inodes = listening_inodes(ports, proc)
     if not inodes:
         return []
@@ -91,7 +92,8 @@ def port_holders(ports: set[int], proc: Path = Path("/proc")) -> list[Holder]:
             continue  # another user's process, or gone
         for link in links:
             if link.startswith("socket:[") and int(link[8:-1]) in inodes:
-                h = holder(int(d.name), f"port {inodes[int(link[8:-1])]}", proc)
+                port = inodes[int(link[8:-1])]
+                h = holder(int(d.name), f"port {port} ({ports[port]})", proc)
                 if h:
                     found.append(h)
                 break
@@ -169,7 +171,7 @@ class StaleError(RuntimeError):
     pass
 
 
-def clean_node(job_dir: str, ports: set[int], cuda: bool, say, gpus: str | None = None) -> dict:
+def clean_node(job_dir: str, ports: dict[int, str], cuda: bool, say, gpus: str | None = None) -> dict:
     """Stop this job folder's leftovers, fail on anyone else's that is in the way (any user's on our ports, where the
     server could not bind; the same user's on our GPUs), drop orphaned shared memory. Returns what was done."""
     holders = port_holders(ports) + (gpu_holders(gpus) if cuda else [])
@@ -181,9 +183,8 @@ def clean_node(job_dir: str, ports: set[int], cuda: bool, say, gpus: str | None 
     ]
     if others:
         raise StaleError(
-            "processes of another job hold what this node needs: "
-            + "; ".join(h.describe() for h in others)
-            + " -- stop them (scancel their job, or kill the pid) or change vllm.port / trainer.*_port"
+            "; ".join(h.describe() for h in others)
+            + " -- not this job's: stop it (scancel its job, or kill the pid) or pick other ports in the config"
         )
     for h in mine:
         say(f"stopping a leftover of this job's earlier attempt: {h.describe()}")

@@ -41,20 +41,21 @@ def test_a_leftover_of_this_job_is_stopped_and_anyone_elses_is_named():
     said: list[str] = []
     mine = listener(port, "/runs/this-job")
     try:
-        done = clean_node("/runs/this-job", {port}, cuda=False, say=said.append)
+        done = clean_node("/runs/this-job", {port: "vllm.port"}, cuda=False, say=said.append)
         assert done["stopped"] == [mine.pid]
         assert mine.wait(timeout=10) is not None  # it is gone
-        assert any(f"pid {mine.pid}" in s and f"port {port}" in s for s in said), said
+        assert any(f"pid {mine.pid}" in s and f"port {port} (vllm.port)" in s for s in said), said
     finally:
         mine.kill()
     theirs = listener(port, "/runs/other-job")
     try:
-        with pytest.raises(StaleError, match=rf"pid {theirs.pid} \(uid \d+, job folder /runs/other-job\) holds port {port}"):
-            clean_node("/runs/this-job", {port}, cuda=False, say=said.append)
+        want = rf"port {port} \(vllm.port\) is already in use by pid {theirs.pid} \(uid \d+, job folder /runs/other-job\)"
+        with pytest.raises(StaleError, match=want):
+            clean_node("/runs/this-job", {port: "vllm.port"}, cuda=False, say=said.append)
         assert theirs.poll() is None  # not ours: left alone
     finally:
         theirs.kill()
-    assert clean_node("/runs/this-job", {port}, cuda=False, say=said.append)["stopped"] == []  # nothing in the way
+    assert clean_node("/runs/this-job", {port: "vllm.port"}, cuda=False, say=said.append)["stopped"] == []  # nothing in the way
 
 
 def test_orphaned_shared_memory_goes_and_memory_in_use_stays():
