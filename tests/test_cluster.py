@@ -376,9 +376,10 @@ def test_a_lost_node_is_named_and_the_run_resumes_on_the_node_left(tmp_path, tin
 
 
 def test_a_two_point_sweep_runs_as_one_job_array_each_point_with_its_own_config(tmp_path, tiny_model):
-    """`slurm-grpo sweep` on the real cluster: one sbatch, an array of 2 one-node tasks (one per grid point, side by
-    side on the 2 nodes), both COMPLETED, each trained with its own learning rate (its folder's resolved config and
-    its metrics), and `slurm-grpo status` of the sweep folder lists both with their state and last reward."""
+    """`slurm-grpo sweep` on the real cluster: one sbatch, an array of 2 one-node tasks (one per grid point; SLURM
+    places them on either node, side by side or one after the other), both COMPLETED, each trained with its own
+    learning rate (its folder's resolved config and its metrics), and `slurm-grpo status` of the sweep folder lists
+    both with their state and last reward."""
     env = cluster_env()
     sweep = tmp_path / "sweep"
     argv = cli_argv(
@@ -392,7 +393,6 @@ def test_a_two_point_sweep_runs_as_one_job_array_each_point_with_its_own_config(
         wait_until(
             lambda i=i: sacct_state(f"{array_id}_{i}", env) == "COMPLETED", 900, f"point {i}", f"{array_id}_{i}", env, sweep / f"point-00{i}"
         )  # fmt: skip
-    hosts = set()
     for i, lr in ((0, 0.003), (1, 1e-9)):
         d = sweep / f"point-00{i}"
         assert C.load(d / "config.yaml").trainer.learning_rate == lr
@@ -400,10 +400,10 @@ def test_a_two_point_sweep_runs_as_one_job_array_each_point_with_its_own_config(
         assert [x["step"] for x in rows] == [1, 2, 3]
         s = json.loads((d / "summary.json").read_text())
         assert s["final_step"] == 3
-        hosts |= {e["host"] for e in events(d, 0) if e["event"] == "bootstrap_start"}
+        hosts = {e["host"] for e in events(d, 0) if e["event"] == "bootstrap_start"}
+        assert len(hosts) == 1 and hosts <= {"n1", "n2"}, hosts  # the point ran as a one-node job of the cluster
         # learning rate 1e-9 leaves the weights where they were: parity before each push finds nothing to catch up
         stale = [h["max_diff"] for h in s["nodes"]["0"]["parity_history"] if h["kind"] == "stale"]
         assert (max(stale) < 1e-4) == (lr == 1e-9), (lr, stale)
-    assert hosts == {"n1", "n2"}  # the two points ran side by side, one per node
     st = subprocess.run([PY, "-m", "launcher", "status", str(sweep)], capture_output=True, text=True, env=env, cwd=REPO)
     assert st.stdout.count("COMPLETED") == 2 and "trainer.learning_rate=1e-9" in st.stdout, st.stdout
