@@ -13,7 +13,8 @@ everything back, and pushes every weight. Here every node works alone:
                 their next k steps (trainer.data.Lookahead) to the leader, which sends those not yet sent to the server
                 in the background while the ranks train; step s+k uses the completions started with step s's weights.
                 Before a push the leader waits for the batch the next step needs. With k = 1 nothing else is in flight
-                then; with k >= 2 the later batches are: the push runs between /pause?mode=keep and /resume (vLLM 0.32
+                then; with k >= 2 later batches are outstanding (running or done): the push runs between
+                /pause?mode=keep and /resume (vLLM 0.32
                 freezes them in its queue: nothing lost, nothing aborted), and /reset_prefix_cache with
                 reset_running_requests recomputes their KV under the new weights, so their remaining tokens come from
                 the new weights (vLLM returns each token's own logprob, which TRL's importance-sampling correction
@@ -254,13 +255,16 @@ class NodeLocalGeneration:
             future = pool.submit(timed_complete, client, flat, self.sampling(), step + j)
             self.pending[step + j] = Pending(flat, step, future)
 
-    def wait_ahead(self, step: int) -> bool:
+    def wait_ahead(self, step: int) -> tuple[bool, bool]:
         """Before the push of `step`: wait for the batch that step generates (sent ahead; its completions were made with
-        the weights before this push). Returns whether later batches are still in flight (max_staleness >= 2)."""
+        the weights before this push). Returns (batches of later steps are outstanding (max_staleness >= 2), one of
+        them is still generating). Every push with later batches outstanding pauses them, running or not: one
+        protocol, whatever the timing."""
         needed = self.pending.get(step)
         if needed is not None:
             concurrent.futures.wait([needed.future], timeout=self.settings.request_timeout_s)
-        return any(not p.future.done() for p in self.pending.values())
+        later = [p for s, p in self.pending.items() if s > step]
+        return bool(later), any(not p.future.done() for p in later)
 
     # ------------------------------------------------------------------ weights
     def sync_weights(self) -> None:
@@ -268,7 +272,7 @@ class NodeLocalGeneration:
 
     def push(self, step: int) -> None:
         """Push and check parity: before (how stale the server was) and after (the push landed). Collective."""
-        in_flight = self.wait_ahead(step) if self.par.is_leader else False
+        in_flight, running = self.wait_ahead(step) if self.par.is_leader else (False, False)
         try:
             stale = self.parity.check(step, kind="stale") if step > 0 else None
             push_s = self.pusher.push(step, keep_in_flight=in_flight)
@@ -279,8 +283,9 @@ class NodeLocalGeneration:
             self.stats.update(
                 push_s=push_s, parity=after, parity_stale=stale, parity_engines=self.parity.history[-1]["per_engine"]
             )
-            if in_flight:
+            if in_flight:  # pushes that paused later steps' requests; _running: one was still generating then
                 self.stats["pushes_paused"] = self.stats.get("pushes_paused", 0) + 1
+                self.stats["pushes_paused_running"] = self.stats.get("pushes_paused_running", 0) + running
 
     def finish(self, step: int) -> dict[str, Any] | None:
         """The last optimizer step is never pushed during training (a push precedes each generation): push it,

@@ -178,6 +178,7 @@ class SlurmGrpoCallback(TrainerCallback):
             "ahead_misses": {str(n): s.get("ahead_misses", 0) for n, s in sorted(by.items())},
             # pushes so far that paused requests still running (max_staleness >= 2) and resumed them after
             "pushes_paused": {str(n): s.get("pushes_paused", 0) for n, s in sorted(by.items())},
+            "pushes_paused_running": {str(n): s.get("pushes_paused_running", 0) for n, s in sorted(by.items())},
             "is_ratio_mean": logs.get("sampling/importance_sampling_ratio/mean"),
             "logp_mismatch_mean": logs.get("sampling/sampling_logp_difference/mean"),
         }
