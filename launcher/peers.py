@@ -25,9 +25,18 @@ class JobAbort:
     node's bootstrap sees it within POLL_S and stops its own processes. SLURM's --kill-on-bad-exit does the
     same from outside, but only under srun and without saying why; this names the node that failed first."""
 
-    def __init__(self, job_dir: Path, attempt: str, node: int, num_nodes: int):
+    def __init__(
+        self,
+        job_dir: Path,
+        attempt: str,
+        node: int,
+        num_nodes: int,
+        clock: Callable[[], float] = time.monotonic,
+        sleep: Callable[[float], None] = time.sleep,
+    ):
         self.path = job_dir / "logs" / f"abort-{attempt}.json"
         self.node, self.watch = node, num_nodes > 1
+        self.clock, self.sleep = clock, sleep
 
     def write(self, host: str, error: str) -> None:
         try:
@@ -39,12 +48,15 @@ class JobAbort:
 
     def settle(self, seconds: float, also: Callable[[], None] = lambda: None) -> None:
         """Wait briefly for another node's abort (or `also` to raise: a node found lost) before claiming to be
-        the first failure."""
-        end = time.time() + (seconds if self.watch else 0)
-        while time.time() < end:
+        the first failure. Checks once more at the end, so an abort written during the last poll is seen."""
+        end = self.clock() + (seconds if self.watch else 0)
+        while True:
             self.check()
             also()
-            time.sleep(0.2)
+            left = end - self.clock()
+            if left <= 0:
+                return
+            self.sleep(min(0.2, left))
 
     def check(self) -> None:
         if not self.watch or not self.path.exists():

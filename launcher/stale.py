@@ -100,7 +100,7 @@ def port_holders(ports: dict[int, str], proc: Path = Path("/proc")) -> list[Hold
     return found
 
 
-def gpu_holders(gpus: str | None) -> list[Holder]:
+def gpu_holders(gpus: str | None, proc: Path = Path("/proc")) -> list[Holder]:
     """Processes with a CUDA context on the node's GPUs (`gpus`: SLURM's CUDA_VISIBLE_DEVICES, else all it sees),
     from nvidia-smi's own list; none where it is absent."""
     exe = shutil.which("nvidia-smi")
@@ -114,7 +114,16 @@ def gpu_holders(gpus: str | None) -> list[Holder]:
     except (OSError, subprocess.TimeoutExpired):
         return []
     pids = [int(x) for x in out.stdout.split() if x.strip().isdigit()]
-    return [h for h in (holder(p, "GPU") for p in pids) if h]
+    return [h for h in (holder(p, "GPU", proc) for p in pids) if h]
+
+
+def alive(pid: int, proc: Path = Path("/proc")) -> bool:
+    """Running (a zombie has ended: it only waits for its parent to collect its exit code)."""
+    try:
+        stat = (proc / str(pid) / "stat").read_text()
+    except OSError:
+        return False
+    return stat.rsplit(")", 1)[1].split()[0] != "Z"
 
 
 def stop(pids: list[int], grace_s: float = 5.0) -> None:
@@ -124,7 +133,7 @@ def stop(pids: list[int], grace_s: float = 5.0) -> None:
         except ProcessLookupError:
             pass
     deadline = time.time() + grace_s
-    while time.time() < deadline and any(Path(f"/proc/{p}").exists() for p in pids):
+    while time.time() < deadline and any(alive(p) for p in pids):
         time.sleep(0.1)
     for pid in pids:
         try:
@@ -133,15 +142,16 @@ def stop(pids: list[int], grace_s: float = 5.0) -> None:
             pass
 
 
-def open_paths(proc: Path = Path("/proc")) -> set[str]:
-    """Every /dev/shm path some live process has open or mapped (that we may read)."""
+def open_paths(proc: Path = Path("/proc"), shm: Path = Path("/dev/shm")) -> set[str]:
+    """Every path under `shm` some live process has open or mapped (that we may read)."""
+    under = str(shm.resolve()) + "/"  # /proc shows resolved paths
     seen: set[str] = set()
     for d in proc.iterdir():
         if not d.name.isdigit():
             continue
         try:
-            seen.update(p for p in (os.readlink(fd) for fd in (d / "fd").iterdir()) if p.startswith("/dev/shm/"))
-            seen.update(ln.split(None, 5)[5] for ln in (d / "maps").read_text().splitlines() if "/dev/shm/" in ln)
+            seen.update(p for p in (os.readlink(fd) for fd in (d / "fd").iterdir()) if p.startswith(under))
+            seen.update(ln.split(None, 5)[5] for ln in (d / "maps").read_text().splitlines() if under in ln)
         except (OSError, IndexError):
             continue
     return {p.replace(" (deleted)", "") for p in seen}
@@ -149,7 +159,7 @@ def open_paths(proc: Path = Path("/proc")) -> set[str]:
 
 def orphaned_segments(shm: Path = Path("/dev/shm"), proc: Path = Path("/proc"), now: float | None = None) -> list[Path]:
     now = time.time() if now is None else now
-    used = open_paths(proc)
+    used = open_paths(proc, shm)
     out = []
     for f in sorted(shm.glob("*")):
         try:
@@ -161,7 +171,7 @@ def orphaned_segments(shm: Path = Path("/dev/shm"), proc: Path = Path("/proc"), 
             and f.is_file()
             and st.st_uid == os.getuid()
             and now - st.st_mtime > SHM_MIN_AGE_S
-            and str(f) not in used
+            and str(f.resolve()) not in used
         ):
             out.append(f)
     return out
@@ -171,10 +181,19 @@ class StaleError(RuntimeError):
     pass
 
 
-def clean_node(job_dir: str, ports: dict[int, str], cuda: bool, say, gpus: str | None = None) -> dict:
+def clean_node(
+    job_dir: str,
+    ports: dict[int, str],
+    cuda: bool,
+    say,
+    gpus: str | None = None,
+    shm: Path = Path("/dev/shm"),
+    proc: Path = Path("/proc"),
+) -> dict:
     """Stop this job folder's leftovers, fail on anyone else's that is in the way (any user's on our ports, where the
-    server could not bind; the same user's on our GPUs), drop orphaned shared memory. Returns what was done."""
-    holders = port_holders(ports) + (gpu_holders(gpus) if cuda else [])
+    server could not bind; the same user's on our GPUs), drop orphaned shared memory in `shm`. Returns what was done
+    (the bootstrap's `leftovers` event)."""
+    holders = port_holders(ports, proc) + (gpu_holders(gpus, proc) if cuda else [])
     mine = [h for h in holders if h.job_dir == job_dir]
     others = [
         h
@@ -189,14 +208,15 @@ def clean_node(job_dir: str, ports: dict[int, str], cuda: bool, say, gpus: str |
     for h in mine:
         say(f"stopping a leftover of this job's earlier attempt: {h.describe()}")
     stop(sorted({h.pid for h in mine}))
-    segments = orphaned_segments()
-    freed = 0
+    segments = orphaned_segments(shm, proc)
+    removed = freed = 0
     for f in segments:
         try:
-            freed += f.stat().st_blocks * 512
+            size = f.stat().st_blocks * 512
             f.unlink()
         except OSError:
-            continue
-    if segments:
-        say(f"removed {len(segments)} orphaned shared-memory segment(s) in /dev/shm ({freed / 2**20:.0f} MiB held)")
-    return {"stopped": [h.pid for h in mine], "shm_removed": len(segments), "shm_freed_mb": round(freed / 2**20, 1)}
+            continue  # gone meanwhile, or not ours to remove
+        removed, freed = removed + 1, freed + size
+    if removed:
+        say(f"removed {removed} orphaned shared-memory segment(s) in {shm} ({freed / 2**20:.0f} MiB held)")
+    return {"stopped": [h.pid for h in mine], "shm_removed": removed, "shm_freed_mb": round(freed / 2**20, 1)}

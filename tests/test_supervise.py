@@ -39,8 +39,31 @@ class FakeProc:
         return f"{self.name} (pid 0, log {self.log_path})"
 
 
+class Clock:
+    """A clock that only moves when told, or when something sleeps on it (sleep(s) records s and moves it)."""
+
+    def __init__(self) -> None:
+        self.now = 1000.0
+        self.slept: list[float] = []
+        self.during_sleep = lambda: None
+
+    def __call__(self) -> float:
+        return self.now
+
+    def sleep(self, seconds: float) -> None:
+        self.slept.append(seconds)
+        self.now += seconds
+        self.during_sleep()
+
+
 @pytest.fixture
-def node_run(tmp_path, monkeypatch):
+def settle_clock() -> Clock:
+    """The clock of the node's JobAbort: settle() waits on it, not on the wall."""
+    return Clock()
+
+
+@pytest.fixture
+def node_run(tmp_path, monkeypatch, settle_clock):
     monkeypatch.setattr(bootstrap, "POLL_S", 0.01)
     monkeypatch.delenv("SLURM_JOB_ID", raising=False)
     (tmp_path / "logs").mkdir()
@@ -60,7 +83,7 @@ def node_run(tmp_path, monkeypatch):
         host="n2",
         attempt="7.0",
         events=Events(tmp_path, 1),
-        abort=JobAbort(tmp_path, "7.0", 1, p.num_nodes),
+        abort=JobAbort(tmp_path, "7.0", 1, p.num_nodes, clock=settle_clock, sleep=settle_clock.sleep),
         heartbeats=Heartbeats(tmp_path, "7.0", 1, p.num_nodes, "n2", timeout_s=60),
     )
 
@@ -90,14 +113,44 @@ def test_a_dead_server_names_the_node_the_process_and_its_log(node_run):
     assert "vllm_exit" in events(node_run)
 
 
-def test_a_failed_trainer_names_the_rank_that_raised(node_run):
+def test_a_failed_trainer_names_the_rank_that_raised(node_run, settle_clock):
     log = "[rank3]: ValueError: bad reward\n[rank2]: RuntimeError: Connection reset by peer\n"
     v, t = procs(node_run, {}, {"code": 1, "exit_after": 1, "log": log})
-    t0 = time.time()
     with pytest.raises(NodeFailure) as e:
         supervise(node_run, v, t, [])
     assert "exited with code 1: ValueError: bad reward" in str(e.value), str(e.value)
-    assert time.time() - t0 < 5, "a trainer's own error waits only briefly for another node's abort"
+    assert not e.value.remote
+    # a trainer's own error waits only briefly (3 s) for another node's abort before claiming the failure
+    assert sum(settle_clock.slept) == pytest.approx(3.0) and max(settle_clock.slept) <= 0.2, settle_clock.slept
+
+
+def test_a_rank_that_lost_its_peers_waits_out_the_node_timeout_for_the_real_cause(node_run, settle_clock):
+    """A "reset by peer" is a symptom of another node's failure: wait node_timeout_s + 5 s for that node's abort
+    (or its heartbeat to stop) before calling this node the first failure."""
+    log = "[rank2]: RuntimeError: Connection reset by peer\n"
+    v, t = procs(node_run, {}, {"code": 1, "exit_after": 1, "log": log})
+    with pytest.raises(NodeFailure) as e:
+        supervise(node_run, v, t, [])
+    assert "exited with code 1: RuntimeError: Connection reset by peer" in str(e.value) and not e.value.remote
+    assert sum(settle_clock.slept) == pytest.approx(node_run.plan.config.job.node_timeout_s + 5.0), settle_clock.slept
+
+
+def test_an_abort_written_while_this_node_settles_names_the_other_node(node_run, settle_clock):
+    """The settle is there for this: node 0 writes its abort 1 s after this node's trainer died of it."""
+    log = "[rank2]: RuntimeError: Connection reset by peer\n"
+    v, t = procs(node_run, {}, {"code": 1, "exit_after": 1, "log": log})
+    start = settle_clock.now
+    other = JobAbort(node_run.job_dir, "7.0", 0, 2)
+
+    def node0_fails() -> None:
+        if settle_clock.now - start >= 1.0:
+            other.write("n1", "node 0 (n1): vLLM server died")
+
+    settle_clock.during_sleep = node0_fails
+    with pytest.raises(NodeFailure) as e:
+        supervise(node_run, v, t, [])
+    assert e.value.remote and "because node 0 (n1) failed: node 0 (n1): vLLM server died" in str(e.value), str(e.value)
+    assert 1.0 <= sum(settle_clock.slept) <= 1.2 + 1e-9, "it stops at the next poll after the abort, not at the settle's end"
 
 
 def test_another_nodes_abort_stops_this_node_without_claiming_the_failure(node_run):
@@ -118,10 +171,11 @@ def test_a_preemption_signal_is_forwarded_and_a_checkpoint_means_requeue(node_ru
     assert events(node_run)[:2] == ["preempt_signal", "trainer_exit"]
 
 
-def test_a_preemption_without_its_checkpoint_is_a_failure(node_run):
+def test_a_preemption_without_its_checkpoint_is_a_failure(node_run, settle_clock):
     v, t = procs(node_run, {}, {"code": 1, "exit_after": 3})
     with pytest.raises(NodeFailure, match=r"after signal 15 \(no preemption checkpoint was written\)"):
         supervise(node_run, v, t, [signal.SIGTERM])
+    assert sum(settle_clock.slept) == pytest.approx(3.0), settle_clock.slept
 
 
 def test_no_step_within_the_stall_timeout_stops_the_node(node_run):
@@ -132,14 +186,6 @@ def test_no_step_within_the_stall_timeout_stops_the_node(node_run):
     t.started = old
     with pytest.raises(NodeFailure, match=r"no training step for 1 s \(trainer.stall_timeout_s\)"):
         supervise(node_run, v, t, [])
-
-
-class Clock:
-    def __init__(self) -> None:
-        self.now = 1000.0
-
-    def __call__(self) -> float:
-        return self.now
 
 
 def test_a_node_whose_heartbeat_stops_is_named_within_the_timeout(tmp_path):
@@ -189,12 +235,20 @@ def test_supervise_stops_when_the_other_node_goes_quiet(node_run, monkeypatch):
         supervise(run, v, t, [])
 
 
-def test_a_node_that_ended_is_not_called_lost(tmp_path):
+@pytest.mark.parametrize("finished", [True, False])
+def test_a_node_that_ended_is_not_called_lost(tmp_path, finished):
+    """The same 60 s of silence: a node that said it is ending is left alone; one that did not is lost (the control)."""
     clock = Clock()
     ended = Heartbeats(tmp_path, "7.0", 0, 2, "n1", timeout_s=5, clock=clock)
     me = Heartbeats(tmp_path, "7.0", 1, 2, "n2", timeout_s=5, clock=clock)
     ended.check()
     me.check()
-    ended.finish()  # its bootstrap is stopping its processes (its own failure, if any, is in the abort file)
+    if finished:
+        ended.finish()  # its bootstrap is stopping its processes (its own failure, if any, is in the abort file)
+    me.check()  # sees node 0's last write
     clock.now += 60
-    me.check()
+    if finished:
+        me.check()
+    else:
+        with pytest.raises(NodeFailure, match=r"node 0 \(n1\) stopped answering: no heartbeat for 60 s"):
+            me.check()
