@@ -20,6 +20,7 @@ from __future__ import annotations
 
 import json
 from dataclasses import asdict, dataclass
+from pathlib import Path
 
 from launcher.memory import ModelShape
 
@@ -149,18 +150,59 @@ def split_table(rows: list[SplitRow]) -> list[str]:
     return out
 
 
+def parse_nodes(text: str) -> list[int]:
+    from launcher.config import ConfigError
+
+    try:
+        nodes = [int(x) for x in text.split(",")]
+    except ValueError:
+        nodes = []
+    if not nodes or min(nodes) < 1:
+        raise ConfigError(f"--nodes {text}: give comma-separated node counts of 1 or more, e.g. --nodes 1,2,4")
+    return nodes
+
+
+def read_calibration(path: str) -> dict[str, float]:
+    """The figures `bench` measured ({"calibration": {figure: value}} in its results JSON); every key must be one of
+    DEFAULTS (a misspelt one would leave the default in place without a word)."""
+    from launcher.config import ConfigError
+
+    try:
+        data = json.loads(Path(path).read_text())
+    except OSError as e:
+        raise ConfigError(f"--calibration {path}: cannot read it ({e.strerror}); give the results JSON bench wrote") from None
+    except ValueError as e:
+        raise ConfigError(f"--calibration {path} is not JSON ({e}); give the results JSON bench wrote") from None
+    cal = data.get("calibration") if isinstance(data, dict) else None
+    if not isinstance(cal, dict) or not cal:
+        raise ConfigError(
+            f"--calibration {path} has no 'calibration' object; bench writes one with the figures {', '.join(DEFAULTS)}"
+        )
+    unknown = sorted(set(cal) - set(DEFAULTS))
+    if unknown:
+        raise ConfigError(f"--calibration {path}: unknown figure(s) {', '.join(unknown)}; known: {', '.join(DEFAULTS)}")
+    bad = [
+        f"{k}={v!r}"
+        for k, v in cal.items()
+        if isinstance(v, bool) or not isinstance(v, int | float) or v < 0 or (v == 0 and k != "train_s")
+    ]
+    if bad:
+        raise ConfigError(f"--calibration {path}: {', '.join(bad)}: every figure must be above 0 (train_s: 0 or more)")
+    return {k: float(v) for k, v in cal.items()}
+
+
 def main(a) -> int:
     from launcher import config as C
     from launcher.memory import Layout
 
     cfg = C.load(a.config, a.overrides)
-    figures = dict(DEFAULTS)
-    if a.calibration:
-        figures.update(json.loads(open(a.calibration).read()).get("calibration", {}))
+    nodes = parse_nodes(a.nodes)
+    figures = {**DEFAULTS, **(read_calibration(a.calibration) if a.calibration else {})}
+    if a.plot and not Path(a.plot).resolve().parent.is_dir():
+        raise C.ConfigError(f"--plot {a.plot}: its folder does not exist; create it or give another path")
     shape = ModelShape.read(cfg.vllm.model)
     params = a.params_b or (shape.params / 1e9 if shape else 7.0)
     per = cfg.slurm.gpus_per_node - cfg.vllm.tensor_parallel_size * cfg.vllm.data_parallel_size or 1
-    nodes = [int(x) for x in a.nodes.split(",")]
     rows = predict(nodes, params, per, cfg.trainer.per_device_train_batch_size, cfg.trainer.max_completion_length, figures)
     print(
         f"assumptions: model {params:.3g}B params (push = {figures['bytes_per_param'] * params:.3g} GB), {per} trainer ranks/node, "

@@ -5,13 +5,44 @@ place of the HTTP call); the transfer's receiving side is the project's own (tra
 
 from __future__ import annotations
 
+import os
+import time
 import weakref
 from pathlib import Path
 
+import pytest
 import torch
 import torch.distributed as dist
 
-from bench.ranks import run_ranks
+from bench.ranks import RankError, run_ranks
+
+
+def fails_on_rank_1(rank: int, _world: int, _port: int, how: str) -> int:
+    """Rank 1 fails (`how`); rank 0 waits as a rank blocked in a collective would: the caller must not."""
+    if rank == 1:
+        if how == "raise":
+            raise ValueError("bad input on rank 1")
+        os._exit(3)  # dies without a word, as a killed or crashed rank does
+    time.sleep(600)
+    return rank
+
+
+@pytest.mark.parametrize(
+    "how, needles",
+    [
+        ("raise", ["rank 1 of 2 raised", "ValueError: bad input on rank 1", "in fails_on_rank_1"]),
+        ("exit", ["rank 1 of 2 exited with code 3 without handing back a result"]),
+    ],
+)
+def test_a_failing_rank_fails_the_call_at_once_and_says_why(how, needles):
+    import functools
+
+    t0 = time.monotonic()
+    with pytest.raises(RankError) as e:
+        run_ranks(2, functools.partial(fails_on_rank_1, how=how), timeout_s=600)
+    msg = str(e.value)
+    assert all(n in msg for n in needles), msg
+    assert time.monotonic() - t0 < 120, "it waited for the deadline (600 s) instead of failing when rank 1 did"
 
 
 def generation_mapping(rank: int, world: int, _port: int) -> dict:

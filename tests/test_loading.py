@@ -84,6 +84,10 @@ def test_the_sharded_load_equals_from_pretrained_bit_for_bit(tmp_path, world, no
 def test_a_ranks_peak_memory_while_loading_is_its_shard_not_the_model(tmp_path):
     """A 170 MB (fp32) model: on 2 and 4 ranks each rank's peak grows by its shard plus the largest tensor (and a
     fixed 32 MB of Python objects), while `from_pretrained` then shard grows by more than the whole model."""
+    from trainer.procmem import peak_reset_unavailable
+
+    if (why := peak_reset_unavailable()) is not None:  # the ranks measure the peak from a reset (trainer.procmem)
+        pytest.skip(why)
     model_dir = make_model(tmp_path, "m", ["--hidden", "1024", "--layers", "4", "--intermediate", "2816", "--kv-heads", "2"])
     fig = model_figures(model_dir)
     assert fig["model_fp32_mb"] > 150, fig

@@ -6,9 +6,12 @@ from __future__ import annotations
 import json
 import subprocess
 import sys
+from pathlib import Path
 
 from launcher.cli import main as cli_main
 from launcher.memory import Layout, ModelShape, Options, common_shape, estimate, gpu_memory_gb
+
+REPO = Path(__file__).resolve().parent.parent
 
 QWEN7B = {
     "hidden_size": 3584,
@@ -75,7 +78,7 @@ def test_dry_run_prints_the_estimate_and_warns_with_the_fix(tmp_path, capsys):
     model = tmp_path / "qwen7b"
     model.mkdir()
     (model / "config.json").write_text(json.dumps(QWEN7B))
-    argv = ["dry-run", "configs/gpu_7b_4nodes.yaml", "--set", f"vllm.model={model}"]
+    argv = ["dry-run", str(REPO / "configs" / "gpu_7b_4nodes.yaml"), "--set", f"vllm.model={model}"]
     assert cli_main(argv) == 0
     out = capsys.readouterr().out
     section = out.split("# memory estimate")[1].split("# sbatch")[0]

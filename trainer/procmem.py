@@ -16,8 +16,20 @@ def status_mb(key: str) -> float:
 
 
 def reset_peak() -> None:
-    """VmHWM := VmRSS from now on (Linux >= 4.0)."""
+    """VmHWM := VmRSS from now on (Linux >= 4.0; absent under gVisor and WSL1: see peak_reset_unavailable)."""
     Path("/proc/self/clear_refs").write_text("5")
+
+
+def peak_reset_unavailable() -> str | None:
+    """Why this kernel cannot reset a process's peak (None: it can; this process's peak is reset by the probe)."""
+    try:
+        reset_peak()
+    except OSError as e:
+        return (
+            f"this kernel cannot reset a process's peak memory: writing 5 to /proc/self/clear_refs failed "
+            f"({e.strerror or e}); it needs Linux >= 4.0 (gVisor and WSL1 lack the file)"
+        )
+    return None
 
 
 def peaks_gb() -> dict[str, float]:
