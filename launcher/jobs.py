@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import re
 import shlex
 import subprocess
 from pathlib import Path
@@ -17,17 +18,25 @@ def q(path: str | Path) -> str:
     return shlex.quote(str(path))
 
 
+JOB_ID_RE = re.compile(r"\d+(_\d+)?")
+"""A SLURM job id, or an array task's (4242_3: point 3 of a sweep)."""
+
+
 def find_job_dir(ref: str, root: str = "runs") -> Path:
-    """A job folder, or a SLURM job id looked up in runs/*/job_id."""
+    """A job folder (or a sweep's), or a SLURM job id looked up in the job_id files under root: runs/*/job_id (a
+    job's newest submission, a sweep's array) and runs/*/point-*/job_id (a sweep point's array task)."""
     p = Path(ref)
-    if (p / "plan.json").is_file():
+    if (p / "plan.json").is_file() or (p / "sweep.json").is_file():
         return p
-    if ref.isdigit():
-        for f in sorted(Path(root).glob("*/job_id")):
+    if JOB_ID_RE.fullmatch(ref):
+        for f in sorted([*Path(root).glob("*/job_id"), *Path(root).glob("*/point-*/job_id")]):
             if f.read_text().strip() == ref:
                 return f.parent
-        raise ConfigError(f"no job folder under {root}/ has job id {ref}; pass the job folder instead")
-    raise ConfigError(f"{ref!r} is neither a job folder (with plan.json) nor a job id")
+        raise ConfigError(
+            f"no job folder under {q(Path(root).absolute())}/ has job id {ref} (a resumed job has its newest id there); "
+            f"pass the job folder instead"
+        )
+    raise ConfigError(f"{ref!r} is neither a job folder (with plan.json), a sweep folder (with sweep.json) nor a job id")
 
 
 def read_jsonl(path: Path) -> list[dict[str, Any]]:
@@ -123,10 +132,42 @@ ENDED_RESUMABLE = ("NODE_FAIL", "TIMEOUT", "FAILED", "PREEMPTED", "OUT_OF_MEMORY
 """sacct states after which `slurm-grpo resume` is the next step."""
 
 
+def next_step(job_dir: Path, state: str, slurm: Any) -> str | None:
+    """What to do after a job ended in `state` (sacct's State, e.g. "CANCELLED by 1000"): resume from the newest
+    checkpoint, with the setting that ended it raised where one did (time, memory); submit again if nothing was
+    checkpointed, since resume would refuse."""
+    from launcher.jobdir import complete_checkpoints
+
+    word = state.split()[0] if state.split() else ""
+    if word not in ENDED_RESUMABLE:
+        return None
+    why = {
+        "TIMEOUT": f"it reached its time limit, slurm.time={slurm.time}; add --set slurm.time=HH:MM:SS for more",
+        "OUT_OF_MEMORY": (
+            f"a process on a node passed the job's host memory limit (slurm.mem={slurm.mem or 'unset: the partition default'}); "
+            "add --set slurm.mem=<more>, or slurm.mem=0 for all of each node's memory"
+        ),
+        "NODE_FAIL": "a node failed; add --set slurm.nodes=N to go on with the nodes left",
+        "PREEMPTED": "the scheduler preempted it",
+        "CANCELLED": "it was cancelled (scancel)",
+        "FAILED": f"slurm-grpo logs {q(job_dir)} shows the first error",
+    }[word]
+    done = complete_checkpoints(job_dir / "checkpoints")
+    if not done:
+        return (
+            f"next: nothing to resume ({why}; no complete checkpoint was written): "
+            f"slurm-grpo submit {q(job_dir / 'config.yaml')} --set job.job_dir= starts it again in a new folder"
+        )
+    return f"next: slurm-grpo resume {q(job_dir)}   (continues from step {done[-1][0]}; {why})"
+
+
 def status(job_dir: Path) -> str:
-    lines = [f"job folder: {q(job_dir)}"]
+    from launcher.sweep import is_sweep, sweep_status
     from launcher.topology import Plan
 
+    if is_sweep(job_dir):  # found by the array's job id
+        return sweep_status(job_dir)
+    lines = [f"job folder: {q(job_dir)}"]
     plan = Plan.load(job_dir / "plan.json")
     jid = (job_dir / "job_id").read_text().strip() if (job_dir / "job_id").is_file() else None
     if jid:
@@ -134,11 +175,9 @@ def status(job_dir: Path) -> str:
         states = slurm_state(jid)
         lines += ["  " + ln.replace("|", "  ") for ln in states]
         main = next((ln.split("|") for ln in states if ln.split("|")[0] == jid), None)
-        if main and len(main) > 1 and main[1].split()[0] in ENDED_RESUMABLE:
-            lines.append(
-                f"next: slurm-grpo resume {q(job_dir)}   (continues from the newest checkpoint; "
-                f"add --set slurm.nodes=N to go on with the nodes left)"
-            )
+        hint = next_step(job_dir, main[1], plan.config.slurm) if main and len(main) > 1 else None
+        if hint:
+            lines.append(hint)
     else:
         lines.append("local run (no SLURM job id)")
     for n in range(plan.num_nodes):
@@ -164,18 +203,35 @@ def status(job_dir: Path) -> str:
 
 
 def log_files(job_dir: Path, node: int | None) -> list[Path]:
+    """The job's own logs (every node's, or one node's) and SLURM's output of each node's task (submitit writes
+    <job>_<task>_log.out, a task per node; a sweep point's are in the sweep folder, as <array>_<point>_<task>)."""
+    from launcher.topology import Plan
+
+    if (job_dir / "sweep.json").is_file():
+        raise ConfigError(f"{q(job_dir)} is a sweep; pass one of its points, e.g. {q(job_dir / 'point-000')}")
+    nodes = Plan.load(job_dir / "plan.json").num_nodes
+    if node is not None and not 0 <= node < nodes:
+        raise ConfigError(f"--node {node}: the job has nodes 0 to {nodes - 1}")
     files = sorted((job_dir / "logs").glob("node*-*.log"))
     if node is not None:
         files = [f for f in files if f.name.startswith(f"node{node}-")]
-    return files + sorted((job_dir / "submitit").glob("*/*.out"))
+    task = "*" if node is None else str(node)
+    jid = (job_dir / "job_id").read_text().strip() if (job_dir / "job_id").is_file() else ""
+    if "_" in jid and (job_dir.parent / "sweep.json").is_file():  # a sweep point: its array task's output
+        return files + sorted((job_dir.parent / "submitit").glob(f"{jid}_{task}_log.out"))
+    return files + sorted((job_dir / "submitit").glob(f"*/*_{task}_log.out"))
 
 
 def cancel(job_dir: Path) -> str:
+    """scancel the job's newest submission (a sweep folder: the whole array; a sweep point: its task)."""
     jf = job_dir / "job_id"
     if not jf.is_file():
-        raise ConfigError(f"{job_dir} has no job_id (a local run); stop it with Ctrl-C")
+        raise ConfigError(f"{q(job_dir)} has no job_id (a local run); stop it with Ctrl-C")
     jid = jf.read_text().strip()
-    out = subprocess.run(["scancel", jid], capture_output=True, text=True, timeout=60)
+    try:
+        out = subprocess.run(["scancel", jid], capture_output=True, text=True, timeout=60)
+    except (OSError, subprocess.TimeoutExpired) as e:
+        raise RuntimeError(f"scancel {jid} could not run ({e}); cancel it on a host with SLURM's commands") from None
     if out.returncode != 0:
         raise RuntimeError(f"scancel {jid} failed: {out.stderr.strip()}")
-    return f"cancelled job {jid}"
+    return f"cancelled job {jid}; `slurm-grpo status {q(job_dir)}` shows it CANCELLED once SLURM has stopped it"

@@ -2,6 +2,9 @@
 # test.sh - the whole test suite on a fresh machine: install, lint, then the three tiers:
 #   unit (fast, no servers) -> integration (real vLLM CPU servers, real torch.distributed)
 #   -> cluster (a real 2-node SLURM cluster started here by scripts/start_cluster.sh; needs root).
+# The unit tier runs as on a fresh machine (scripts/as_fresh_machine.sh): this machine's SLURM hidden (a cluster tier
+# run before installs it and leaves it), /tmp, /dev/shm and the HF cache empty, so a unit test that reaches a real
+# SLURM command or an earlier run's files fails here too, not only on a machine that never had them.
 # TIERS="unit integration" bash scripts/test.sh   runs a subset.
 set -euo pipefail
 cd "$(dirname "$0")/.."
@@ -15,7 +18,7 @@ rc=0
 for tier in $TIERS; do
   echo "===== tier: $tier ($(date +%T))"
   case $tier in
-    unit) pytest -q -m "not integration and not cluster" || rc=1;;
+    unit) bash scripts/as_fresh_machine.sh pytest -q -m "not integration and not cluster" || rc=1;;
     integration) pytest -q -m integration || rc=1;;
     cluster)
       # the cluster's apt installs (slurm-wlm, munge, mariadb) happen inside start_cluster.sh
