@@ -278,30 +278,77 @@ def _build(cls: type, section: str, raw: Any) -> Any:
 
 
 def parse_override(text: str) -> tuple[list[str], Any]:
-    """'trainer.max_steps=5' -> (['trainer', 'max_steps'], 5); the value is read as YAML."""
+    """'trainer.max_steps=5' -> (['trainer', 'max_steps'], 5); the value is read as YAML. A key into a nested group
+    keeps its rest dotted: 'slurm.container.image=x' -> (['slurm', 'container.image'], 'x')."""
     if "=" not in text:
         raise ConfigError(f"--set {text!r} is not of the form section.key=value, e.g. --set slurm.nodes=4")
     key, _, value = text.partition("=")
     parts = key.strip().split(".")
-    if len(parts) != 2 or not all(parts):
-        raise ConfigError(f"--set key {key!r} must be section.key, e.g. trainer.max_steps; sections: {', '.join(SECTIONS)}")
+    if len(parts) < 2 or not all(parts):
+        raise ConfigError(
+            f"--set key {key!r} must be section.key (or section.group.key), e.g. trainer.max_steps or slurm.container.image; "
+            f"sections: {', '.join(SECTIONS)}"
+        )
     try:
         parsed = yaml.safe_load(value) if value.strip() else ""
     except yaml.YAMLError as e:
         raise ConfigError(f"--set {text!r}: the value is not valid YAML ({e.__class__.__name__})") from None
-    return parts, parsed
+    return [parts[0], ".".join(parts[1:])], parsed
+
+
+def _is_group(annotation: Any) -> bool:
+    """A field that holds keys of its own: a nested dataclass (slurm.container), a mapping (slurm.setup_vars,
+    slurm.extra_sbatch, trainer.grpo) or a free-form value (inside trainer.grpo)."""
+    return (
+        annotation is Any
+        or typing.get_origin(annotation) is dict
+        or (isinstance(annotation, type) and dataclasses.is_dataclass(annotation))
+    )
+
+
+def _check_override_path(text: str, section: str, path: list[str]) -> None:
+    """Every step of a dotted --set key must exist: a nested dataclass's keys are known (an unknown one fails naming
+    the valid ones); a mapping's keys are free; a plain value has no keys."""
+    annotation: Any = SECTIONS[section]
+    where = section
+    for part in path:
+        if not _is_group(annotation):
+            raise ConfigError(f"--set {text!r}: {where} is a single value, not a group of keys; set it as --set {where}=VALUE")
+        if isinstance(annotation, type) and dataclasses.is_dataclass(annotation):
+            hints = typing.get_type_hints(annotation)
+            if part not in hints:
+                raise ConfigError(f"unknown key '{where}.{part}'; valid keys of '{where}': {_menu(annotation)}")
+            annotation = hints[part]
+        elif annotation is not Any:  # a mapping: any key, values of its value type
+            annotation = typing.get_args(annotation)[1]
+        where = f"{where}.{part}"
 
 
 def merge_raw(raw: dict[str, Any], overrides: list[str]) -> dict[str, Any]:
+    """--set overrides on top of the file's mapping. A dotted key into a nested group (slurm.container.image=x,
+    slurm.setup_vars.venv=/v, trainer.grpo.loss_type=dapo) sets that one key and keeps the group's others, as the flat
+    keys do in a section; a mapping value (slurm.container={image: x}) replaces the whole group."""
     merged = {k: dict(v) if isinstance(v, dict) else v for k, v in raw.items()}
     for text in overrides:
-        (section, key), value = parse_override(text)
+        (section, dotted), value = parse_override(text)
         if section not in SECTIONS:
             raise ConfigError(f"--set {text!r}: unknown section '{section}'; sections: {', '.join(SECTIONS)}")
+        path = dotted.split(".")
+        _check_override_path(text, section, path)
         merged.setdefault(section, {})
         if not isinstance(merged[section], dict):
             raise ConfigError(f"section '{section}' must be a mapping")
-        merged[section][key] = value
+        node, where = merged[section], section
+        for part in path[:-1]:
+            where = f"{where}.{part}"
+            child = node.get(part)
+            if child is None:
+                child = {}
+            elif not isinstance(child, dict):
+                raise ConfigError(f"--set {text!r}: {where} is {child!r} in the config, not a mapping; set it as a mapping there")
+            node[part] = child = dict(child)  # a copy: the file's own mapping stays as read
+            node = child
+        node[path[-1]] = value
     return merged
 
 
@@ -372,8 +419,15 @@ def to_dict(cfg: JobConfig) -> dict[str, Any]:
     return dataclasses.asdict(cfg)
 
 
-def to_yaml(cfg: JobConfig) -> str:
-    return yaml.safe_dump(to_dict(cfg), sort_keys=False, default_flow_style=False)
+def to_yaml(cfg: JobConfig, redact: bool = False) -> str:
+    """The config as YAML. redact: for showing it (dry-run), the value of a secret flag in vllm.extra_args
+    (--hf-token X, --api-key=X) is *** as in the shown commands; the job folder's copy keeps it (resume reads it)."""
+    d = to_dict(cfg)
+    if redact:
+        from launcher.commands import redact_argv  # launcher.commands imports this module
+
+        d["vllm"]["extra_args"] = redact_argv(d["vllm"]["extra_args"])
+    return yaml.safe_dump(d, sort_keys=False, default_flow_style=False)
 
 
 # ----------------------------------------------------------------------------- validation
@@ -432,7 +486,47 @@ _GRPO_NAMED_HERE = {"gradient_checkpointing": "activation_checkpointing"}
 """trl.GRPOConfig fields that have a trainer.* key of another name (set it there, so the loader applies it)."""
 
 
+_CONTROL = re.compile(r"[\x00-\x1f\x7f]")
+_CONTROL_NAMES = {"\n": "a newline (\\n)", "\r": "a carriage return (\\r)", "\x00": "a NUL character (\\0)", "\t": "a tab (\\t)"}
+PASSED_AS_DATA = {"trainer.grpo"}
+"""Keys whose values only travel as data (plan.json -> trl.GRPOConfig) and never reach the sbatch text or a command
+line: a generation stop string may well be a newline there."""
+
+
+def control_character(value: str) -> str | None:
+    """The first control character in value, named for an error message (a newline, a tab, ...); None if none."""
+    m = _CONTROL.search(value)
+    if m is None:
+        return None
+    return _CONTROL_NAMES.get(m.group(), f"a control character (\\x{ord(m.group()):02x})")
+
+
+def _refuse_control_characters(where: str, value: Any) -> None:
+    fix = "config values reach the sbatch header and command lines, remove it"
+    if isinstance(value, str):
+        bad = control_character(value)
+        if bad:
+            raise ConfigError(f"{where}: contains {bad}; {fix}")
+    elif isinstance(value, list):
+        for i, item in enumerate(value):
+            _refuse_control_characters(f"{where}[{i}]", item)
+    elif isinstance(value, dict):
+        for k, item in value.items():
+            bad = control_character(str(k))
+            if bad:
+                raise ConfigError(f"{where} key {str(k)!r}: contains {bad}; {fix}")
+            _refuse_control_characters(f"{where}.{k}", item)
+    elif dataclasses.is_dataclass(value):
+        for f in dataclasses.fields(value):
+            if f"{where}.{f.name}" not in PASSED_AS_DATA:
+                _refuse_control_characters(f"{where}.{f.name}", getattr(value, f.name))
+
+
 def validate(cfg: JobConfig) -> None:
+    # first: a newline in any value (slurm.account: "acme\necho x\n#") would end the sbatch header there and run the
+    # rest as shell on the batch host; sbatch would then drop every later #SBATCH line without a word
+    for name in SECTIONS:
+        _refuse_control_characters(name, getattr(cfg, name))
     s, v, t, j = cfg.slurm, cfg.vllm, cfg.trainer, cfg.job
     _positive("slurm.nodes", s.nodes, "ask for at least one node")
     _positive("slurm.gpus_per_node", s.gpus_per_node, "every node needs GPUs (or CPU slots) for vLLM and the trainer")
@@ -567,8 +661,6 @@ def validate(cfg: JobConfig) -> None:
             )
     if not _NAME.match(j.name):
         raise ConfigError(f"job.name {j.name!r} may use letters, digits, '-', '_' and '.' only (1-64 characters), e.g. grpo-7b")
-    if "\n" in j.job_dir or "\x00" in j.job_dir:
-        raise ConfigError("job.job_dir must not contain a newline or NUL character")
     if j.device not in ("cuda", "cpu"):
         raise ConfigError(f"job.device {j.device!r} must be cuda or cpu")
     if j.device == "cpu" and v.weight_transfer_backend in ("nccl", "ipc"):
@@ -580,7 +672,7 @@ def validate(cfg: JobConfig) -> None:
             "trainer.dtype must be float32 with job.device cpu (vLLM's CPU build and gloo run float32 here); set trainer.dtype: float32"
         )
     _positive("job.node_timeout_s", j.node_timeout_s, "a lost node must be declared lost at some point")
-    if not j.python or any(c in j.python for c in "\n\x00"):
+    if not j.python:
         raise ConfigError("job.python must be a path or name of a Python interpreter")
 
 

@@ -15,7 +15,7 @@ from pathlib import Path
 import jinja2
 
 from launcher.commands import bootstrap_argv
-from launcher.config import ConfigError, JobConfig
+from launcher.config import ConfigError, JobConfig, control_character
 from launcher.jobs import q
 from launcher.topology import Plan
 
@@ -99,6 +99,10 @@ def root_dir(p: Plan, array: ArraySpec | None) -> str:
 def make_executor(cfg: JobConfig, p: Plan, render_only: bool = False, array: ArraySpec | None = None):
     import submitit  # imported here: `slurm-grpo --help` must not pay for it
 
+    root = root_dir(p, array)
+    bad = control_character(root)
+    if bad:  # a folder made from the current directory: job.job_dir itself was checked with the config
+        raise ConfigError(f"job folder {root!r} contains {bad}, which would end the sbatch header there; set job.job_dir")
     cls: type = submitit.SlurmExecutor
     if render_only:
         # submitit refuses to build an executor where there is no `srun` (a laptop doing a dry-run);
@@ -106,7 +110,7 @@ def make_executor(cfg: JobConfig, p: Plan, render_only: bool = False, array: Arr
         cls = type("RenderOnlySlurmExecutor", (submitit.SlurmExecutor,), {"affinity": classmethod(lambda c: 2)})
     # a job's logs go to submitit/<id>/ (submitit makes it after sbatch); an array's tasks all write into submitit/
     # itself (<array>_<task>_...): SLURM does not create folders, and a task may start before anyone could make one
-    folder = Path(root_dir(p, array)) / "submitit"
+    folder = Path(root) / "submitit"
     ex = cls(folder=folder if array else folder / "%j", max_num_timeout=0)
     ex.update_parameters(**executor_parameters(cfg, p, array))
     if array is not None:  # submitit renders --array=0-(count-1)%parallel and per-task log names (%A_%a)

@@ -1,8 +1,12 @@
-"""Golden sbatch files (submitit renders them; we compare line by line), shell-special values stay
-quoted, and the launcher imports neither torch nor vLLM."""
+"""Golden sbatch files (submitit renders them; we compare line by line), the header as sbatch reads it holds every
+directive the config asks for, shell-special values stay quoted, control characters never reach the text, and the
+launcher imports neither torch nor vLLM."""
 
 from __future__ import annotations
 
+import dataclasses
+import itertools
+import json
 import os
 import shlex
 import subprocess
@@ -20,6 +24,13 @@ from .conftest import REPO, cli
 
 GOLDEN = Path(__file__).parent / "golden"
 JOB_DIR = "/shared/runs/job dir with 'quotes'"
+RERECORD = "UPDATE_GOLDEN=1 pytest tests/test_sbatch.py"
+WEIRD = [
+    "slurm.account=acme; rm -rf /",
+    "slurm.constraint=$(whoami)",
+    "slurm.setup_vars={venv: \"/opt/my env/'v'\"}",
+    "slurm.extra_sbatch={comment: 'a \"b\" `c`'}",
+]
 CASES = {
     "smoke_cpu": ("configs/smoke_cpu.yaml", []),
     "gpu_4x8_hpc": ("configs/gpu_7b_4nodes.yaml", []),
@@ -39,36 +50,206 @@ CASES = {
             "slurm.container={runtime: apptainer, image: /shared/images/grpo.sif, mounts: ['/shared:/shared']}",
         ],
     ),
-    "weird_values": (
+    "weird_values": ("configs/gpu_1node.yaml", WEIRD),
+    # qos and account in a header, no --requeue, and a pyxis container given with dotted --set keys
+    "qos_no_requeue": (
         "configs/gpu_1node.yaml",
         [
-            "slurm.account=acme; rm -rf /",
-            "slurm.constraint=$(whoami)",
-            "slurm.setup_vars={venv: \"/opt/my env/'v'\"}",
-            "slurm.extra_sbatch={comment: 'a \"b\" `c`'}",
+            "slurm.account=acme",
+            "slurm.qos=high",
+            "slurm.requeue=false",
+            "slurm.extra_sbatch.reservation=big",
+            "slurm.container.image=/shared/images/grpo.sqsh",
+            "slurm.container.workdir=/shared/slurm-grpo",
         ],
     ),
 }
 
 
-def render(name: str) -> str:
+def load(name: str) -> C.JobConfig:
     path, sets = CASES[name]
-    cfg = C.load(REPO / path, sets + [f"job.job_dir={JOB_DIR}", "job.python=python"])
+    return C.load(REPO / path, sets + [f"job.job_dir={JOB_DIR}", "job.python=python"])
+
+
+def render(name: str) -> str:
+    cfg = load(name)
     return sbatch_text(cfg, plan(cfg, JOB_DIR))
+
+
+def sbatch_words(rest: str) -> list[str]:
+    """One #SBATCH line's words as sbatch splits them (get_argument in SLURM's src/sbatch/opt.c): whitespace
+    separates; '...' or "..." groups up to the same quote (or the line's end); a backslash takes the next character
+    as is, even in quotes; an unquoted # starts a comment; an empty word ends the line."""
+    words: list[str] = []
+    i, n = 0, len(rest)
+    while True:
+        while i < n and rest[i].isspace():
+            i += 1
+        word: list[str] = []
+        quote, escape, comment = "", False, False
+        while i < n and (quote or not rest[i].isspace()):
+            c = rest[i]
+            i += 1
+            if escape:
+                escape = False
+                word.append(c)
+            elif c == "\\":
+                escape = True
+            elif quote:
+                if c == quote:
+                    quote = ""
+                else:
+                    word.append(c)
+            elif c in "'\"":
+                quote = c
+            elif c == "#":
+                comment = True
+                break
+            else:
+                word.append(c)
+        if not word:
+            return words
+        words.append("".join(word))
+        if comment:
+            return words
+
+
+def sbatch_header(text: str) -> dict[str, str | None]:
+    """The directives sbatch reads (_opt_batch_script in src/sbatch/opt.c): lines that start with #SBATCH, up to the
+    first line with anything but blanks before a # (sbatch stops reading directives there, silently); the shebang
+    and other comments are skipped. --flag=value -> {--flag: value}, --flag -> {--flag: None}."""
+    lines = text.split("\n")
+    assert lines[0].startswith("#!"), "sbatch refuses a script without a shebang"
+    out: dict[str, str | None] = {}
+    for line in lines:
+        if not line.startswith("#SBATCH"):
+            if line.strip() and not line.strip().startswith("#"):
+                break
+            continue
+        for word in sbatch_words(line[len("#SBATCH") :]):
+            flag, eq, value = word.partition("=")
+            assert flag not in out, f"{flag} given twice"
+            out[flag] = value if eq else None
+    return out
+
+
+def expected_directives(cfg: C.JobConfig) -> dict[str, str | None]:
+    """What the config asks sbatch for."""
+    s = cfg.slurm
+    want: dict[str, str | None] = {
+        "--job-name": cfg.job.name,
+        "--nodes": str(s.nodes),
+        "--ntasks-per-node": "1",
+        "--gpus-per-node": str(s.gpus_per_node),
+        "--time": s.time,
+        "--signal": f"USR2@{s.signal_seconds}",
+    }
+    for key in ("partition", "account", "qos", "constraint", "mem"):
+        if getattr(s, key):
+            want[f"--{key}"] = getattr(s, key)
+    if s.cpus_per_task:
+        want["--cpus-per-task"] = str(s.cpus_per_task)
+    if s.exclusive:
+        want["--exclusive"] = None
+    if s.requeue:
+        want["--requeue"] = None
+    want.update({f"--{k}": v for k, v in s.extra_sbatch.items()})
+    return want
+
+
+def check_golden(name: str, got: list[str], folder: Path = GOLDEN) -> None:
+    """got must equal the golden file line by line. A missing golden fails; UPDATE_GOLDEN=1 (re)records it."""
+    f = folder / f"{name}.sbatch"
+    if os.environ.get("UPDATE_GOLDEN") == "1":
+        f.write_text("\n".join(got) + "\n")
+        pytest.skip(f"recorded {f}")
+    if not f.exists():
+        pytest.fail(f"golden file {f} is missing; if the case {name!r} is new, record it with {RERECORD} and commit it")
+    want = f.read_text().splitlines()
+    diffs = [
+        f"line {i + 1}: {a!r} -> {b!r}"
+        for i, (a, b) in enumerate(itertools.zip_longest(want, got, fillvalue="(no line)"))
+        if a != b
+    ]
+    assert not diffs, (
+        f"sbatch text of {name!r} changed from {f}:\n" + "\n".join(diffs) + f"\nif intended, re-record with {RERECORD}"
+    )
 
 
 @pytest.mark.parametrize("name", sorted(CASES))
 def test_golden_sbatch(name):
-    got = render(name).splitlines()
-    f = GOLDEN / f"{name}.sbatch"
-    if os.environ.get("UPDATE_GOLDEN") == "1" or not f.exists():
-        f.write_text("\n".join(got) + "\n")
-        pytest.skip(f"recorded {f}")
-    want = f.read_text().splitlines()
-    diffs = [f"line {i + 1}: {a!r} -> {b!r}" for i, (a, b) in enumerate(zip(want, got)) if a != b]
-    if len(want) != len(got):
-        diffs.append(f"{len(want)} lines -> {len(got)} lines")
-    assert not diffs, "sbatch text changed:\n" + "\n".join(diffs) + "\nre-record with UPDATE_GOLDEN=1 pytest tests/test_sbatch.py"
+    check_golden(name, render(name).splitlines())
+
+
+@pytest.mark.parametrize("name", sorted(CASES))
+def test_the_header_sbatch_reads_holds_every_directive_the_config_asks_for(name):
+    cfg, text = load(name), render(name)
+    header = sbatch_header(text)
+    for flag, value in expected_directives(cfg).items():
+        assert flag in header, f"{flag} is not in the header sbatch reads:\n{text}"
+        assert header[flag] == value, (flag, header[flag], value)
+    assert header["--output"].startswith(f"{JOB_DIR}/submitit/")  # type: ignore[union-attr]
+    if not cfg.slurm.requeue:
+        assert "--requeue" not in header
+    # no directive after the header's end, where sbatch would ignore it
+    assert sum(ln.startswith("#SBATCH") for ln in text.splitlines()) == len(header)
+
+
+def test_the_header_check_sees_a_newline_end_the_header():
+    """Negative control of the check above: a config that skips validation (as before issue 23) with a newline in
+    slurm.account renders a script whose header ends at the injected line, dropping every later directive."""
+    cfg = load("gpu_1node")
+    bad = dataclasses.replace(cfg, slurm=dataclasses.replace(cfg.slurm, account="acme\necho INJECTED-RAN\n#"))
+    text = sbatch_text(bad, plan(bad, JOB_DIR))
+    header = sbatch_header(text)
+    assert "echo INJECTED-RAN" in text.splitlines()
+    assert header == {"--account": "acme"}  # the unclosed quote runs to the line's end; sbatch stops at the echo
+    missing = [f for f in expected_directives(cfg) if f not in header]
+    assert {"--nodes", "--gpus-per-node", "--time", "--signal", "--requeue"} <= set(missing), missing
+
+
+@pytest.mark.parametrize(
+    "newline_set,key",
+    [
+        ('slurm.account="acme\\necho INJECTED-RAN\\n#"', "slurm.account"),
+        ('slurm.partition="gpu\\necho INJECTED-RAN"', "slurm.partition"),
+        ('slurm.qos="high\\necho INJECTED-RAN"', "slurm.qos"),
+        ('slurm.constraint="h100\\necho INJECTED-RAN"', "slurm.constraint"),
+        ('slurm.mem="200G\\necho INJECTED-RAN"', "slurm.mem"),
+        ('slurm.extra_sbatch.comment="a\\necho INJECTED-RAN"', "slurm.extra_sbatch.comment"),
+        ('slurm.setup_vars.venv="/v\\necho INJECTED-RAN"', "slurm.setup_vars.venv"),
+        ('slurm.container.image="x.sqsh\\r"', "slurm.container.image"),
+        ('job.job_dir="/shared/runs/a\\nb"', "job.job_dir"),
+    ],
+)
+def test_weird_values_with_a_newline_are_refused(newline_set, key):
+    """The weird_values case plus a newline (or CR): refused naming the key, so no sbatch text is made of it."""
+    path, sets = CASES["weird_values"]
+    with pytest.raises(C.ConfigError, match=rf"^{key}: contains a (newline|carriage return)"):
+        C.load(REPO / path, sets + [newline_set])
+
+
+def test_a_job_folder_made_from_a_directory_with_a_newline_is_refused():
+    # job.job_dir empty: the folder comes from the current directory, which the config check never saw
+    cfg = load("gpu_1node")
+    with pytest.raises(C.ConfigError, match=r"job folder '/tmp/a\\nb/runs/x' contains a newline .*; set job.job_dir"):
+        sbatch_text(cfg, plan(cfg, "/tmp/a\nb/runs/x"))
+
+
+def test_a_missing_golden_fails_with_the_command_that_records_it(tmp_path, monkeypatch):
+    monkeypatch.delenv("UPDATE_GOLDEN", raising=False)
+    with pytest.raises(pytest.fail.Exception, match=r"golden file .*new.sbatch is missing; .*UPDATE_GOLDEN=1 pytest"):
+        check_golden("new", ["a"], tmp_path)
+    assert not (tmp_path / "new.sbatch").exists()
+    (tmp_path / "new.sbatch").write_text("a\nb\n")
+    with pytest.raises(AssertionError) as e:
+        check_golden("new", ["a", "c", "d"], tmp_path)
+    assert "line 2: 'b' -> 'c'" in str(e.value) and "line 3: '(no line)' -> 'd'" in str(e.value)
+    assert RERECORD in str(e.value)
+    monkeypatch.setenv("UPDATE_GOLDEN", "1")
+    with pytest.raises(pytest.skip.Exception):
+        check_golden("new", ["a", "c"], tmp_path)
+    assert (tmp_path / "new.sbatch").read_text() == "a\nc\n"
 
 
 def test_sbatch_shape():
@@ -109,12 +290,36 @@ def test_launcher_imports_neither_torch_nor_vllm():
     assert r.returncode == 0, f"launcher imported {r.stdout.strip()}"
 
 
+MODEL_SHAPE = {  # Qwen2-0.5B's decoder shape: the memory estimate and the TP check read only config.json
+    "hidden_size": 896,
+    "num_hidden_layers": 24,
+    "intermediate_size": 4864,
+    "vocab_size": 151936,
+    "num_attention_heads": 14,
+    "num_key_value_heads": 2,
+}
+
+
 @pytest.mark.parametrize("path", sorted(str(p.relative_to(REPO)) for p in (REPO / "configs").glob("*.yaml")))
-def test_every_example_config_dry_runs(path):
-    r = cli("dry-run", path)
+def test_every_example_config_dry_runs(path, tmp_path):
+    # vllm.model pointed at a folder made here: the output must not depend on a model some earlier run left in /tmp
+    model = tmp_path / "model"
+    model.mkdir()
+    (model / "config.json").write_text(json.dumps(MODEL_SHAPE))
+    r = cli("dry-run", path, "--set", f"vllm.model={model}", env={"HF_HUB_OFFLINE": "1"})
     assert r.returncode == 0, r.stderr
     assert "# sbatch text" in r.stdout and "#SBATCH --nodes=" in r.stdout
     assert "vllm.entrypoints.openai.api_server" in r.stdout and "torch.distributed.run" in r.stdout
+    assert f"--model {model}" in r.stdout
+    assert "no estimate" not in r.stdout  # the memory estimate was made from the config.json above
+
+
+def test_the_dry_runs_commands_hide_a_token_given_in_extra_args():
+    cfg = C.load(REPO / "configs/gpu_1node.yaml", ["vllm.extra_args=[--hf-token, hf_SECRET, --api-key=k3y]", "job.job_dir=/j"])
+    out = render_dry_run(cfg, plan(cfg, "/j"))
+    commands = out.split("# per-node commands")[1]
+    assert "--hf-token '***' '--api-key=***'" in commands
+    assert "hf_SECRET" not in commands and "k3y" not in commands
 
 
 def test_dry_run_256_nodes_prints_the_pattern():
@@ -124,9 +329,7 @@ def test_dry_run_256_nodes_prints_the_pattern():
     assert "node 255 trainer" in out and "--node-rank 255" in out
 
 
-def test_a_container_config_survives_the_plan_round_trip_and_the_nodes_find_the_first_host_without_scontrol():
-    import json
-
+def test_a_container_config_survives_the_plan_round_trip_and_the_nodes_find_the_first_host_without_scontrol(monkeypatch):
     from launcher.topology import Plan
 
     path, sets = CASES["pyxis"]
@@ -136,8 +339,5 @@ def test_a_container_config_survives_the_plan_round_trip_and_the_nodes_find_the_
     assert back == p and back.config.slurm.container.image == "nvcr.io#nvidia/pytorch:25.01-py3"
     from launcher.bootstrap import rendezvous_host
 
-    os.environ["SLURM_GRPO_FIRST_NODE"] = "gpu-017"  # what the batch script exported on the host
-    try:
-        assert rendezvous_host(back) == "gpu-017"
-    finally:
-        del os.environ["SLURM_GRPO_FIRST_NODE"]
+    monkeypatch.setenv("SLURM_GRPO_FIRST_NODE", "gpu-017")  # what the batch script exported on the host
+    assert rendezvous_host(back) == "gpu-017"
