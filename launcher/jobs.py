@@ -172,7 +172,7 @@ def status(job_dir: Path) -> str:
     jid = (job_dir / "job_id").read_text().strip() if (job_dir / "job_id").is_file() else None
     if jid:
         lines.append(f"SLURM job {jid}:")
-        states = slurm_state(jid)
+        states = slurm_state(jid) or [f"(sacct has no record of job {jid}; is this the cluster it was submitted to?)"]
         lines += ["  " + ln.replace("|", "  ") for ln in states]
         main = next((ln.split("|") for ln in states if ln.split("|")[0] == jid), None)
         hint = next_step(job_dir, main[1], plan.config.slurm) if main and len(main) > 1 else None

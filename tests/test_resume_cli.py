@@ -41,7 +41,7 @@ def checkpoint(d: Path, step: int) -> None:
     (ck / "meta.json").write_text(json.dumps({"step": step, "world_size": 6}))
 
 
-def test_resume_on_fewer_nodes_keeps_the_folder_and_its_config(job_dir, capsys):
+def test_resume_on_fewer_nodes_keeps_the_folder_and_its_config(job_dir, fake_slurm: FakeSlurm, capsys):
     checkpoint(job_dir, 8)
     (job_dir / "checkpoints" / "step-000012.tmp").mkdir()  # an interrupted write never counts
     assert cli.main(["resume", str(job_dir), "--set", "slurm.nodes=2", "--dry-run"]) == 0
@@ -49,11 +49,13 @@ def test_resume_on_fewer_nodes_keeps_the_folder_and_its_config(job_dir, capsys):
     assert f"# would resume {job_dir} from step 8 (step-000008) on 2 nodes x 2 ranks" in out, out
     assert "max_steps: 40" in out and "resume: true" in out  # the folder's own config, resume forced on
     assert f"job_dir: {job_dir}" in out
+    assert fake_slurm.calls() == []  # a dry-run asks SLURM nothing
 
 
-def test_resume_without_a_checkpoint_says_what_to_do(job_dir, capsys):
-    assert cli.main(["resume", str(job_dir), "--dry-run"]) == 2
+def test_resume_without_a_checkpoint_says_what_to_do(job_dir, fake_slurm: FakeSlurm, capsys):
+    assert cli.main(["resume", str(job_dir)]) == 2
     assert "has no complete checkpoint" in capsys.readouterr().err
+    assert fake_slurm.calls() == []
 
 
 def test_resume_submits_the_folder_again_on_the_nodes_asked_for(job_dir, fake_slurm: FakeSlurm, capsys):
@@ -141,6 +143,9 @@ def test_status_says_when_sacct_cannot_answer(job_dir, fake_slurm: FakeSlurm):
     fake_slurm.answer("sacct", stderr="sacct: error: Slurm accounting storage is disabled\n", rc=1)
     text = jobs.status(job_dir)
     assert "(sacct failed: sacct: error: Slurm accounting storage is disabled)" in text and "next:" not in text, text
+    fake_slurm.answer("sacct")  # it answers, with no row for the job
+    text = jobs.status(job_dir)
+    assert "SLURM job 77:\n  (sacct has no record of job 77; is this the cluster it was submitted to?)" in text, text
 
 
 def test_resume_sets_aside_the_lost_attempts_later_steps(tmp_path):
