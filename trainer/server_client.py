@@ -3,9 +3,12 @@ failure raises ServerError naming the node, the URL, the route and the training 
 
 from __future__ import annotations
 
+import json
+import time
 from typing import Any
 
 import requests
+import urllib3
 
 
 class ServerError(RuntimeError):
@@ -33,11 +36,19 @@ class ServerClient:
         step: int = 0,
         headers: dict[str, str] | None = None,
     ) -> Any:
-        """step: the training step, named in errors so they say when they happened."""
+        """step: the training step, named in errors so they say when they happened. The deadline (timeout_s, else
+        trainer.request_timeout_s) is the whole answer's: a server that stalls, or one that trickles its answer, is
+        cut off when it passes (each read waits at most the time left)."""
         timeout = timeout_s or self.timeout_s
+        deadline = time.monotonic() + timeout
         try:
             r = self.session.request(
-                method, self.base_url + route, json=body, headers=headers, timeout=(min(10.0, timeout), timeout)
+                method,
+                self.base_url + route,
+                json=body,
+                headers=headers,
+                timeout=(min(10.0, timeout), timeout),
+                stream=True,  # the body is read below, against the deadline
             )
         except requests.Timeout:
             raise self._fail(route, f"no answer within {timeout:.0f} s", step) from None
@@ -45,13 +56,48 @@ class ServerClient:
             if "timed out" in str(e):  # the answer began, then stopped: requests wraps that read timeout as this
                 raise self._fail(route, f"no answer within {timeout:.0f} s (the answer stopped part way)", step) from None
             raise self._fail(route, f"connection failed ({e.__class__.__name__}); is the server still running?", step) from None
+        try:
+            data = self._read_body(r, deadline, timeout)
+        except TimeoutError as e:  # urllib3's ReadTimeoutError, or ours
+            raise self._fail(route, f"no answer within {timeout:.0f} s ({e})", step) from None
+        except (urllib3.exceptions.HTTPError, OSError) as e:
+            raise self._fail(route, f"connection failed ({e.__class__.__name__}); is the server still running?", step) from None
+        finally:
+            r.close()
         self.requests_sent += 1
         if r.status_code != 200:
-            raise self._fail(route, f"HTTP {r.status_code}: {r.text[:500]}", step)
+            raise self._fail(route, f"HTTP {r.status_code}: {data.decode(r.encoding or 'utf-8', 'replace')[:500]}", step)
         try:
-            return r.json()
+            return json.loads(data)
         except ValueError:
-            return r.text
+            return data.decode(r.encoding or "utf-8", "replace")
+
+    @staticmethod
+    def _read_body(r: requests.Response, deadline: float, timeout: float) -> bytes:
+        """The whole body by the deadline: each read waits at most the time left (a stalled server), and the time
+        is checked between reads (a trickling one, whose every read returns a little)."""
+        parts: list[bytes] = []
+        last = time.monotonic()
+
+        def late() -> TimeoutError:  # the wording only: quiet for half the deadline or more is a stall
+            stalled = time.monotonic() - last >= timeout / 2
+            return TimeoutError("the answer stopped part way" if stalled else "the answer was still arriving, too slowly")
+
+        while True:
+            left = deadline - time.monotonic()
+            if left <= 0:
+                raise late()
+            conn = r.raw.connection
+            if conn is not None and conn.sock is not None:
+                conn.sock.settimeout(left)
+            try:
+                chunk = r.raw.read1(1 << 16, decode_content=True)
+            except urllib3.exceptions.ReadTimeoutError:
+                raise late() from None
+            if not chunk:
+                return b"".join(parts)
+            parts.append(chunk)
+            last = time.monotonic()
 
     def post(
         self, route: str, body: dict | None = None, timeout_s: float | None = None, step: int = 0, engine: int | None = None
