@@ -278,7 +278,7 @@ class NodeLocalGeneration:
             push_s = self.pusher.push(step, keep_in_flight=in_flight)
             after = self.parity.check(step, kind="after_push")
         except ServerError as e:
-            raise ServerError(f"weight push at step {step} (node {self.par.node}) failed: {e}") from None
+            raise ServerError(f"weight push at step {step} (node {self.par.node}) failed: {e}") from e
         if self.par.is_leader:
             self.stats.update(
                 push_s=push_s, parity=after, parity_stale=stale, parity_engines=self.parity.history[-1]["per_engine"]

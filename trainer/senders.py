@@ -186,7 +186,7 @@ class BroadcastSender:
                     f"node {self.client.node}: sending weights ({self.backend}) to the vLLM server "
                     f"{self.client.base_url} failed at step {step}: {str(e).splitlines()[0]} "
                     f"(see logs/node{self.client.node}-vllm.log)"
-                ) from None
+                ) from e
 
         call_while(self.client, "/update_weights", {"update_info": update_info(meta)}, self.timeout_s, step, send, self.device)
         self.client.post("/finish_weight_update", {}, step=step)
@@ -283,18 +283,25 @@ class NcclSender(BroadcastSender):
             )
 
     def broadcast_all(self, params: Params) -> None:
-        from vllm.distributed.weight_transfer.packed_tensor import packed_nccl_broadcast_producer
+        nccl_broadcast_packed(self.comm, params, self.bucket_bytes)
 
-        # vLLM makes the chunk's stream current around pack + broadcast and restores it; the FSDP gathers of
-        # the next chunk run there too
-        packed_nccl_broadcast_producer(
-            iterator=params,
-            group=self.comm,
-            src=0,
-            post_iter_func=lambda item: item[1],
-            buffer_size_bytes=self.bucket_bytes,
-            num_buffers=2,
-        )
+
+def nccl_broadcast_packed(group, params: Params, bucket_bytes: int) -> None:
+    """The leader's side of a packed nccl push: vLLM's packed producer, with the geometry of the init info (2 buffers).
+    It makes a chunk slot's side stream current around packing + broadcasting that chunk, and the parameters of the
+    next chunk are pulled there too: `params` must hand each tensor over to whichever stream is current when it is
+    pulled (trainer.weight_push.iter_unsharded_params does). group: PyNcclCommunicator (anything with its
+    broadcast(tensor, src) on the current stream)."""
+    from vllm.distributed.weight_transfer.packed_tensor import packed_nccl_broadcast_producer
+
+    packed_nccl_broadcast_producer(
+        iterator=params,
+        group=group,
+        src=0,
+        post_iter_func=lambda item: item[1],
+        buffer_size_bytes=bucket_bytes,
+        num_buffers=2,
+    )
 
 
 # ----------------------------------------------------------------------------- ipc
