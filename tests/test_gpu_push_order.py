@@ -277,4 +277,5 @@ def test_push_memory_and_time_per_stream(sharded):
             push_s=[round(t, 4) for t in times],
             mismatched_without_delay=bad,
         )
+        del group  # its clones sit in the producer streams' pools: not part of the next walk's figures
     assert bad == [], f"ordered, without any delay, {len(bad)} tensors differ: {bad}"
