@@ -63,7 +63,10 @@ def node_index(arg: int | None) -> int:
     if arg is not None:
         return arg
     if "SLURM_NODEID" in os.environ:
-        return int(os.environ["SLURM_NODEID"])
+        value = os.environ["SLURM_NODEID"]
+        if not value.strip().isdigit():
+            raise ConfigError(f"SLURM_NODEID={value!r} is not a node index; pass --node N")
+        return int(value)
     return 0
 
 
@@ -394,8 +397,12 @@ def sweep_point_plan(sweep_dir: str) -> str:
     from launcher.sweep import point_dir
 
     task = os.environ.get("SLURM_ARRAY_TASK_ID")
-    if task is None or not task.isdigit():
+    if task is None:
         raise ConfigError(f"--sweep {sweep_dir}: SLURM_ARRAY_TASK_ID is not set; a sweep runs as a SLURM job array")
+    if not task.isdigit():
+        raise ConfigError(
+            f"--sweep {sweep_dir}: SLURM_ARRAY_TASK_ID={task!r} is not a task index; a sweep runs as a SLURM job array"
+        )
     return str(point_dir(Path(sweep_dir), int(task)) / "plan.json")
 
 
@@ -411,12 +418,17 @@ def main(argv: list[str] | None = None) -> int:
         ap.error("give a plan.json or --sweep DIR")
     try:
         p = Plan.load(a.plan or sweep_point_plan(a.sweep))
+        node = node_index(a.node)
     except ConfigError as e:
         print(f"bootstrap: {e}", file=sys.stderr)
         return 2
-    node = node_index(a.node)
     if not 0 <= node < p.num_nodes:
-        print(f"bootstrap: node index {node} is outside the plan's {p.num_nodes} nodes", file=sys.stderr)
+        source = "--node" if a.node is not None else "$SLURM_NODEID"
+        print(
+            f"bootstrap: node index {node} ({source}) is outside the plan's {p.num_nodes} node(s), 0..{p.num_nodes - 1}; "
+            f"run it in the job's own allocation (srun sets SLURM_NODEID per node) or pass --node 0..{p.num_nodes - 1}",
+            file=sys.stderr,
+        )
         return 2
     return run_node(p, node)
 

@@ -208,19 +208,34 @@ class Progress(threading.Thread):
             seen = len(rows)
 
 
+def vllm_start_note(cfg: JobConfig) -> str:
+    """What the wait for the first server takes on this run's device (measured: 45-100 s on 2 CPU cores, 100-150 s on
+    an H200, see README and gpu/RESULTS.md)."""
+    if cfg.job.device == "cpu":
+        return "vLLM start takes about a minute on CPU"
+    if "--enforce-eager" in cfg.vllm.extra_args:
+        return "vLLM start on a GPU: imports and loading the weights (--enforce-eager: no torch.compile, no CUDA graphs)"
+    return "vLLM start takes a few minutes on a GPU: imports, loading the weights, torch.compile and CUDA graph capture"
+
+
 def cmd_local(a: argparse.Namespace) -> int:
     from launcher.bootstrap import run_node
     from launcher.jobdir import make_plan, write_job_dir
+    from launcher.preflight import local_problems
 
     cfg = _load(a)
     if cfg.slurm.nodes != 1:
         print(f"local: running as one node (the config asks for {cfg.slurm.nodes}; slurm.nodes is ignored here)")
         cfg = _load(a, **{"slurm.nodes": 1})
     p = make_plan(cfg)
+    problems = local_problems(cfg)
+    if problems:  # before the job folder and the server: a typo must not cost a vLLM start
+        raise ConfigError("; ".join(problems))
+    for line in plan_report(p):
+        if line.startswith("WARNING"):
+            print(line, file=sys.stderr)
     d = write_job_dir(cfg, p)
-    print(
-        f"job folder: {q(d)}\n" + node_table(p) + f"\nlogs: {q(d / 'logs')}/ (vLLM start takes about a minute on CPU)", flush=True
-    )
+    print(f"job folder: {q(d)}\n" + node_table(p) + f"\nlogs: {q(d / 'logs')}/ ({vllm_start_note(cfg)})", flush=True)
     prog = Progress(d, cfg.trainer.max_steps)
     prog.start()
     t0 = time.time()

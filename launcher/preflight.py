@@ -3,12 +3,15 @@ readable there. A missing model or a malformed data line then fails in seconds, 
 file, instead of after a minute of vLLM start-up or inside a torchrun traceback.
 
 `submit_path_problems` runs the same checks on the submit host before sbatch (plus: reward modules importable,
-the setup venv present), so a typo fails at once instead of after the job waited in the queue."""
+the setup venv present), so a typo fails at once instead of after the job waited in the queue. `local_problems` runs
+them before `slurm-grpo local` starts anything, and resolves the rewards as the trainer will (this host runs it)."""
 
 from __future__ import annotations
 
 import importlib.util
 import json
+import subprocess
+import sys
 from pathlib import Path
 
 from launcher.config import JobConfig
@@ -117,14 +120,20 @@ def reward_module_problem(entry: str) -> str | None:
     )
 
 
-def submit_path_problems(config: JobConfig) -> list[str]:
-    """What the nodes would find missing, checked on the submit host: each a one-line error."""
+def input_problems(config: JobConfig) -> list[str]:
+    """The nodes' own checks (model folder, dataset), run on this host: each a one-line error."""
     problems = []
     for check in (lambda: check_model(config.vllm.model), lambda: check_dataset(config.trainer.dataset)):
         try:
             check()
         except PreflightError as e:
             problems.append(str(e).replace(" on this node", " on this host"))
+    return problems
+
+
+def submit_path_problems(config: JobConfig) -> list[str]:
+    """What the nodes would find missing, checked on the submit host: each a one-line error."""
+    problems = input_problems(config)
     problems += [p for p in map(reward_module_problem, config.trainer.reward_funcs) if p]
     venv = config.slurm.setup_vars.get("venv", "")
     if venv and not (Path(venv).expanduser() / "bin" / "activate").is_file():
@@ -132,3 +141,37 @@ def submit_path_problems(config: JobConfig) -> list[str]:
             f"slurm.setup_vars.venv {venv!r}: no bin/activate there; create it (python -m venv {venv}) or fix the path"
         )
     return problems
+
+
+REWARD_CHECK_TIMEOUT_S = 300
+
+
+def reward_import_problems(entries: list[str], python: str = sys.executable) -> list[str]:
+    """The 'pkg.module:function' rewards resolved exactly as this host's trainer ranks will (trainer.rewards, in a
+    child of the ranks' interpreter, cwd and environment: the modules' own imports stay out of the launcher), so a
+    module that cannot be imported or lacks the function fails before vLLM starts. Each problem one line."""
+    dotted = [e for e in entries if ":" in e]
+    if not dotted:
+        return []
+    argv = [python, "-m", "trainer.rewards", *dotted]
+    try:
+        r = subprocess.run(argv, capture_output=True, text=True, timeout=REWARD_CHECK_TIMEOUT_S, stdin=subprocess.DEVNULL)
+    except subprocess.TimeoutExpired:
+        return [
+            f"trainer.reward_funcs {dotted}: importing them took over {REWARD_CHECK_TIMEOUT_S} s here; fix the module's imports"
+        ]
+    lines = r.stdout.strip().splitlines()
+    try:
+        found = json.loads(lines[-1]) if lines else None
+    except ValueError:
+        found = None
+    if isinstance(found, list) and (found or r.returncode == 0):
+        return [str(x) for x in found]
+    last = (r.stderr.strip().splitlines() or ["(no output)"])[-1]
+    return [f"trainer.reward_funcs {dotted}: checking them with `{' '.join(argv[:3])}` failed (exit {r.returncode}: {last})"]
+
+
+def local_problems(config: JobConfig, python: str = sys.executable) -> list[str]:
+    """What `slurm-grpo local` would find only after vLLM started: the nodes' checks, run here, and the rewards
+    resolved as the trainer will. (No venv check: local runs in this interpreter.)"""
+    return input_problems(config) + reward_import_problems(config.trainer.reward_funcs, python)

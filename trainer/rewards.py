@@ -1,10 +1,26 @@
 """Rewards: built-ins for the synthetic task a tiny random model learns in tens of CPU steps, and user
-rewards by dotted path 'pkg.module:function' (TRL's signature: f(completions, **kwargs) -> list[float])."""
+rewards by dotted path 'pkg.module:function' (TRL's signature: f(completions, **kwargs) -> list[float]).
+
+`resolve` wraps every reward so that one which raises names itself in the error the run stops with:
+"reward 'pkg.mod:fn' raised ValueError at step 2 on node 0: ...", the function's own frames below it.
+
+    python -m trainer.rewards pkg.mod:fn ...   resolve each as the trainer does; print the problems (slurm-grpo local)
+"""
 
 from __future__ import annotations
 
+import functools
 import importlib
+import inspect
+import json
+import os
+import sys
+import traceback
 from collections.abc import Callable
+from typing import Any
+
+NODE_ENV = "SLURM_GRPO_NODE"
+"""Set for the trainer ranks by launcher.commands: the node they run on."""
 
 
 def _text(c) -> str:
@@ -29,7 +45,16 @@ def short_completion(completions, **kwargs) -> list[float]:
 BUILTIN: dict[str, Callable] = {"letter_a_fraction": letter_a_fraction, "short_completion": short_completion}
 
 
-def resolve(name: str) -> Callable:
+class RewardError(RuntimeError):
+    """A reward function raised. The first line names the reward, the exception, the step and the node (the node's
+    bootstrap shows it as the trainer's root cause); the lines after it are the reward's own traceback."""
+
+    def __init__(self, message: str, original: BaseException):
+        super().__init__(message)
+        self.original = original
+
+
+def _find(name: str) -> Callable:
     if name in BUILTIN:
         return BUILTIN[name]
     if ":" not in name:
@@ -41,7 +66,75 @@ def resolve(name: str) -> Callable:
         raise ValueError(
             f"reward {name!r}: cannot import module {mod_name!r} ({e}); is it on PYTHONPATH on every node?"
         ) from None
+    except Exception as e:  # the module itself is broken: a syntax error, an import-time failure
+        first = str(e).splitlines()[0] if str(e) else ""
+        raise ValueError(
+            f"reward {name!r}: importing module {mod_name!r} raised {type(e).__name__}: {first}; fix the module"
+        ) from None
     fn = getattr(mod, fn_name, None)
     if not callable(fn):
         raise ValueError(f"reward {name!r}: module {mod_name!r} has no function {fn_name!r}")
     return fn
+
+
+def _failure(name: str, node: str | None, e: Exception, kwargs: dict[str, Any]) -> RewardError:
+    # TRL passes its TrainerState; global_step counts the finished steps, so the step being scored is the next one
+    # (metrics.jsonl's numbering, whose first step is 1)
+    done = getattr(kwargs.get("trainer_state"), "global_step", None)
+    where = (f" at step {done + 1}" if isinstance(done, int) else "") + (f" on node {node}" if node is not None else "")
+    text = str(e).splitlines()[0] if str(e) else "(no message)"
+    frames = traceback.format_tb(e.__traceback__.tb_next if e.__traceback__ else None)  # from the reward's own frame down
+    tb = "".join(frames).rstrip()
+    return RewardError(
+        f"reward {name!r} raised {type(e).__name__}{where}: {text}" + (f"\n  the reward's traceback:\n{tb}" if tb else ""), e
+    )
+
+
+def resolve(name: str, node: int | str | None = None) -> Callable:
+    """The reward function for a config entry (a built-in name or 'pkg.module:function'), wrapped so that an
+    exception it raises becomes a RewardError naming it, the step and the node. ValueError if it cannot be found.
+    node: the node named in that error; default $SLURM_GRPO_NODE (the trainer ranks'), else none."""
+    fn = _find(name)
+    where = str(node) if node is not None else os.environ.get(NODE_ENV)
+    # raise ... from None: the traceback's first exception line is then the named one, which the bootstrap's
+    # root_cause reports; the reward's own frames are in the message
+    if inspect.iscoroutinefunction(fn) or inspect.iscoroutinefunction(type(fn).__call__):
+
+        async def named_async(*args, **kwargs):
+            try:
+                return await fn(*args, **kwargs)
+            except Exception as e:
+                raise _failure(name, where, e, kwargs) from None
+
+        wrapper: Callable = named_async
+    else:
+
+        def named(*args, **kwargs):
+            try:
+                return fn(*args, **kwargs)
+            except Exception as e:
+                raise _failure(name, where, e, kwargs) from None
+
+        wrapper = named
+    functools.update_wrapper(wrapper, fn)  # TRL names its reward metrics by __name__ (rewards/<name>/mean)
+    if not hasattr(fn, "__name__"):  # a callable instance: TRL would name it by its class
+        wrapper.__name__ = type(fn).__name__
+    return wrapper
+
+
+def problems(names: list[str]) -> list[str]:
+    """Each reward that `resolve` cannot find, as one line naming the config key and the fix."""
+    out = []
+    for name in names:
+        try:
+            _find(name)
+        except ValueError as e:
+            out.append(f"trainer.reward_funcs: {e}")
+    return out
+
+
+if __name__ == "__main__":
+    # the last stdout line is the JSON list of problems (the module's own imports may print before it)
+    found = problems(sys.argv[1:])
+    print(json.dumps(found), flush=True)
+    sys.exit(1 if found else 0)

@@ -1,0 +1,87 @@
+"""Process-boundary fakes for the unit tier's bootstrap and `local` tests: free ports, an environment without a
+surrounding SLURM allocation, and a fake vLLM server, a package `vllm` first on PYTHONPATH, so the bootstrap's own
+`python -m vllm.entrypoints.openai.api_server ...` starts it instead of the real server."""
+
+from __future__ import annotations
+
+import os
+import socket
+from contextlib import ExitStack
+from dataclasses import dataclass
+from pathlib import Path
+
+
+def free_ports(n: int) -> list[int]:
+    """n distinct ports free on 127.0.0.1 right now (all held until all are picked, so no two are the same)."""
+    with ExitStack() as stack:
+        socks = [stack.enter_context(socket.socket()) for _ in range(n)]
+        for s in socks:
+            s.bind(("127.0.0.1", 0))
+        return [s.getsockname()[1] for s in socks]
+
+
+def port_sets(n: int = 3) -> list[str]:
+    """--set values for the three ports of a one-node plan (vllm.port, trainer.rendezvous_port,
+    trainer.weight_transfer_port), each free now."""
+    a, b, c = free_ports(n)
+    return [f"vllm.port={a}", f"trainer.rendezvous_port={b}", f"trainer.weight_transfer_port={c}"]
+
+
+def clean_env(**extra: str) -> dict[str, str]:
+    """This process's environment without a surrounding SLURM allocation's variables (a test run inside one must
+    not make the bootstrap think it is node 3 of someone's job), plus `extra`."""
+    env = {k: v for k, v in os.environ.items() if not k.startswith(("SLURM_", "SBATCH_", "SRUN_", "SALLOC_"))}
+    env.update(extra)
+    return env
+
+
+SERVER = """\
+import http.server, os, sys
+with open({marker!r}, "a") as f:
+    f.write(f"{{os.getpid()}} {{' '.join(sys.argv[1:])}}\\n")
+print({say!r}, flush=True)
+if {code!r} is not None:
+    sys.exit({code!r})
+port = int(sys.argv[sys.argv.index("--port") + 1])
+
+
+class NotReady(http.server.BaseHTTPRequestHandler):
+    def do_GET(self):
+        self.send_response(503)
+        self.end_headers()
+
+    def log_message(self, *args):
+        pass
+
+
+http.server.HTTPServer(("127.0.0.1", port), NotReady).serve_forever()
+"""
+
+
+@dataclass
+class FakeVllm:
+    """A fake vLLM server package under `root`: put `root` first on PYTHONPATH. Every start appends
+    'PID ARGV...' to `marker`."""
+
+    root: Path
+    marker: Path
+
+    @property
+    def starts(self) -> list[str]:
+        return self.marker.read_text().splitlines() if self.marker.exists() else []
+
+    def pythonpath(self) -> str:
+        return os.pathsep.join([str(self.root), *filter(None, [os.environ.get("PYTHONPATH")])])
+
+
+def fake_vllm(tmp_path: Path, say: str, exit_code: int | None) -> FakeVllm:
+    """A server that prints `say` and exits with `exit_code`, or (None) listens on its --port and answers every
+    request (/health included) with 503, as a server still loading, forever."""
+    root = tmp_path / "fake-vllm"
+    pkg = root / "vllm" / "entrypoints" / "openai"
+    pkg.mkdir(parents=True, exist_ok=True)
+    for d in (root / "vllm", root / "vllm" / "entrypoints", pkg):
+        (d / "__init__.py").write_text("")
+    marker = tmp_path / "fake-vllm-starts.txt"
+    (pkg / "api_server.py").write_text(SERVER.format(marker=str(marker), say=say, code=exit_code))
+    return FakeVllm(root, marker)
