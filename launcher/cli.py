@@ -87,7 +87,7 @@ def _env_prefix(env: dict[str, str]) -> str:
 def render_dry_run(cfg: JobConfig, p: Plan) -> str:
     from launcher.submit import sbatch_text
 
-    out = ["# resolved config", config_mod.to_yaml(cfg).rstrip(), "", "# plan"]
+    out = ["# resolved config", config_mod.to_yaml(cfg, redact=True).rstrip(), "", "# plan"]
     out += [f"  {d}" for d in p.derivation]
     out += [
         "",

@@ -319,7 +319,8 @@ def test_the_dry_runs_commands_hide_a_token_given_in_extra_args():
     out = render_dry_run(cfg, plan(cfg, "/j"))
     commands = out.split("# per-node commands")[1]
     assert "--hf-token '***' '--api-key=***'" in commands
-    assert "hf_SECRET" not in commands and "k3y" not in commands
+    # nowhere in the output: not in the resolved config, the table or the sbatch text either
+    assert "hf_SECRET" not in out and "k3y" not in out
 
 
 def test_dry_run_256_nodes_prints_the_pattern():
