@@ -304,6 +304,17 @@ def cmd_sweep(a: argparse.Namespace) -> int:
     return 0
 
 
+def positive_int(text: str) -> int:
+    """argparse type: a count of at least 1 (`--lines 0` would otherwise print whole files)."""
+    try:
+        n = int(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"{text!r} is not a whole number") from None
+    if n < 1:
+        raise argparse.ArgumentTypeError(f"{n} is below 1; give how many lines to print, e.g. --lines 50")
+    return n
+
+
 def cmd_sync(a: argparse.Namespace) -> int:
     """Upload a job's offline W&B run (every attempt's part) from a host that reaches the Internet."""
     import shutil
@@ -312,6 +323,8 @@ def cmd_sync(a: argparse.Namespace) -> int:
     from launcher.jobdir import WANDB_ID_FILE
 
     d = find_job_dir(a.job)
+    if (d / "sweep.json").is_file():
+        raise ConfigError(f"{q(d)} is a sweep folder: sync one of its points, e.g. slurm-grpo sync {q(d / 'point-000')}")
     parts = sorted((d / "wandb").glob("offline-run-*"))
     if not parts:
         raise ConfigError(
@@ -408,7 +421,7 @@ def build_parser() -> argparse.ArgumentParser:
         p.add_argument("job", help="job folder (runs/NAME-STAMP) or SLURM job id")
         if name == "logs":
             p.add_argument("--node", type=int, default=None, help="only this node's logs")
-            p.add_argument("-n", "--lines", type=int, default=30, help="lines per log (default 30)")
+            p.add_argument("-n", "--lines", type=positive_int, default=30, help="lines per log (default 30)")
         p.set_defaults(fn=fn)
     # the builder needs torch, which launcher/ never imports: it runs as `python -m trainer.tiny_model`,
     # which owns the options (and the --help) passed through here

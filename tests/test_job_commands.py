@@ -301,3 +301,20 @@ def test_the_fresh_machine_wrapper_refuses_to_run_when_a_slurm_command_stays_vis
     (msg,) = [ln for ln in r.stderr.splitlines() if "SLURM is still reachable after hiding it:" in ln]
     assert r.returncode == 1 and f" {srun} " in msg.split("hiding it:")[1].split(";")[0] + " ", r.stderr
     assert not (tmp_path / "ran").exists()
+
+
+def test_logs_line_count_below_one_is_refused(logged_job, capsys):
+    with pytest.raises(SystemExit) as e:
+        cli_main(["logs", str(logged_job), "--lines", "0"])
+    assert e.value.code == 2
+    assert "--lines: 0 is below 1; give how many lines to print, e.g. --lines 50" in capsys.readouterr().err
+
+
+def test_sync_of_a_sweep_folder_names_a_point_to_sync(tmp_path, fake_slurm: FakeSlurm, capsys):
+    fake_slurm.add("wandb")
+    sweep = tmp_path / "sweep"
+    make_job(sweep / "point-000")
+    (sweep / "sweep.json").write_text(json.dumps({"grid": {}, "points": []}))
+    assert cli_main(["sync", str(sweep)]) == 2
+    assert f"is a sweep folder: sync one of its points, e.g. slurm-grpo sync {q(sweep / 'point-000')}" in capsys.readouterr().err
+    assert fake_slurm.calls() == []
