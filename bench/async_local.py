@@ -23,7 +23,7 @@ import time
 from pathlib import Path
 
 from launcher.cli import cli_argv
-from launcher.jobs import read_jsonl
+from launcher.status import read_jsonl
 
 REPO = Path(__file__).resolve().parent.parent
 

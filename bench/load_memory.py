@@ -21,7 +21,7 @@ import tempfile
 import time
 from pathlib import Path
 
-from bench.ranks import cpu_parallel, run_ranks
+from tests.support.ranks import cpu_parallel, run_ranks
 from trainer.procmem import reset_peak, status_mb
 
 MB = 1024 * 1024

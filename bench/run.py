@@ -25,13 +25,13 @@ import tempfile
 import time
 from pathlib import Path
 
-from launcher import config as C
-from launcher.bootstrap import wait_healthy
 from launcher.cli import cli_argv
-from launcher.commands import vllm_command
-from launcher.jobs import read_jsonl, startup_phases
-from launcher.procs import Proc
-from launcher.topology import plan
+from launcher.core import config as C
+from launcher.core.plan import plan
+from launcher.node.bootstrap import wait_healthy
+from launcher.node.commands import vllm_command
+from launcher.node.procs import Proc
+from launcher.status import read_jsonl, startup_phases
 
 REPO = Path(__file__).resolve().parent.parent
 PY = sys.executable
@@ -133,7 +133,7 @@ def bench_push_and_generation(work: Path, repeats: int) -> dict:
 
 def bench_dry_run() -> dict:
     from launcher.cli import render_dry_run
-    from launcher.jobdir import make_plan
+    from launcher.core.jobdir import make_plan
 
     out = {}
     for n in (1, 16, 256):

@@ -11,8 +11,8 @@
               stock: gather of the whole batch to rank 0, one request to one server, broadcast to all
               ours, one node: node 0's half of the batch while node 1 idles (as for the push)
 
-The same code the trainer runs (trainer.parallel.shard_model, trainer.weight_push.NodePusher,
-trainer.generation.node_generate, trainer.server_client.ServerClient). Writes one JSON to argv[1].
+The same code the trainer runs (trainer.parallel.shard_model, trainer.push.pusher.NodePusher,
+trainer.rollout.node.node_generate, trainer.rollout.server.ServerClient). Writes one JSON to argv[1].
 """
 
 from __future__ import annotations
@@ -29,10 +29,10 @@ import torch
 import torch.distributed as dist
 from torch.distributed.device_mesh import init_device_mesh
 
-from trainer.generation import node_generate
 from trainer.parallel import Parallel, shard_model
-from trainer.server_client import ServerClient
-from trainer.weight_push import NodePusher, PushSettings, iter_full_params
+from trainer.push.pusher import NodePusher, PushSettings, iter_full_params
+from trainer.rollout.node import node_generate
+from trainer.rollout.server import ServerClient
 
 RANKS_PER_NODE = 2
 

@@ -9,10 +9,10 @@ import statistics
 import sys
 from pathlib import Path
 
-from launcher.jobs import startup_phases
+from launcher.core.plan import Plan
 from launcher.memory import ModelShape, layout, options
 from launcher.memory import estimate as memory_estimate
-from launcher.topology import Plan
+from launcher.status import startup_phases
 
 job, out = Path(sys.argv[1]), Path(sys.argv[2])
 rows = [json.loads(x) for x in (job / "metrics.jsonl").read_text().splitlines() if x.strip()]

@@ -18,9 +18,9 @@ import torch
 from transformers import AutoModelForCausalLM, AutoTokenizer, TrainerCallback
 from trl import GRPOTrainer
 
-from launcher import config as C
+from launcher.core import config as C
 from trainer import data, rewards
-from trainer.grpo import grpo_config
+from trainer.callback import grpo_config
 
 
 class StepTimes(TrainerCallback):

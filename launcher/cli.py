@@ -21,12 +21,12 @@ import threading
 import time
 from pathlib import Path
 
-from launcher import config as config_mod
-from launcher.commands import redact_argv, trainer_command, vllm_command
-from launcher.config import ConfigError, JobConfig
-from launcher.jobs import cancel, find_job_dir, format_summary, log_files, q, read_jsonl, status, summarize
+from launcher.core import config as config_mod
+from launcher.core.config import ConfigError, JobConfig
+from launcher.core.plan import Plan
 from launcher.memory import plan_report
-from launcher.topology import Plan
+from launcher.node.commands import redact_argv, trainer_command, vllm_command
+from launcher.status import cancel, find_job_dir, format_summary, log_files, q, read_jsonl, status, summarize
 
 
 def cli_argv(python: str, command: str, config: str, *sets: str) -> list[str]:
@@ -99,7 +99,7 @@ def render_dry_run(cfg: JobConfig, p: Plan) -> str:
         "# sbatch text (what `submit` hands to sbatch)",
         sbatch_text(cfg, p).rstrip(),
         "",
-        "# per-node commands (run by launcher.bootstrap on each node)",
+        "# per-node commands (run by launcher.node.bootstrap on each node)",
     ]
     shown = list(range(p.num_nodes)) if p.num_nodes <= 4 else [0, 1, p.num_nodes - 1]
     for n in shown:
@@ -113,7 +113,7 @@ def render_dry_run(cfg: JobConfig, p: Plan) -> str:
 
 
 def cmd_dry_run(a: argparse.Namespace) -> int:
-    from launcher.jobdir import make_plan
+    from launcher.core.jobdir import make_plan
 
     if a.grid:  # a sweep's dry-run: the grid and the array's sbatch text
         a.dry_run, a.parallel, a.skip_path_checks = True, 0, True
@@ -126,8 +126,8 @@ def cmd_dry_run(a: argparse.Namespace) -> int:
 def _show_or_submit(cfg: JobConfig, p: Plan, dry_run: bool, preface: str = "", check_paths: bool = True):
     """--dry-run: print what would be submitted and return None; else check the config's paths on this host (unless
     told not to), write the job folder and sbatch it."""
-    from launcher.jobdir import write_job_dir
-    from launcher.preflight import SKIP_HINT, submit_path_problems
+    from launcher.core.inputs import SKIP_HINT, submit_path_problems
+    from launcher.core.jobdir import write_job_dir
     from launcher.submit import submit
 
     if dry_run:
@@ -144,7 +144,7 @@ def _show_or_submit(cfg: JobConfig, p: Plan, dry_run: bool, preface: str = "", c
 
 
 def cmd_submit(a: argparse.Namespace) -> int:
-    from launcher.jobdir import make_plan
+    from launcher.core.jobdir import make_plan
 
     cfg = _load(a)
     s = _show_or_submit(cfg, make_plan(cfg), a.dry_run, check_paths=not a.skip_path_checks)
@@ -160,7 +160,7 @@ def cmd_submit(a: argparse.Namespace) -> int:
 def cmd_resume(a: argparse.Namespace) -> int:
     """Resubmit a job folder's own resolved config (plus --set overrides, e.g. fewer nodes) into the same folder;
     the trainer continues from its newest complete checkpoint, resharded to the new number of ranks."""
-    from launcher.jobdir import complete_checkpoints, make_plan
+    from launcher.core.jobdir import complete_checkpoints, make_plan
 
     d = find_job_dir(a.job).absolute()
     done = complete_checkpoints(d / "checkpoints")
@@ -219,9 +219,9 @@ def vllm_start_note(cfg: JobConfig) -> str:
 
 
 def cmd_local(a: argparse.Namespace) -> int:
-    from launcher.bootstrap import run_node
-    from launcher.jobdir import make_plan, write_job_dir
-    from launcher.preflight import local_problems
+    from launcher.core.inputs import local_problems
+    from launcher.core.jobdir import make_plan, write_job_dir
+    from launcher.node.bootstrap import run_node
 
     cfg = _load(a)
     if cfg.slurm.nodes != 1:
@@ -261,7 +261,7 @@ def cmd_status(a: argparse.Namespace) -> int:
 
 
 def cmd_logs(a: argparse.Namespace) -> int:
-    from launcher.diagnose import tail
+    from launcher.node.diagnose import tail
 
     d = find_job_dir(a.job)
     files = log_files(d, a.node)
@@ -275,7 +275,7 @@ def cmd_logs(a: argparse.Namespace) -> int:
 def cmd_sweep(a: argparse.Namespace) -> int:
     """Plan every grid point, check them, write the sweep folder, submit one job array."""
     from launcher import sweep
-    from launcher.preflight import SKIP_HINT, submit_path_problems
+    from launcher.core.inputs import SKIP_HINT, submit_path_problems
     from launcher.submit import ArraySpec, sbatch_text, submit
 
     grid = sweep.parse_grid(a.grid)
@@ -320,7 +320,7 @@ def cmd_sync(a: argparse.Namespace) -> int:
     import shutil
     import subprocess
 
-    from launcher.jobdir import WANDB_ID_FILE
+    from launcher.core.jobdir import WANDB_ID_FILE
 
     d = find_job_dir(a.job)
     if (d / "sweep.json").is_file():

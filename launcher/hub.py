@@ -1,15 +1,15 @@
 """Hub model names on clusters whose compute nodes have no Internet: a `vllm.model` such as `Qwen/Qwen2.5-0.5B`
 is resolved on the submit host to its snapshot folder in the HF cache (HF_HOME, which must be on a file system the
 nodes mount), downloaded there once if this host can reach the hub; the job then runs on that folder, and its nodes
-with HF_HUB_OFFLINE=1 (launcher.commands), so nothing on a node ever waits on the network."""
+with HF_HUB_OFFLINE=1 (launcher.node.commands), so nothing on a node ever waits on the network."""
 
 from __future__ import annotations
 
 import dataclasses
 import os
 
-from launcher.config import ConfigError, JobConfig
-from launcher.preflight import looks_local
+from launcher.core.config import ConfigError, JobConfig
+from launcher.core.inputs import looks_local
 
 
 def hf_home() -> str:

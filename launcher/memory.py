@@ -26,7 +26,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING
 
 if TYPE_CHECKING:  # topology reads ModelShape from here
-    from launcher.topology import Plan
+    from launcher.core.plan import Plan
 
 GB = 1e9
 PROMPT_TOKENS = 256

@@ -151,7 +151,7 @@ def split_table(rows: list[SplitRow]) -> list[str]:
 
 
 def parse_nodes(text: str) -> list[int]:
-    from launcher.config import ConfigError
+    from launcher.core.config import ConfigError
 
     try:
         nodes = [int(x) for x in text.split(",")]
@@ -165,7 +165,7 @@ def parse_nodes(text: str) -> list[int]:
 def read_calibration(path: str) -> dict[str, float]:
     """The figures `bench` measured ({"calibration": {figure: value}} in its results JSON); every key must be one of
     DEFAULTS (a misspelt one would leave the default in place without a word)."""
-    from launcher.config import ConfigError
+    from launcher.core.config import ConfigError
 
     try:
         data = json.loads(Path(path).read_text())
@@ -192,7 +192,7 @@ def read_calibration(path: str) -> dict[str, float]:
 
 
 def main(a) -> int:
-    from launcher import config as C
+    from launcher.core import config as C
     from launcher.memory import Layout
 
     cfg = C.load(a.config, a.overrides)
@@ -239,8 +239,8 @@ def main(a) -> int:
             f"{best_sync.sync_s / (best_async.async_s or best_async.sync_s):.2f}x the steps per hour of the best synchronous split"
             + (f", {now.sync_s / (best_async.async_s or best_async.sync_s):.2f}x this config's" if now else "")
         )
+    from launcher.core.plan import plan
     from launcher.memory import fit_table, layout
-    from launcher.topology import plan
 
     lay = layout(plan(cfg, ""))
     if not lay.gpu_gb:

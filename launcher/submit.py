@@ -2,7 +2,7 @@
 
 submitit stays the one writer of the sbatch script: dry-run asks the same executor for the text it
 would submit, so the two cannot drift. The job runs a readable command,
-`python -u -m launcher.bootstrap <job_dir>/plan.json`, one srun task per node; submitit's pickled
+`python -u -m launcher.node.bootstrap <job_dir>/plan.json`, one srun task per node; submitit's pickled
 function path is not used (nothing opaque runs on the nodes).
 """
 
@@ -14,10 +14,10 @@ from pathlib import Path
 
 import jinja2
 
-from launcher.commands import bootstrap_argv
-from launcher.config import ConfigError, JobConfig, control_character
-from launcher.jobs import q
-from launcher.topology import Plan
+from launcher.core.config import ConfigError, JobConfig, control_character
+from launcher.core.plan import Plan
+from launcher.node.commands import bootstrap_argv
+from launcher.status import q
 
 TEMPLATES = Path(__file__).resolve().parent.parent / "slurm_templates"
 

@@ -5,7 +5,7 @@
 The grid's cartesian product gives the points; each point is an ordinary job folder (its resolved config, plan,
 logs, checkpoints, metrics) under the sweep folder as point-000, point-001, ...; sweep.json lists them with their
 values. One sbatch submits them all as an array (submitit's array support; `--parallel N` is the %N throttle): task i
-runs point-i's plan (`launcher.bootstrap --sweep DIR`). The array's tasks share one sbatch header, so a grid cannot
+runs point-i's plan (`launcher.node.bootstrap --sweep DIR`). The array's tasks share one sbatch header, so a grid cannot
 vary slurm.* keys; everything else can vary. `slurm-grpo status SWEEP_DIR` shows every point's state and last reward.
 """
 
@@ -17,8 +17,8 @@ import time
 from dataclasses import dataclass
 from pathlib import Path
 
-from launcher.config import ConfigError, JobConfig, load, parse_override
-from launcher.topology import Plan, plan
+from launcher.core.config import ConfigError, JobConfig, load, parse_override
+from launcher.core.plan import Plan, plan
 
 SWEEP_FILE = "sweep.json"
 
@@ -84,7 +84,7 @@ def sweep_dir_for(cfg: JobConfig, now: float | None = None) -> Path:
 
 
 def write_sweep(sweep_dir: Path, grid: list[tuple[str, list[str]]], points: list[Point]) -> None:
-    from launcher.jobdir import write_job_dir
+    from launcher.core.jobdir import write_job_dir
 
     (sweep_dir / "submitit").mkdir(parents=True, exist_ok=True)  # the array's sbatch file and logs
     for p in points:
@@ -106,7 +106,7 @@ def is_sweep(d: Path) -> bool:
 
 def sweep_status(sweep_dir: Path) -> str:
     """One line per point: its array task's SLURM state, last step and reward."""
-    from launcher.jobs import q, read_jsonl, slurm_state
+    from launcher.status import q, read_jsonl, slurm_state
 
     record = json.loads((sweep_dir / SWEEP_FILE).read_text())
     jid = (sweep_dir / "job_id").read_text().strip() if (sweep_dir / "job_id").is_file() else None

@@ -89,7 +89,7 @@ elif name == "sacct":
             header = False
         i += 1
     if not parsable:
-        sys.exit("fake sacct: only -P/--parsable2 output is faked (what submitit and launcher/jobs.py ask for)")
+        sys.exit("fake sacct: only -P/--parsable2 output is faked (what submitit and launcher/status.py ask for)")
     rows = json.load(open(os.path.join(STATE, "sacct.json"))) if os.path.exists(os.path.join(STATE, "sacct.json")) else []
     if jobs:  # a job id selects its steps (77.batch, 77.0) and, for an array, its tasks (4242_1)
         rows = [r for r in rows if any(r["JobID"] == j or r["JobID"].startswith((j + ".", j + "_")) for j in jobs)]

@@ -16,7 +16,7 @@ import torch.distributed as dist
 import torch.distributed.checkpoint as dcp
 from torch.distributed.checkpoint.state_dict import get_state_dict, set_state_dict
 
-from launcher.jobdir import complete_checkpoints as step_dirs
+from launcher.core.jobdir import complete_checkpoints as step_dirs
 
 KEEP = 2
 

@@ -14,7 +14,7 @@ from torch.utils.data import Sampler
 def load_prompts(path: str):
     from datasets import Dataset, load_from_disk
 
-    from launcher.preflight import check_dataset, read_jsonl_prompts
+    from launcher.core.inputs import check_dataset, read_jsonl_prompts
 
     check_dataset(path)  # the same checks the bootstrap ran before starting the node
     p = Path(path)
@@ -64,7 +64,7 @@ def indices_per_step(trainer) -> int:
 def continue_data_order(trainer, consumed: int) -> None:
     """Make the trainer's sampler skip the `consumed` indices of the run so far. Call before trainer.train()
     (which builds the dataloader)."""
-    make = trainer._get_train_sampler  # TRL's RepeatSampler factory (pinned in tests/test_pinned_internals.py)
+    make = trainer._get_train_sampler  # TRL's RepeatSampler factory (pinned in tests/unit/test_pinned_internals.py)
     trainer._get_train_sampler = lambda dataset=None: FastForward(make(dataset), consumed)
 
 

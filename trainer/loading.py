@@ -9,7 +9,7 @@ The reads go through `readinto` of a buffer the size of the slice, not `mmap`: m
 the process's resident memory, a buffer is freed as soon as its rows are copied into the shard.
 
 What `from_pretrained` does besides reading weights is done the same way here, so the result is bit for bit
-the same (tests/test_loading.py): the model class and dtype from `from_config`, the tied embedding (one
+the same (tests/unit/test_loading.py): the model class and dtype from `from_config`, the tied embedding (one
 parameter under two names; it is read under whichever name the checkpoint holds), and the non-persistent
 buffers (rotary caches), which no checkpoint holds: transformers' own `_init_weights` computes them on the
 module that owns them, as `from_pretrained` does."""

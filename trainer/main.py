@@ -16,10 +16,10 @@ import traceback
 
 
 def main(plan_path: str) -> int:
-    from launcher.jobdir import PREEMPTED_EXIT
-    from launcher.topology import Plan
+    from launcher.core.jobdir import PREEMPTED_EXIT
+    from launcher.core.plan import Plan
     from trainer import parallel, run, tracking
-    from trainer.grpo import PreemptionFlag
+    from trainer.callback import PreemptionFlag
 
     preemption = PreemptionFlag()  # first: a preemption signal during the minutes of start-up must not kill us
     plan = Plan.load(plan_path)
@@ -39,7 +39,7 @@ def main(plan_path: str) -> int:
 
 if __name__ == "__main__":
     if len(sys.argv) != 2:
-        sys.exit("usage: python -m trainer.main <job_dir>/plan.json  (normally started by torchrun via launcher.bootstrap)")
+        sys.exit("usage: python -m trainer.main <job_dir>/plan.json  (normally started by torchrun via launcher.node.bootstrap)")
     os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
     try:
         code = main(sys.argv[1])

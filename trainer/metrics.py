@@ -7,7 +7,7 @@ import time
 from pathlib import Path
 from typing import Any
 
-from launcher.jobs import format_summary, read_jsonl, summarize
+from launcher.status import format_summary, read_jsonl, summarize
 
 
 class MetricsWriter:

@@ -12,7 +12,7 @@ import torch.distributed as dist
 from torch.distributed.device_mesh import DeviceMesh, init_device_mesh
 from torch.distributed.fsdp import CPUOffloadPolicy, MixedPrecisionPolicy, OffloadPolicy, fully_shard
 
-from launcher.topology import Plan
+from launcher.core.plan import Plan
 
 
 @dataclass
@@ -121,6 +121,6 @@ def shard_model(model: torch.nn.Module, par: Parallel, param_dtype: torch.dtype,
         fully_shard(layer, mesh=par.mesh, mp_policy=mp, offload_policy=offload)
     fully_shard(model, mesh=par.mesh, mp_policy=mp, offload_policy=offload)
     # transformers' Trainer then leaves the model alone (no DDP/accelerate FSDP wrap on top of ours):
-    # the same flag `from_pretrained(distributed_config=...)` sets. Pinned in tests/test_pinned_internals.py.
+    # the same flag `from_pretrained(distributed_config=...)` sets. Pinned in tests/unit/test_pinned_internals.py.
     model._is_distributed_loading_by_transformers = True  # type: ignore[assignment]
     return model

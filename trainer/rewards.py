@@ -20,7 +20,7 @@ from collections.abc import Callable
 from typing import Any
 
 NODE_ENV = "SLURM_GRPO_NODE"
-"""Set for the trainer ranks by launcher.commands: the node they run on."""
+"""Set for the trainer ranks by launcher.node.commands: the node they run on."""
 
 
 def _text(c) -> str:

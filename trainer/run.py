@@ -14,12 +14,13 @@ from typing import Any
 import torch
 import torch.distributed as dist
 
-from launcher.jobdir import Events
-from launcher.topology import Plan
-from trainer import checkpoint, data, grpo, loading, procmem, rewards, tracking
-from trainer.generation import GenerationSettings, NodeLocalGeneration, StepClock
+from launcher.core.jobdir import Events
+from launcher.core.plan import Plan
+from trainer import callback as grpo
+from trainer import checkpoint, data, loading, procmem, rewards, tracking
 from trainer.metrics import MetricsWriter, write_summary_and_plot
 from trainer.parallel import Parallel
+from trainer.rollout.node import GenerationSettings, NodeLocalGeneration, StepClock
 
 
 class Outcome(enum.Enum):

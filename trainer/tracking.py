@@ -1,7 +1,7 @@
 """Experiment tracking (trainer.report_to: wandb, tensorboard) through transformers' own reporting callbacks, which
 report on global rank 0 only. Made SLURM-aware here:
 
-  one W&B run per job folder   the launcher writes the run id into the job folder once (launcher.jobdir); every
+  one W&B run per job folder   the launcher writes the run id into the job folder once (launcher.core.jobdir); every
                                attempt (a requeue, `slurm-grpo resume`) continues that run (WANDB_RUN_ID, RESUME=allow)
   offline by default           compute nodes seldom reach the Internet: WANDB_MODE=offline writes the run under the
                                job folder's wandb/, and `slurm-grpo sync JOB` uploads it from the login node
@@ -16,8 +16,8 @@ import sys
 from pathlib import Path
 from typing import Any
 
-from launcher.config import TrainerConfig
-from launcher.jobdir import WANDB_ID_FILE
+from launcher.core.config import TrainerConfig
+from launcher.core.jobdir import WANDB_ID_FILE
 
 PREFIX = "slurm_grpo/"
 

@@ -1,0 +1,696 @@
+"""The job configuration: YAML -> nested frozen dataclasses, strictly validated.
+
+Precedence is defaults < YAML < ``--set section.key=value``. Every field carries a docstring (the
+string literal under it) that the README's config reference is generated from, so docs cannot drift.
+Errors are ``ConfigError`` (a ``ValueError``) and say what is wrong, why, and how to fix it.
+
+This module must stay free of torch/vLLM imports: it runs on login nodes and in dry-runs.
+"""
+
+from __future__ import annotations
+
+import ast
+import dataclasses
+import importlib.util
+import inspect
+import re
+import typing
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import yaml
+
+
+class ConfigError(ValueError):
+    """A user mistake in the config or the command line; the message holds the fix."""
+
+
+@dataclass(frozen=True)
+class ContainerConfig:
+    image: str = ""
+    """Container image: pyxis takes a registry name (nvcr.io#nvidia/pytorch:25.01-py3) or a .sqsh file, Apptainer a .sif file; empty = no container."""
+    runtime: str = "pyxis"
+    """pyxis (srun --container-image ..., NVIDIA's SLURM plugin) or apptainer (srun ... apptainer exec --nv IMAGE ...; Singularity too)."""
+    mounts: list[str] = field(default_factory=list)
+    """Bind mounts SRC:DST[:ro] (shared file systems with models, data, the venv); the job folder is always mounted at its own path."""
+    workdir: str = ""
+    """Working directory inside the container; empty = the image's own (then slurm-grpo must be installed in the image, or mount its folder and name it here)."""
+
+
+@dataclass(frozen=True)
+class SlurmConfig:
+    partition: str = ""
+    """SLURM partition (sbatch --partition); empty = the cluster's default partition."""
+    account: str = ""
+    """SLURM account to charge (sbatch --account); empty = your default account."""
+    qos: str = ""
+    """Quality of service (sbatch --qos); empty = none."""
+    time: str = "01:00:00"
+    """Wall-clock limit, SLURM format: MM, HH:MM:SS or D-HH:MM:SS."""
+    nodes: int = 1
+    """Number of nodes; each runs one vLLM server and the trainer ranks on its other GPUs."""
+    gpus_per_node: int = 8
+    """GPUs (GRES gpu) per node. On a CPU-only cluster they are slots: one per vLLM TP rank and one per trainer rank."""
+    cpus_per_task: int = 0
+    """CPUs for the one task per node (sbatch --cpus-per-task); 0 = not set."""
+    mem: str = ""
+    """Memory per node (sbatch --mem), e.g. 200G; empty = not set; '0' = all of it."""
+    exclusive: bool = False
+    """Ask for whole nodes (sbatch --exclusive)."""
+    constraint: str = ""
+    """Node features (sbatch --constraint), e.g. h100; empty = none."""
+    extra_sbatch: dict[str, str] = field(default_factory=dict)
+    """More sbatch flags, name -> value without the leading dashes, e.g. {reservation: big}."""
+    setup_profile: str = "generic"
+    """Cluster profile under slurm_templates/ (<name>.sh.j2) whose lines run before the job starts."""
+    setup_vars: dict[str, str] = field(default_factory=dict)
+    """Values the setup profile may use, e.g. {venv: /path/to/venv, modules: 'cuda/12.4 nccl'}."""
+    gpu_memory_gb: float = 0
+    """Memory of one GPU in GB, for the memory estimate of dry-run; 0 = from a known GPU name in constraint or partition (a100, h100, h200, b200, ...)."""
+    signal_seconds: int = 120
+    """Seconds before the time limit at which SLURM warns the job (USR2) so it can checkpoint and requeue."""
+    requeue: bool = True
+    """On preemption or the time-limit warning, checkpoint and requeue the job."""
+    container: ContainerConfig = field(default_factory=ContainerConfig)
+    """Run each node's processes in a container: {image, runtime, mounts, workdir} (keys below)."""
+
+
+MAX_STALENESS = 4
+"""trainer.max_staleness above this is refused: the policy would learn from completions of a model that old."""
+
+
+@dataclass(frozen=True)
+class VllmConfig:
+    model: str = ""
+    """Model to serve and train: a local directory or a hub name (required)."""
+    tensor_parallel_size: int = 1
+    """GPUs per vLLM engine (tensor parallelism); the node's server uses the first TP x DP GPUs, the rest run trainer ranks."""
+    data_parallel_size: int = 1
+    """vLLM engines behind the node's one server (vLLM's own data parallelism, one endpoint): more GPUs generating."""
+    port: int = 8000
+    """HTTP port of each node's server; it listens on 127.0.0.1 only."""
+    gpu_memory_utilization: float = 0.9
+    """Fraction of its GPUs' memory vLLM may use (on CPU builds: kept small, see the README)."""
+    max_model_len: int = 0
+    """Context length; 0 = the model's own."""
+    dtype: str = "auto"
+    """Serving dtype: auto, bfloat16, float16 or float32; must match the trainer's dtype for parity."""
+    extra_args: list[str] = field(default_factory=list)
+    """More api_server arguments, as a list, e.g. ['--enforce-eager']."""
+    health_timeout_s: int = 900
+    """Deadline for a server to answer /health after start; past it the node fails naming its log."""
+    weight_transfer_backend: str = "auto"
+    """Weight push transport: auto (ipc on a GPU shared with the trainer, nccl on other GPUs, gloo on CPU), nccl, gloo or ipc."""
+    cpu_kvcache_gib: int = 1
+    """CPU builds only: KV cache size in GiB (VLLM_CPU_KVCACHE_SPACE)."""
+
+
+@dataclass(frozen=True)
+class TrainerConfig:
+    dataset: str = "data/letters.jsonl"
+    """Training prompts: a JSONL/Parquet file or a saved `datasets` folder with a 'prompt' column."""
+    reward_funcs: list[str] = field(default_factory=lambda: ["letter_a_fraction"])
+    """Rewards: built-in names (see trainer/rewards.py) or dotted paths 'pkg.module:function'."""
+    max_steps: int = 20
+    """Optimizer steps to run."""
+    per_device_train_batch_size: int = 8
+    """Completions per rank per step (prompts x generations)."""
+    num_generations: int = 8
+    """Completions sampled per prompt (the GRPO group size)."""
+    max_completion_length: int = 16
+    """Tokens generated per completion."""
+    learning_rate: float = 1e-5
+    """AdamW learning rate."""
+    beta: float = 0.0
+    """KL coefficient; 0 = no reference model."""
+    temperature: float = 1.0
+    """Sampling temperature."""
+    seed: int = 0
+    """Random seed (data order, sampling)."""
+    dtype: str = "bfloat16"
+    """Trainer dtype: bfloat16 or float32 (CPU: use float32)."""
+    fsdp: str = "hsdp"
+    """Sharding: hsdp (shard within a node, replicate across nodes; the push gather stays in the node) or fsdp (shard over all ranks)."""
+    save_steps: int = 10
+    """Write a checkpoint every N steps (and at the end); 0 = only at the end."""
+    final_checkpoint: bool = True
+    """Write a checkpoint when the run ends (off for benchmark runs whose optimizer state would not fit the disk)."""
+    resume: bool = True
+    """Resume from the newest complete checkpoint in the job folder if there is one."""
+    request_timeout_s: float = 300.0
+    """Deadline for every HTTP request to the node's vLLM server (generation, weight routes)."""
+    push_timeout_s: float = 600.0
+    """Deadline for one whole weight push (all parameters) to the node's server."""
+    bucket_mb: int = 64
+    """Largest gathered bucket of parameters during a push, in MB (bounds the push's extra memory)."""
+    parity_tolerance: float = 0.0
+    """Largest allowed |logprob(vLLM) - logprob(trainer)| after a push; 0 = by dtype (float32 1e-3, bf16 0.25)."""
+    parity_action: str = "fail"
+    """What a failed parity check does: fail or warn."""
+    rendezvous_port: int = 29500
+    """torchrun c10d rendezvous port on the first node."""
+    weight_transfer_port: int = 29600
+    """Port of each node leader's weight-transfer store (127.0.0.1, node-local)."""
+    model_loading: str = "sharded"
+    """How ranks load the model: sharded (meta device, then each rank reads only its shard's rows from the safetensors files) or full (from_pretrained of the whole fp32 model on every rank, then shard; for checkpoints whose tensor names need renaming)."""
+    activation_checkpointing: bool = True
+    """Recompute each decoder layer's activations in the backward instead of keeping them (less memory, about a third more compute); TRL's GRPOConfig default too."""
+    cpu_offload: bool = False
+    """Keep the sharded fp32 parameters, gradients and optimizer state in host memory (FSDP2 CPUOffloadPolicy; the optimizer step runs on the CPU): a big model on few GPUs."""
+    report_to: list[str] = field(default_factory=list)
+    """Experiment trackers: wandb and/or tensorboard ([] or [none] = none). Rank 0 reports TRL's figures and the project's (per-node push seconds, parity, tokens/s, staleness); files go to the job folder (wandb/, tensorboard/)."""
+    wandb_mode: str = "offline"
+    """offline (compute nodes seldom reach the Internet; upload later with `slurm-grpo sync JOB`), online, or disabled. One W&B run per job folder: a requeued or resumed job continues it."""
+    wandb_project: str = "slurm-grpo"
+    """W&B project name."""
+    max_staleness: int = 0
+    """Asynchronous generation per node: 0 = generate, then train (synchronous); k = each node's server generates the batches of the next k steps with the weights it has while the node's ranks train, so a completion is used at most k optimizer steps after the weights that started it (TRL's importance-sampling correction on vLLM's logprobs). With k >= 2 a push pauses requests in flight (vLLM /pause mode keep) and they finish under the new weights."""
+    stall_timeout_s: int = 900
+    """The bootstrap stops the node if the trainer writes no metrics for this long after its first step; 0 = off."""
+    grpo: dict[str, Any] = field(default_factory=dict)
+    """Any other trl.GRPOConfig field, passed through as is (e.g. {loss_type: dapo})."""
+
+
+@dataclass(frozen=True)
+class JobSection:
+    name: str = "grpo"
+    """Job name (sbatch --job-name); letters, digits, '-', '_' and '.' only."""
+    job_dir: str = ""
+    """Job folder; empty = runs/<name>-<YYYYmmdd-HHMMSS> under the current directory."""
+    device: str = "cuda"
+    """cuda (vLLM CUDA build, NCCL) or cpu (vLLM CPU build, gloo; for tests and the smoke run)."""
+    python: str = "python"
+    """Python interpreter the job runs on the nodes (after the setup profile ran)."""
+    node_timeout_s: int = 30
+    """A node whose bootstrap shows no heartbeat (in the job folder) for this long is lost: the others stop, naming it."""
+
+
+@dataclass(frozen=True)
+class JobConfig:
+    slurm: SlurmConfig = field(default_factory=SlurmConfig)
+    vllm: VllmConfig = field(default_factory=VllmConfig)
+    trainer: TrainerConfig = field(default_factory=TrainerConfig)
+    job: JobSection = field(default_factory=JobSection)
+
+
+SECTIONS: dict[str, type] = {"slurm": SlurmConfig, "vllm": VllmConfig, "trainer": TrainerConfig, "job": JobSection}
+
+
+def field_docs(cls: type) -> dict[str, str]:
+    """The docstring under each field of a config dataclass, read from its source."""
+    tree = ast.parse(inspect.getsource(cls))
+    body = tree.body[0].body  # type: ignore[attr-defined]
+    docs: dict[str, str] = {}
+    for prev, node in zip(body, body[1:]):
+        if isinstance(prev, ast.AnnAssign) and isinstance(node, ast.Expr) and isinstance(node.value, ast.Constant):
+            docs[prev.target.id] = str(node.value.value)  # type: ignore[attr-defined,union-attr]
+    return docs
+
+
+def _default(f: dataclasses.Field) -> Any:
+    if f.default is not dataclasses.MISSING:
+        return f.default
+    return f.default_factory()  # type: ignore[misc,operator]
+
+
+def _menu(cls: type) -> str:
+    return ", ".join(f"{f.name} (default {_default(f)!r})" for f in dataclasses.fields(cls))
+
+
+SCIENTIFIC = re.compile(r"[-+]?(\d+\.?\d*|\.\d+)[eE][-+]?\d+")
+
+
+def _coerce(where: str, value: Any, annotation: Any) -> Any:
+    """Check a YAML value against a field's type; ints are accepted for floats, nothing else is guessed."""
+    origin = typing.get_origin(annotation)
+    if annotation is Any:
+        return value
+    if isinstance(annotation, type) and dataclasses.is_dataclass(annotation):  # a nested group of keys, e.g. slurm.container
+        return _build(annotation, where, value)
+    if annotation is bool:
+        if isinstance(value, bool):
+            return value
+        raise ConfigError(f"{where} must be true or false, got {value!r}")
+    if annotation is int:
+        if isinstance(value, int) and not isinstance(value, bool):
+            return value
+        raise ConfigError(f"{where} must be an integer, got {value!r}")
+    if annotation is float:
+        if isinstance(value, (int, float)) and not isinstance(value, bool):
+            return float(value)
+        # PyYAML follows YAML 1.1, where 1e-5 (no dot) is a string: a learning rate written that way is
+        # what everyone types, so accept the scientific notation, and nothing looser
+        if isinstance(value, str) and SCIENTIFIC.fullmatch(value.strip()):
+            return float(value)
+        raise ConfigError(f"{where} must be a number, got {value!r}")
+    if annotation is str:
+        if isinstance(value, (str, int, float)) and not isinstance(value, bool):
+            return str(value)
+        raise ConfigError(f"{where} must be a string, got {value!r}")
+    if origin is list:
+        if isinstance(value, str):
+            value = [value]
+        if not isinstance(value, list):
+            raise ConfigError(f"{where} must be a list, got {value!r}")
+        (item,) = typing.get_args(annotation)
+        return [_coerce(f"{where}[{i}]", v, item) for i, v in enumerate(value)]
+    if origin is dict:
+        if not isinstance(value, dict):
+            raise ConfigError(f"{where} must be a mapping (key: value), got {value!r}")
+        _, item = typing.get_args(annotation)
+        return {str(k): _coerce(f"{where}.{k}", v, item) for k, v in value.items()}
+    raise AssertionError(f"unsupported annotation {annotation!r} for {where}")
+
+
+def _build(cls: type, section: str, raw: Any) -> Any:
+    if raw is None:
+        raw = {}
+    if not isinstance(raw, dict):
+        raise ConfigError(f"section '{section}' must be a mapping, got {raw!r}")
+    hints = typing.get_type_hints(cls)
+    names = {f.name for f in dataclasses.fields(cls)}
+    unknown = sorted(set(raw) - names)
+    if unknown:
+        raise ConfigError(f"unknown key '{section}.{unknown[0]}'; valid keys of '{section}': {_menu(cls)}")
+    kwargs = {k: _coerce(f"{section}.{k}", v, hints[k]) for k, v in raw.items()}
+    return cls(**kwargs)
+
+
+def parse_override(text: str) -> tuple[list[str], Any]:
+    """'trainer.max_steps=5' -> (['trainer', 'max_steps'], 5); the value is read as YAML. A key into a nested group
+    keeps its rest dotted: 'slurm.container.image=x' -> (['slurm', 'container.image'], 'x')."""
+    if "=" not in text:
+        raise ConfigError(f"--set {text!r} is not of the form section.key=value, e.g. --set slurm.nodes=4")
+    key, _, value = text.partition("=")
+    parts = key.strip().split(".")
+    if len(parts) < 2 or not all(parts):
+        raise ConfigError(
+            f"--set key {key!r} must be section.key (or section.group.key), e.g. trainer.max_steps or slurm.container.image; "
+            f"sections: {', '.join(SECTIONS)}"
+        )
+    try:
+        parsed = yaml.safe_load(value) if value.strip() else ""
+    except yaml.YAMLError as e:
+        raise ConfigError(f"--set {text!r}: the value is not valid YAML ({e.__class__.__name__})") from None
+    return [parts[0], ".".join(parts[1:])], parsed
+
+
+def _is_group(annotation: Any) -> bool:
+    """A field that holds keys of its own: a nested dataclass (slurm.container), a mapping (slurm.setup_vars,
+    slurm.extra_sbatch, trainer.grpo) or a free-form value (inside trainer.grpo)."""
+    return (
+        annotation is Any
+        or typing.get_origin(annotation) is dict
+        or (isinstance(annotation, type) and dataclasses.is_dataclass(annotation))
+    )
+
+
+def _check_override_path(text: str, section: str, path: list[str]) -> None:
+    """Every step of a dotted --set key must exist: a nested dataclass's keys are known (an unknown one fails naming
+    the valid ones); a mapping's keys are free; a plain value has no keys."""
+    annotation: Any = SECTIONS[section]
+    where = section
+    for part in path:
+        if not _is_group(annotation):
+            raise ConfigError(f"--set {text!r}: {where} is a single value, not a group of keys; set it as --set {where}=VALUE")
+        if isinstance(annotation, type) and dataclasses.is_dataclass(annotation):
+            hints = typing.get_type_hints(annotation)
+            if part not in hints:
+                raise ConfigError(f"unknown key '{where}.{part}'; valid keys of '{where}': {_menu(annotation)}")
+            annotation = hints[part]
+        elif annotation is not Any:  # a mapping: any key, values of its value type
+            annotation = typing.get_args(annotation)[1]
+        where = f"{where}.{part}"
+
+
+def merge_raw(raw: dict[str, Any], overrides: list[str]) -> dict[str, Any]:
+    """--set overrides on top of the file's mapping. A dotted key into a nested group (slurm.container.image=x,
+    slurm.setup_vars.venv=/v, trainer.grpo.loss_type=dapo) sets that one key and keeps the group's others, as the flat
+    keys do in a section; a mapping value (slurm.container={image: x}) replaces the whole group."""
+    merged = {k: dict(v) if isinstance(v, dict) else v for k, v in raw.items()}
+    for text in overrides:
+        (section, dotted), value = parse_override(text)
+        if section not in SECTIONS:
+            raise ConfigError(f"--set {text!r}: unknown section '{section}'; sections: {', '.join(SECTIONS)}")
+        path = dotted.split(".")
+        _check_override_path(text, section, path)
+        merged.setdefault(section, {})
+        if not isinstance(merged[section], dict):
+            raise ConfigError(f"section '{section}' must be a mapping")
+        node, where = merged[section], section
+        for part in path[:-1]:
+            where = f"{where}.{part}"
+            child = node.get(part)
+            if child is None:
+                child = {}
+            elif not isinstance(child, dict):
+                raise ConfigError(f"--set {text!r}: {where} is {child!r} in the config, not a mapping; set it as a mapping there")
+            node[part] = child = dict(child)  # a copy: the file's own mapping stays as read
+            node = child
+        node[path[-1]] = value
+    return merged
+
+
+def from_dict(raw: dict[str, Any]) -> JobConfig:
+    if not isinstance(raw, dict):
+        raise ConfigError(f"the config must be a mapping of sections ({', '.join(SECTIONS)}), got {type(raw).__name__}")
+    unknown = sorted(set(raw) - set(SECTIONS))
+    if unknown:
+        raise ConfigError(f"unknown section '{unknown[0]}'; valid sections: {', '.join(SECTIONS)}")
+    cfg = JobConfig(**{name: _build(cls, name, raw.get(name)) for name, cls in SECTIONS.items()})
+    validate(cfg)
+    return cfg
+
+
+def load(path: str | Path | None, overrides: list[str] | None = None) -> JobConfig:
+    """Read a YAML config (and the files its `base:` names), apply --set overrides, validate. path=None starts from
+    the defaults."""
+    raw = read_raw(Path(path)) if path is not None else {}
+    return from_dict(merge_raw(raw, overrides or []))
+
+
+def deep_merge(under: dict[str, Any], over: dict[str, Any]) -> dict[str, Any]:
+    """`over` on top of `under`: mappings merge key by key at every depth; any other value (lists too) replaces."""
+    out = dict(under)
+    for k, v in over.items():
+        out[k] = deep_merge(out[k], v) if isinstance(v, dict) and isinstance(out.get(k), dict) else v
+    return out
+
+
+def read_raw(path: Path, chain: tuple[Path, ...] = ()) -> dict[str, Any]:
+    """One config file as a plain mapping, its `base:` files (one path or a list, relative to this file's folder)
+    deep-merged under it in order, recursively. `chain`: the files that led here, to name a cycle."""
+    where = f" (base of {chain[-1]})" if chain else ""
+    if not path.is_file():
+        raise ConfigError(f"config file {str(path)!r}{where} not found; pass a YAML file such as configs/smoke_cpu.yaml")
+    real = path.resolve()
+    if real in chain:
+        raise ConfigError("config base cycle: " + " -> ".join(str(p) for p in (*chain, real)) + "; remove one of the base: lines")
+    try:
+        raw = yaml.safe_load(path.read_text()) or {}
+    except yaml.YAMLError as e:
+        raise ConfigError(f"config file {str(path)!r}{where} is not valid YAML: {e}") from None
+    if not isinstance(raw, dict):
+        raise ConfigError(f"config file {path!s}{where} must hold a mapping of sections ({', '.join(SECTIONS)})")
+    bases = raw.pop("base", None) or []
+    if isinstance(bases, str):
+        bases = [bases]
+    if not isinstance(bases, list) or not all(isinstance(b, str) and b for b in bases):
+        raise ConfigError(f"config file {path!s}: base must be a file path or a list of them, got {bases!r}")
+    merged: dict[str, Any] = {}
+    for b in bases:
+        merged = deep_merge(merged, read_raw(real.parent / b, (*chain, real)))
+    return deep_merge(merged, raw)
+
+
+def rebuild(d: dict[str, Any]) -> JobConfig:
+    """The typed config back from its plain form in plan.json. It was validated when the plan was made,
+    so nothing is checked again (the nodes may lack TRL's source that the grpo check reads)."""
+
+    def typed(cls: type, raw: dict[str, Any]) -> Any:
+        hints = typing.get_type_hints(cls)
+        return cls(**{k: typed(hints[k], v) if dataclasses.is_dataclass(hints[k]) else v for k, v in raw.items()})
+
+    return JobConfig(**{name: typed(cls, d[name]) for name, cls in SECTIONS.items()})
+
+
+def to_dict(cfg: JobConfig) -> dict[str, Any]:
+    return dataclasses.asdict(cfg)
+
+
+def to_yaml(cfg: JobConfig, redact: bool = False) -> str:
+    """The config as YAML. redact: for showing it (dry-run), the value of a secret flag in vllm.extra_args
+    (--hf-token X, --api-key=X) is *** as in the shown commands; the job folder's copy keeps it (resume reads it)."""
+    d = to_dict(cfg)
+    if redact:
+        from launcher.node.commands import redact_argv  # launcher.node.commands imports this module
+
+        d["vllm"]["extra_args"] = redact_argv(d["vllm"]["extra_args"])
+    return yaml.safe_dump(d, sort_keys=False, default_flow_style=False)
+
+
+# ----------------------------------------------------------------------------- validation
+
+_TIME = re.compile(r"^(\d+|\d+:\d{2}|\d+:\d{2}:\d{2}|\d+-\d+|\d+-\d+:\d{2}|\d+-\d+:\d{2}:\d{2})$")
+_NAME = re.compile(r"^[A-Za-z0-9._-]{1,64}$")
+_PROFILE = re.compile(r"^[A-Za-z0-9_-]+$")
+_FLAG = re.compile(r"^[a-z][a-z0-9-]*$")
+
+
+def _positive(where: str, value: int | float, fix: str) -> None:
+    if value <= 0:
+        raise ConfigError(f"{where} must be positive, got {value}; {fix}")
+
+
+def grpo_config_fields() -> set[str] | None:
+    """Field names of trl.GRPOConfig and its parents, read from TRL's source without importing it
+    (importing TRL imports torch, which a login node may not have). None when TRL is not installed."""
+    spec = importlib.util.find_spec("trl")
+    if spec is None or not spec.submodule_search_locations:
+        return None
+    root = Path(next(iter(spec.submodule_search_locations)))
+    names: set[str] = set()
+    for rel in ("trainer/grpo_config.py", "trainer/base_config.py"):
+        p = root / rel
+        if p.is_file():
+            for node in ast.walk(ast.parse(p.read_text())):
+                if isinstance(node, ast.AnnAssign) and isinstance(node.target, ast.Name):
+                    names.add(node.target.id)
+    spec_tf = importlib.util.find_spec("transformers")
+    if spec_tf is not None and spec_tf.submodule_search_locations:
+        p = Path(next(iter(spec_tf.submodule_search_locations))) / "training_args.py"
+        if p.is_file():
+            for node in ast.walk(ast.parse(p.read_text())):
+                if isinstance(node, ast.AnnAssign) and isinstance(node.target, ast.Name):
+                    names.add(node.target.id)
+    return names or None
+
+
+# trainer fields the project sets itself; passing them through grpo would fight the plan
+_OWNED_GRPO = {
+    "use_vllm",
+    "vllm_mode",
+    "vllm_server_base_url",
+    "vllm_server_host",
+    "vllm_server_port",
+    "output_dir",
+    "use_cpu",
+    "fsdp",
+    "fsdp_config",
+    "save_strategy",
+    "report_to",
+    "gradient_checkpointing",
+}
+_GRPO_NAMED_HERE = {"gradient_checkpointing": "activation_checkpointing"}
+"""trl.GRPOConfig fields that have a trainer.* key of another name (set it there, so the loader applies it)."""
+
+
+_CONTROL = re.compile(r"[\x00-\x1f\x7f]")
+_CONTROL_NAMES = {"\n": "a newline (\\n)", "\r": "a carriage return (\\r)", "\x00": "a NUL character (\\0)", "\t": "a tab (\\t)"}
+PASSED_AS_DATA = {"trainer.grpo"}
+"""Keys whose values only travel as data (plan.json -> trl.GRPOConfig) and never reach the sbatch text or a command
+line: a generation stop string may well be a newline there."""
+
+
+def control_character(value: str) -> str | None:
+    """The first control character in value, named for an error message (a newline, a tab, ...); None if none."""
+    m = _CONTROL.search(value)
+    if m is None:
+        return None
+    return _CONTROL_NAMES.get(m.group(), f"a control character (\\x{ord(m.group()):02x})")
+
+
+def _refuse_control_characters(where: str, value: Any) -> None:
+    fix = "config values reach the sbatch header and command lines, remove it"
+    if isinstance(value, str):
+        bad = control_character(value)
+        if bad:
+            raise ConfigError(f"{where}: contains {bad}; {fix}")
+    elif isinstance(value, list):
+        for i, item in enumerate(value):
+            _refuse_control_characters(f"{where}[{i}]", item)
+    elif isinstance(value, dict):
+        for k, item in value.items():
+            bad = control_character(str(k))
+            if bad:
+                raise ConfigError(f"{where} key {str(k)!r}: contains {bad}; {fix}")
+            _refuse_control_characters(f"{where}.{k}", item)
+    elif dataclasses.is_dataclass(value):
+        for f in dataclasses.fields(value):
+            if f"{where}.{f.name}" not in PASSED_AS_DATA:
+                _refuse_control_characters(f"{where}.{f.name}", getattr(value, f.name))
+
+
+def validate(cfg: JobConfig) -> None:
+    # first: a newline in any value (slurm.account: "acme\necho x\n#") would end the sbatch header there and run the
+    # rest as shell on the batch host; sbatch would then drop every later #SBATCH line without a word
+    for name in SECTIONS:
+        _refuse_control_characters(name, getattr(cfg, name))
+    s, v, t, j = cfg.slurm, cfg.vllm, cfg.trainer, cfg.job
+    _positive("slurm.nodes", s.nodes, "ask for at least one node")
+    _positive("slurm.gpus_per_node", s.gpus_per_node, "every node needs GPUs (or CPU slots) for vLLM and the trainer")
+    if s.cpus_per_task < 0:
+        raise ConfigError(f"slurm.cpus_per_task must be 0 (not set) or positive, got {s.cpus_per_task}")
+    if not _TIME.match(s.time):
+        raise ConfigError(f"slurm.time {s.time!r} is not a SLURM time; use MM, HH:MM:SS or D-HH:MM:SS, e.g. 04:00:00")
+    if s.signal_seconds < 0 or s.signal_seconds > 3600:
+        raise ConfigError(f"slurm.signal_seconds must be between 0 and 3600, got {s.signal_seconds}")
+    if not _PROFILE.match(s.setup_profile):
+        raise ConfigError(
+            f"slurm.setup_profile {s.setup_profile!r} must be the name of a file in slurm_templates/ without .sh.j2"
+        )
+    for k in s.extra_sbatch:
+        if not _FLAG.match(k):
+            raise ConfigError(f"slurm.extra_sbatch key {k!r} must be an sbatch flag name without dashes, e.g. reservation")
+    c = s.container
+    if c.runtime not in ("pyxis", "apptainer"):
+        raise ConfigError(f"slurm.container.runtime {c.runtime!r} must be pyxis (srun --container-image) or apptainer")
+    for m in c.mounts:
+        if m.count(":") not in (1, 2) or "," in m or not all(m.split(":")[:2]):
+            raise ConfigError(f"slurm.container.mounts entry {m!r} must be SRC:DST or SRC:DST:ro, without commas")
+    if (c.mounts or c.workdir) and not c.image:
+        raise ConfigError("slurm.container has mounts or a workdir but no image; set slurm.container.image")
+    if not v.model:
+        raise ConfigError(
+            "vllm.model is required: a local model folder (e.g. one made by `slurm-grpo make-tiny-model DIR`) or a hub name"
+        )
+    _positive("vllm.tensor_parallel_size", v.tensor_parallel_size, "vLLM needs at least one GPU")
+    _positive("vllm.data_parallel_size", v.data_parallel_size, "the server needs at least one engine")
+    serving = v.tensor_parallel_size * v.data_parallel_size
+    if serving >= s.gpus_per_node and not (s.gpus_per_node == 1 and serving == 1):
+        raise ConfigError(
+            f"vllm.tensor_parallel_size x data_parallel_size ({v.tensor_parallel_size} x {v.data_parallel_size}) leaves "
+            f"no trainer GPU on a {s.gpus_per_node}-GPU node; lower them or ask for more GPUs per node (slurm.gpus_per_node)"
+        )
+    if not 0 < v.gpu_memory_utilization <= 1:
+        raise ConfigError(f"vllm.gpu_memory_utilization must be in (0, 1], got {v.gpu_memory_utilization}")
+    if v.max_model_len < 0:
+        raise ConfigError(f"vllm.max_model_len must be 0 (the model's own) or positive, got {v.max_model_len}")
+    if v.dtype not in ("auto", "bfloat16", "float16", "float32"):
+        raise ConfigError(f"vllm.dtype {v.dtype!r} must be one of auto, bfloat16, float16, float32")
+    _positive("vllm.health_timeout_s", v.health_timeout_s, "servers need time to load the model")
+    if v.weight_transfer_backend not in ("auto", "nccl", "gloo", "ipc"):
+        raise ConfigError(f"vllm.weight_transfer_backend {v.weight_transfer_backend!r} must be auto, nccl, gloo or ipc")
+    for port_name in ("vllm.port", "trainer.rendezvous_port", "trainer.weight_transfer_port"):
+        sec, key = port_name.split(".")
+        port = getattr(getattr(cfg, sec), key)
+        if not 1024 <= port <= 65535:
+            raise ConfigError(f"{port_name} ({port}) must be between 1024 and 65535 (ports below 1024 need root)")
+    ports = {
+        "vllm.port": v.port,
+        "trainer.rendezvous_port": t.rendezvous_port,
+        "trainer.weight_transfer_port": t.weight_transfer_port,
+    }
+    seen: dict[int, str] = {}
+    for name, port in ports.items():
+        if port in seen:
+            raise ConfigError(f"{name} and {seen[port]} are both {port}; every service on a node needs its own port")
+        seen[port] = name
+    if not t.dataset:
+        raise ConfigError("trainer.dataset is required: a JSONL/Parquet file or a `datasets` folder with a 'prompt' column")
+    if not t.reward_funcs:
+        raise ConfigError(
+            "trainer.reward_funcs is empty; name at least one reward, e.g. [letter_a_fraction] or pkg.module:function"
+        )
+    for r in t.reward_funcs:
+        if ":" in r:
+            mod, _, fn = r.partition(":")
+            if not re.match(r"^[A-Za-z_][\w.]*$", mod) or not fn.isidentifier():
+                raise ConfigError(f"trainer.reward_funcs entry {r!r} is not a dotted path 'pkg.module:function'")
+        elif not r.isidentifier():
+            raise ConfigError(f"trainer.reward_funcs entry {r!r} is neither a built-in reward name nor 'pkg.module:function'")
+    for name in ("max_steps", "per_device_train_batch_size", "num_generations", "max_completion_length", "bucket_mb"):
+        _positive(f"trainer.{name}", getattr(t, name), "it counts something that must exist")
+    for name in ("request_timeout_s", "push_timeout_s"):
+        _positive(f"trainer.{name}", getattr(t, name), "every wait needs a deadline")
+    if t.num_generations < 2:
+        raise ConfigError(
+            f"trainer.num_generations ({t.num_generations}) must be at least 2: GRPO compares completions within a group"
+        )
+    if t.learning_rate <= 0:
+        raise ConfigError(f"trainer.learning_rate must be positive, got {t.learning_rate}")
+    if t.beta < 0:
+        raise ConfigError(f"trainer.beta must be >= 0, got {t.beta}")
+    if t.temperature <= 0:
+        raise ConfigError(f"trainer.temperature must be positive, got {t.temperature}")
+    if t.save_steps < 0 or t.stall_timeout_s < 0 or t.parity_tolerance < 0:
+        raise ConfigError("trainer.save_steps, trainer.stall_timeout_s and trainer.parity_tolerance must be >= 0")
+    if t.dtype not in ("bfloat16", "float32"):
+        raise ConfigError(f"trainer.dtype {t.dtype!r} must be bfloat16 or float32")
+    if t.fsdp not in ("hsdp", "fsdp"):
+        raise ConfigError(f"trainer.fsdp {t.fsdp!r} must be hsdp (shard in a node, replicate across nodes) or fsdp")
+    if t.model_loading not in ("sharded", "full"):
+        raise ConfigError(f"trainer.model_loading {t.model_loading!r} must be sharded (each rank reads its shard) or full")
+    if s.gpu_memory_gb < 0:
+        raise ConfigError(f"slurm.gpu_memory_gb must be >= 0 (0 = from the GPU name), got {s.gpu_memory_gb}")
+    bad = sorted(set(t.report_to) - {"wandb", "tensorboard", "none"})
+    if bad:
+        raise ConfigError(f"trainer.report_to entry {bad[0]!r} must be wandb, tensorboard or none, e.g. [wandb, tensorboard]")
+    if t.wandb_mode not in ("offline", "online", "disabled"):
+        raise ConfigError(f"trainer.wandb_mode {t.wandb_mode!r} must be offline (then `slurm-grpo sync JOB`), online or disabled")
+    if not 0 <= t.max_staleness <= MAX_STALENESS:
+        raise ConfigError(
+            f"trainer.max_staleness must be 0 (synchronous) to {MAX_STALENESS} (steps off), got {t.max_staleness}; "
+            "1 already overlaps generation with training completely when generation is the shorter of the two"
+        )
+    if t.max_staleness and any(
+        t.grpo.get(k, 1) != 1 for k in ("steps_per_generation", "num_iterations", "gradient_accumulation_steps")
+    ):
+        raise ConfigError(
+            f"trainer.max_staleness {t.max_staleness} generates whole batches ahead, one generation per optimizer step: remove "
+            "steps_per_generation, num_iterations and gradient_accumulation_steps from trainer.grpo (or set them to 1)"
+        )
+    if t.parity_action not in ("fail", "warn"):
+        raise ConfigError(f"trainer.parity_action {t.parity_action!r} must be fail or warn")
+    owned = sorted(set(t.grpo) & (_OWNED_GRPO | {f.name for f in dataclasses.fields(TrainerConfig)}))
+    if owned:
+        ours = _GRPO_NAMED_HERE.get(owned[0], owned[0])
+        raise ConfigError(
+            f"trainer.grpo.{owned[0]} is set by slurm-grpo itself (or is a trainer.* key); "
+            f"remove it from trainer.grpo (use trainer.{ours} if that key exists)"
+        )
+    known = grpo_config_fields()
+    if known is not None:
+        bad = sorted(set(t.grpo) - known)
+        if bad:
+            near = sorted(k for k in known if k.startswith(bad[0][:4]))[:8]
+            raise ConfigError(
+                f"trainer.grpo.{bad[0]} is not a trl.GRPOConfig field"
+                + (f"; similar fields: {', '.join(near)}" if near else "; see trl's GRPOConfig docs")
+            )
+    if not _NAME.match(j.name):
+        raise ConfigError(f"job.name {j.name!r} may use letters, digits, '-', '_' and '.' only (1-64 characters), e.g. grpo-7b")
+    if j.device not in ("cuda", "cpu"):
+        raise ConfigError(f"job.device {j.device!r} must be cuda or cpu")
+    if j.device == "cpu" and v.weight_transfer_backend in ("nccl", "ipc"):
+        raise ConfigError(
+            f"vllm.weight_transfer_backend {v.weight_transfer_backend} needs GPUs; with job.device cpu use gloo (or auto)"
+        )
+    if j.device == "cpu" and t.dtype != "float32":
+        raise ConfigError(
+            "trainer.dtype must be float32 with job.device cpu (vLLM's CPU build and gloo run float32 here); set trainer.dtype: float32"
+        )
+    _positive("job.node_timeout_s", j.node_timeout_s, "a lost node must be declared lost at some point")
+    if not j.python:
+        raise ConfigError("job.python must be a path or name of a Python interpreter")
+
+
+def reference_markdown() -> str:
+    """The README's config reference, generated from the dataclasses (tests check the README holds it)."""
+    out = []
+    for name, cls in SECTIONS.items():
+        docs = field_docs(cls)
+        out.append(f"**`{name}`**\n\n| key | default | meaning |\n|---|---|---|")
+        rows = [(f.name, f, docs) for f in dataclasses.fields(cls)]
+        while rows:
+            key, f, d = rows.pop(0)
+            sub = typing.get_type_hints(cls).get(f.name) if "." not in key else None
+            if isinstance(sub, type) and dataclasses.is_dataclass(sub):  # a nested group: one row per key
+                out.append(f"| `{key}` | | {d.get(f.name, '')} |")
+                rows[:0] = [(f"{key}.{g.name}", g, field_docs(sub)) for g in dataclasses.fields(sub)]
+                continue
+            default = repr(_default(f)).replace("|", "\\|")
+            out.append(f"| `{key}` | `{default}` | {d.get(f.name, '').replace('|', '/')} |")
+        out.append("")
+    return "\n".join(out).strip()

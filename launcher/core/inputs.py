@@ -1,0 +1,177 @@
+"""Checks each node runs before it starts anything (torch-free): the model folder and the dataset are
+readable there. A missing model or a malformed data line then fails in seconds, naming the node and the
+file, instead of after a minute of vLLM start-up or inside a torchrun traceback.
+
+`submit_path_problems` runs the same checks on the submit host before sbatch (plus: reward modules importable,
+the setup venv present), so a typo fails at once instead of after the job waited in the queue. `local_problems` runs
+them before `slurm-grpo local` starts anything, and resolves the rewards as the trainer will (this host runs it)."""
+
+from __future__ import annotations
+
+import importlib.util
+import json
+import subprocess
+import sys
+from pathlib import Path
+
+from launcher.core.config import JobConfig
+
+TOKENIZER_FILES = ("tokenizer.json", "tokenizer_config.json", "vocab.json", "tokenizer.model")
+WEIGHT_GLOBS = ("*.safetensors", "*.bin", "*.safetensors.index.json", "*.bin.index.json")
+
+
+class PreflightError(ValueError):
+    pass
+
+
+def looks_local(model: str) -> bool:
+    """A hub name is `org/name` (or `name`); anything absolute, relative-dotted or home-based is a path."""
+    return model.startswith(("/", "./", "../", "~")) or Path(model).expanduser().exists()
+
+
+def check_model(model: str) -> None:
+    if not looks_local(model):
+        return  # a hub name: vLLM and transformers resolve it (from the node's HF cache when offline)
+    p = Path(model).expanduser()
+    if not p.is_dir():
+        raise PreflightError(
+            f"vllm.model {model!r}: no such folder on this node (model folders must be on a "
+            f"file system every node mounts; build a test one with `slurm-grpo make-tiny-model DIR`)"
+        )
+    missing = []
+    if not (p / "config.json").is_file():
+        missing.append("config.json")
+    if not any((p / f).is_file() for f in TOKENIZER_FILES):
+        missing.append("a tokenizer (tokenizer.json or tokenizer_config.json)")
+    if not any(any(p.glob(g)) for g in WEIGHT_GLOBS):
+        missing.append("weights (*.safetensors)")
+    if missing:
+        raise PreflightError(f"vllm.model {model!r} is not a complete model folder: missing {', '.join(missing)}")
+    try:
+        json.loads((p / "config.json").read_text())
+    except (OSError, ValueError) as e:
+        raise PreflightError(f"vllm.model {model!r}: config.json is unreadable ({e})") from None
+
+
+def read_jsonl_prompts(path: str) -> list[dict]:
+    """Every non-empty line a JSON object with a 'prompt'; the error names the file and the line."""
+    p = Path(path)
+    try:
+        text = p.read_text()
+    except OSError as e:
+        raise PreflightError(f"trainer.dataset {path!r} is unreadable: {e.strerror}") from None
+    rows = []
+    for i, line in enumerate(text.splitlines(), 1):
+        if not line.strip():
+            continue
+        try:
+            row = json.loads(line)
+        except ValueError as e:
+            raise PreflightError(f"trainer.dataset {path}: line {i} is not valid JSON ({e}); fix or remove that line") from None
+        if not isinstance(row, dict) or "prompt" not in row:
+            raise PreflightError(
+                f'trainer.dataset {path}: line {i} has no \'prompt\' field; each line must be an object like {{"prompt": "..."}}'
+            )
+        rows.append(row)
+    if not rows:
+        raise PreflightError(f"trainer.dataset {path} is empty")
+    return rows
+
+
+def check_dataset(path: str) -> None:
+    p = Path(path)
+    if not p.exists():
+        raise PreflightError(
+            f"trainer.dataset {path!r} does not exist on this node (paths are read on the nodes; "
+            f"use an absolute path on a shared file system)"
+        )
+    if p.is_dir():
+        if not any((p / f).exists() for f in ("dataset_info.json", "state.json", "dataset_dict.json")):
+            raise PreflightError(f"trainer.dataset {path!r} is a folder but not one saved by `datasets` (no dataset_info.json)")
+    elif p.suffix in (".jsonl", ".json"):
+        read_jsonl_prompts(path)
+    elif p.suffix != ".parquet":
+        raise PreflightError(f"trainer.dataset {path!r}: unknown format; use .jsonl, .parquet or a `datasets` folder")
+
+
+def check_node_inputs(config: JobConfig) -> None:
+    check_model(config.vllm.model)
+    check_dataset(config.trainer.dataset)
+
+
+SKIP_HINT = "if these paths exist only on the compute nodes, submit again with --skip-path-checks"
+
+
+def reward_module_problem(entry: str) -> str | None:
+    """A 'pkg.module:function' reward whose module cannot be found from here (found, not run: its imports may need
+    the GPU stack this host lacks). Built-in names are the trainer's and were checked by the config."""
+    if ":" not in entry:
+        return None
+    module = entry.split(":", 1)[0]
+    try:
+        found = importlib.util.find_spec(module) is not None
+    except (ImportError, ValueError):  # a parent package missing
+        found = False
+    if found:
+        return None
+    return (
+        f"trainer.reward_funcs {entry!r}: module {module!r} is not importable here; put its folder on PYTHONPATH "
+        f"(the job's nodes get the same) or install it into the job's venv"
+    )
+
+
+def input_problems(config: JobConfig) -> list[str]:
+    """The nodes' own checks (model folder, dataset), run on this host: each a one-line error."""
+    problems = []
+    for check in (lambda: check_model(config.vllm.model), lambda: check_dataset(config.trainer.dataset)):
+        try:
+            check()
+        except PreflightError as e:
+            problems.append(str(e).replace(" on this node", " on this host"))
+    return problems
+
+
+def submit_path_problems(config: JobConfig) -> list[str]:
+    """What the nodes would find missing, checked on the submit host: each a one-line error."""
+    problems = input_problems(config)
+    problems += [p for p in map(reward_module_problem, config.trainer.reward_funcs) if p]
+    venv = config.slurm.setup_vars.get("venv", "")
+    if venv and not (Path(venv).expanduser() / "bin" / "activate").is_file():
+        problems.append(
+            f"slurm.setup_vars.venv {venv!r}: no bin/activate there; create it (python -m venv {venv}) or fix the path"
+        )
+    return problems
+
+
+REWARD_CHECK_TIMEOUT_S = 300
+
+
+def reward_import_problems(entries: list[str], python: str = sys.executable) -> list[str]:
+    """The 'pkg.module:function' rewards resolved exactly as this host's trainer ranks will (trainer.rewards, in a
+    child of the ranks' interpreter, cwd and environment: the modules' own imports stay out of the launcher), so a
+    module that cannot be imported or lacks the function fails before vLLM starts. Each problem one line."""
+    dotted = [e for e in entries if ":" in e]
+    if not dotted:
+        return []
+    argv = [python, "-m", "trainer.rewards", *dotted]
+    try:
+        r = subprocess.run(argv, capture_output=True, text=True, timeout=REWARD_CHECK_TIMEOUT_S, stdin=subprocess.DEVNULL)
+    except subprocess.TimeoutExpired:
+        return [
+            f"trainer.reward_funcs {dotted}: importing them took over {REWARD_CHECK_TIMEOUT_S} s here; fix the module's imports"
+        ]
+    lines = r.stdout.strip().splitlines()
+    try:
+        found = json.loads(lines[-1]) if lines else None
+    except ValueError:
+        found = None
+    if isinstance(found, list) and (found or r.returncode == 0):
+        return [str(x) for x in found]
+    last = (r.stderr.strip().splitlines() or ["(no output)"])[-1]
+    return [f"trainer.reward_funcs {dotted}: checking them with `{' '.join(argv[:3])}` failed (exit {r.returncode}: {last})"]
+
+
+def local_problems(config: JobConfig, python: str = sys.executable) -> list[str]:
+    """What `slurm-grpo local` would find only after vLLM started: the nodes' checks, run here, and the rewards
+    resolved as the trainer will. (No venv check: local runs in this interpreter.)"""
+    return input_problems(config) + reward_import_problems(config.trainer.reward_funcs, python)

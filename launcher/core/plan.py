@@ -1,0 +1,209 @@
+"""plan(config) -> Plan: every per-node number derived once, checked, and written to plan.json.
+
+Nothing downstream (bootstrap, trainer) recomputes a rank, a GPU list or a port: they read the Plan.
+Pure: no I/O except reading the model's config.json when it is a local folder (to check TP vs heads).
+"""
+
+from __future__ import annotations
+
+import json
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+from typing import Any
+
+from launcher.core.config import ConfigError, JobConfig, rebuild
+from launcher.memory import ModelShape
+
+# The rendezvous host is only known inside the allocation (the first hostname of SLURM_JOB_NODELIST);
+# the bootstrap resolves this sentinel. Local runs use 127.0.0.1.
+FIRST_NODE = "<first node of the allocation>"
+
+
+@dataclass(frozen=True)
+class RankPlan:
+    global_rank: int
+    local_rank: int
+    node: int
+    gpu: int
+    """The node-local GPU index this rank uses (a CPU slot on CPU builds)."""
+    cuda_index: int
+    """The rank's CUDA device index inside its torchrun, whose CUDA_VISIBLE_DEVICES lists the node's trainer GPUs."""
+
+
+@dataclass(frozen=True)
+class NodePlan:
+    node: int
+    vllm_gpus: list[int]
+    trainer_gpus: list[int]
+    server_url: str
+    """The node's own vLLM server; only this node's ranks talk to it."""
+    weight_transfer_port: int
+    ranks: list[RankPlan]
+    shared_gpu: bool = False
+    """vLLM and the single trainer rank share one GPU (one-GPU machines): vLLM gets a memory fraction."""
+
+
+@dataclass(frozen=True)
+class Plan:
+    job_name: str
+    job_dir: str
+    device: str
+    num_nodes: int
+    gpus_per_node: int
+    ranks_per_node: int
+    world_size: int
+    tensor_parallel_size: int
+    weight_transfer_backend: str
+    rendezvous_host: str
+    rendezvous_port: int
+    vllm_port: int
+    nodes: list[NodePlan]
+    config: JobConfig
+    """The resolved config the plan was made from (typed; plan.json holds its plain form)."""
+    process_group_timeout_s: float
+    """torch.distributed timeout: a push or a request may take its whole deadline while other ranks wait."""
+    trainer_shutdown_s: int
+    """torchrun --shutdown-timeout: how long the ranks get for a preemption checkpoint before torchrun kills them."""
+    bootstrap_grace_s: int
+    """How long the bootstrap waits for torchrun after SIGTERM: torchrun's own shutdown, plus a margin."""
+    derivation: list[str] = field(default_factory=list)
+    """One line per derived number: the rule that produced it (printed by dry-run)."""
+    data_parallel_size: int = 1
+    """vLLM engines behind each node's server (vllm.data_parallel_size), each on tensor_parallel_size GPUs."""
+
+    @property
+    def server_world(self) -> int:
+        """The server's workers, all of which receive every weight push: TP x DP (the transfer world is this + 1)."""
+        return self.tensor_parallel_size * self.data_parallel_size
+
+    def to_json(self) -> str:
+        return json.dumps(asdict(self), indent=2, sort_keys=False)
+
+    @staticmethod
+    def from_dict(d: dict[str, Any]) -> Plan:
+        nodes = [NodePlan(**{**n, "ranks": [RankPlan(**r) for r in n["ranks"]]}) for n in d["nodes"]]
+        return Plan(**{**d, "nodes": nodes, "config": rebuild(d["config"])})
+
+    @staticmethod
+    def load(path: str | Path) -> Plan:
+        p = Path(path)
+        if not p.is_file():
+            raise ConfigError(f"plan file {str(p)!r} not found; it is written by `slurm-grpo submit|local` into the job folder")
+        return Plan.from_dict(json.loads(p.read_text()))
+
+    def rank(self, global_rank: int) -> RankPlan:
+        return self.nodes[global_rank // self.ranks_per_node].ranks[global_rank % self.ranks_per_node]
+
+
+def resolve_backend(cfg: JobConfig, shared_gpu: bool) -> str:
+    b = cfg.vllm.weight_transfer_backend
+    if b != "auto":
+        if shared_gpu and b == "nccl":
+            raise ConfigError(
+                "vllm.weight_transfer_backend nccl needs the trainer on another GPU than vLLM (NCCL refuses "
+                "two ranks on one GPU); on a one-GPU node use ipc or auto"
+            )
+        if not shared_gpu and b == "ipc":
+            raise ConfigError(
+                "vllm.weight_transfer_backend ipc needs vLLM and the trainer on the same GPU "
+                "(slurm.gpus_per_node: 1); with more GPUs use nccl or auto"
+            )
+        return b
+    if cfg.job.device == "cpu":
+        return "gloo"
+    return "ipc" if shared_gpu else "nccl"
+
+
+def plan(cfg: JobConfig, job_dir: str) -> Plan:
+    s, v, t = cfg.slurm, cfg.vllm, cfg.trainer
+    tp, dp, g = v.tensor_parallel_size, v.data_parallel_size, s.gpus_per_node
+    shared = g == 1 and tp * dp == 1
+    if shared and cfg.job.device == "cpu":
+        raise ConfigError(
+            "slurm.gpus_per_node 1 with job.device cpu leaves no slot for a trainer rank beside vLLM; "
+            "use gpus_per_node >= 2 (one vLLM slot plus trainer slots)"
+        )
+    if tp * dp > g:
+        raise ConfigError(
+            f"vllm.tensor_parallel_size x data_parallel_size ({tp} x {dp}) is larger than the node ({g} GPUs); "
+            f"lower them or raise slurm.gpus_per_node"
+        )
+    shape = ModelShape.read(v.model)
+    if shape is not None:
+        nh = shape.heads
+        if nh % tp:
+            raise ConfigError(
+                f"vllm.tensor_parallel_size ({tp}) does not divide the model's {nh} attention heads "
+                f"({v.model}/config.json); pick a TP size that divides {nh}"
+            )
+    vllm_gpus = [0] if shared else list(range(tp * dp))
+    trainer_gpus = [0] if shared else list(range(tp * dp, g))
+    per_node = len(trainer_gpus)
+    world = per_node * s.nodes
+    batch = t.per_device_train_batch_size
+    if (batch * world) % t.num_generations:
+        raise ConfigError(
+            f"the global batch ({batch} per rank x {world} ranks = {batch * world} completions) is not a multiple of "
+            f"trainer.num_generations ({t.num_generations}); make per_device_train_batch_size x ranks divisible by it"
+        )
+    if t.fsdp == "hsdp" and s.nodes > 1 and per_node < 1:
+        raise ConfigError("trainer.fsdp hsdp needs at least one trainer rank per node")
+    backend = resolve_backend(cfg, shared)
+    rdzv_host = "127.0.0.1" if s.nodes == 1 else FIRST_NODE
+    nodes = []
+    for n in range(s.nodes):
+        ranks = [
+            RankPlan(global_rank=n * per_node + i, local_rank=i, node=n, gpu=gpu, cuda_index=i)
+            for i, gpu in enumerate(trainer_gpus)
+        ]
+        nodes.append(
+            NodePlan(
+                node=n,
+                vllm_gpus=vllm_gpus,
+                trainer_gpus=trainer_gpus,
+                server_url=f"http://127.0.0.1:{v.port}",
+                weight_transfer_port=t.weight_transfer_port,
+                ranks=ranks,
+                shared_gpu=shared,
+            )
+        )
+    # the ranks get the time-limit warning minus 30 s for their checkpoint; the bootstrap outwaits torchrun by 10 s
+    shutdown = max(30, s.signal_seconds - 30)
+    derivation = [
+        f"vLLM GPUs per node = first tensor_parallel_size x data_parallel_size = {tp} x {dp} = {vllm_gpus}"
+        + (" (shared with the trainer: one-GPU node)" if shared else ""),
+        f"trainer ranks per node = gpus_per_node - TP x DP = {g} - {tp * dp} = {per_node}"
+        if not shared
+        else "trainer ranks per node = 1 (shares GPU 0 with vLLM)",
+        f"world size = ranks per node x nodes = {per_node} x {s.nodes} = {world}",
+        f"completions per step = per_device_train_batch_size x world = {batch} x {world} = {batch * world} "
+        f"= {batch * world // t.num_generations} prompts x {t.num_generations} generations",
+        f"weight push world per node = 1 sender (the node leader) + TP x DP = {tp} x {dp} server workers = {1 + tp * dp}",
+        f"weight push backend = {backend} ({'set' if v.weight_transfer_backend != 'auto' else 'auto: ' + cfg.job.device + (', shared GPU' if shared else '')})",
+        f"sharding = {t.fsdp}: "
+        + ("shard over the node's ranks, replicate across nodes" if t.fsdp == "hsdp" else "shard over all ranks"),
+        f"rendezvous = {rdzv_host}:{t.rendezvous_port} (torchrun static rendezvous: a TCPStore on the first node, so ranks follow the plan)",
+        f"process-group timeout = push_timeout_s + request_timeout_s = {t.push_timeout_s:g} + {t.request_timeout_s:g} s",
+        f"trainer shutdown = max(30, signal_seconds - 30) = {shutdown} s (preemption checkpoint), bootstrap grace {shutdown + 10} s",
+    ]
+    return Plan(
+        job_name=cfg.job.name,
+        job_dir=job_dir,
+        device=cfg.job.device,
+        num_nodes=s.nodes,
+        gpus_per_node=g,
+        ranks_per_node=per_node,
+        world_size=world,
+        tensor_parallel_size=tp,
+        weight_transfer_backend=backend,
+        rendezvous_host=rdzv_host,
+        rendezvous_port=t.rendezvous_port,
+        vllm_port=v.port,
+        nodes=nodes,
+        config=cfg,
+        process_group_timeout_s=t.push_timeout_s + t.request_timeout_s,
+        trainer_shutdown_s=shutdown,
+        bootstrap_grace_s=shutdown + 10,
+        derivation=derivation,
+        data_parallel_size=dp,
+    )

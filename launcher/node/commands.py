@@ -1,0 +1,163 @@
+"""The per-node processes as argv lists plus their environment: one source for dry-run and bootstrap.
+
+Commands are lists, never shell strings: the bootstrap runs them without a shell, and dry-run shows
+them with shlex.join, so a config value with spaces, quotes or `$()` is an argument, not shell code.
+"""
+
+from __future__ import annotations
+
+import json
+from dataclasses import dataclass
+
+from launcher.core.config import ConfigError
+from launcher.core.plan import Plan
+from launcher.node.stale import JOB_DIR_ENV
+
+PLUGIN_ENV = "SLURM_GRPO_CPU_PLAIN_LINEAR"
+"""Set for CPU servers: our vLLM plugin then keeps linear weights unpacked so pushed weights take effect."""
+
+
+OFFLINE_ENV = {"HF_HUB_OFFLINE": "1", "HF_DATASETS_OFFLINE": "1"}
+"""Nodes never reach for the hub: a hub model name was resolved to its cached snapshot at submit (launcher.hub)."""
+
+
+@dataclass(frozen=True)
+class NodeCommand:
+    name: str
+    argv: list[str]
+    env: dict[str, str]
+    log: str
+    """Log file, relative to the job folder."""
+
+
+def gpu_list(gpus: list[int], allocated: str | None = None) -> str:
+    """CUDA_VISIBLE_DEVICES for the plan's node-local GPU indices. `allocated`: the CUDA_VISIBLE_DEVICES that
+    SLURM (or the user) gave the node's bootstrap; index i means its i-th entry, so a process never lands on
+    another job's GPUs on clusters without device cgroups. None or empty: the node's GPUs are 0..N-1."""
+    ids = [x.strip() for x in (allocated or "").split(",") if x.strip()]
+    if not ids:
+        return ",".join(str(g) for g in gpus)
+    if max(gpus) >= len(ids):
+        raise ConfigError(
+            f"the plan uses GPU index {max(gpus)} of the node, but CUDA_VISIBLE_DEVICES={allocated!r} "
+            f"lists {len(ids)}; ask SLURM for slurm.gpus_per_node GPUs (--gres=gpu:N) or lower it"
+        )
+    return ",".join(ids[g] for g in gpus)
+
+
+def vllm_command(plan: Plan, node: int, python: str = "python", allocated: str | None = None) -> NodeCommand:
+    n = plan.nodes[node]
+    v = plan.config.vllm
+    argv = [
+        python,
+        "-m",
+        "vllm.entrypoints.openai.api_server",
+        "--model",
+        v.model,
+        # loopback only: the dev-mode routes (weight updates, collective_rpc) must not be reachable from other hosts
+        "--host",
+        "127.0.0.1",
+        "--port",
+        str(plan.vllm_port),
+        "--tensor-parallel-size",
+        str(plan.tensor_parallel_size),
+        "--gpu-memory-utilization",
+        str(v.gpu_memory_utilization),
+        "--dtype",
+        v.dtype,
+        # trainer parity checks and TRL's importance sampling want logprobs after temperature
+        "--logprobs-mode",
+        "processed_logprobs",
+        "--weight-transfer-config",
+        json.dumps({"backend": plan.weight_transfer_backend}),
+        "--seed",
+        str(plan.config.trainer.seed),
+    ]
+    if plan.data_parallel_size > 1:  # vLLM's own DP: several engines behind this one endpoint, balanced by vLLM
+        argv += ["--data-parallel-size", str(plan.data_parallel_size)]
+    if v.max_model_len:
+        argv += ["--max-model-len", str(v.max_model_len)]
+    argv += list(v.extra_args)
+    env = {
+        **OFFLINE_ENV,
+        JOB_DIR_ENV: plan.job_dir,  # marks the processes as this job folder's (launcher.node.stale finds leftovers by it)
+        "VLLM_SERVER_DEV_MODE": "1",
+        "CUDA_VISIBLE_DEVICES": gpu_list(n.vllm_gpus, allocated),
+        "VLLM_NO_USAGE_STATS": "1",
+        "DO_NOT_TRACK": "1",
+    }
+    if plan.weight_transfer_backend == "ipc":
+        # vLLM's ipc engine receives the trainer's CUDA IPC handles pickled over HTTP; it refuses them
+        # without this. The server listens on 127.0.0.1 only, so only this node's processes can post.
+        env["VLLM_ALLOW_INSECURE_SERIALIZATION"] = "1"
+    if plan.device == "cpu":
+        env.update({"VLLM_CPU_KVCACHE_SPACE": str(v.cpu_kvcache_gib), PLUGIN_ENV: "1", "CUDA_VISIBLE_DEVICES": ""})
+    return NodeCommand(name="vllm", argv=argv, env=env, log=f"logs/node{node}-vllm.log")
+
+
+def trainer_command(
+    plan: Plan, node: int, rendezvous_host: str, python: str = "python", allocated: str | None = None
+) -> NodeCommand:
+    n = plan.nodes[node]
+    # Static rendezvous (a TCPStore on the first node) rather than torchrun's c10d backend: c10d assigns
+    # node ranks in arrival order, which would break the plan's rank table (rank = node x ranks_per_node + local).
+    argv = [
+        python,
+        "-m",
+        "torch.distributed.run",
+        "--nnodes",
+        str(plan.num_nodes),
+        "--nproc-per-node",
+        str(plan.ranks_per_node),
+        "--node-rank",
+        str(node),
+        "--master-addr",
+        rendezvous_host,
+        "--master-port",
+        str(plan.rendezvous_port),
+        "--max-restarts",
+        "0",
+        # pass preemption signals on to the ranks (which checkpoint at the next step) instead of dying
+        # of them, and give the ranks time for that checkpoint before torchrun kills them
+        "--signals-to-handle",
+        "SIGTERM,SIGINT,SIGHUP,SIGQUIT,SIGUSR1,SIGUSR2",
+        "--shutdown-timeout",
+        str(plan.trainer_shutdown_s),
+        "-m",
+        "trainer.main",
+        f"{plan.job_dir}/plan.json",
+    ]
+    env = {
+        **OFFLINE_ENV,
+        JOB_DIR_ENV: plan.job_dir,
+        "SLURM_GRPO_NODE": str(node),
+        "CUDA_VISIBLE_DEVICES": gpu_list(n.trainer_gpus, allocated),
+        "TORCH_NCCL_ASYNC_ERROR_HANDLING": "1",
+        "PYTHONUNBUFFERED": "1",
+    }
+    if plan.device == "cpu":
+        env.update({"CUDA_VISIBLE_DEVICES": "", "OMP_NUM_THREADS": "1"})
+    return NodeCommand(name="trainer", argv=argv, env=env, log=f"logs/node{node}-trainer.log")
+
+
+def redact_argv(argv: list[str]) -> list[str]:
+    """The argv as it may be shown (dry-run, log headers): the value after a flag such as --hf-token or
+    --api-key, or in --flag=value form, is replaced by ***."""
+    from launcher.core.jobdir import is_secret
+
+    out, hide = [], False
+    for a in argv:
+        flag, eq, _ = a.partition("=")
+        if hide:
+            out.append("***")
+            hide = False
+        elif a.startswith("--") and is_secret(flag.replace("-", "_")):
+            out.append(f"{flag}=***" if eq else a)
+            hide = not eq
+        else:
+            out.append(a)
+    return out
+
+
+def bootstrap_argv(plan_path: str, python: str = "python") -> list[str]:
+    return [python, "-u", "-m", "launcher.node.bootstrap", plan_path]

@@ -1,0 +1,203 @@
+"""The TRL / transformers / vLLM / submitit internals slurm-grpo relies on. If an upgrade moves one,
+this fails with a message naming it, instead of the trainer failing somewhere deep in a job."""
+
+from __future__ import annotations
+
+import inspect
+
+import pytest
+
+
+def test_trl_generation_injection_point():
+    import trl.trainer.grpo_trainer as gt
+
+    assert hasattr(gt, "VLLMGeneration"), "trl.trainer.grpo_trainer.VLLMGeneration is gone (trainer/callback.py swaps it)"
+    src = inspect.getsource(gt.GRPOTrainer)
+    for needle in (
+        "VLLMGeneration(",
+        "self.vllm_generation.sync_weights()",
+        "self.vllm_generation.generate(",
+        "vllm_client.get_server_info()",
+    ):
+        assert needle in src, f"GRPOTrainer no longer contains {needle!r}; trainer/rollout/node.py must follow TRL"
+    params = list(inspect.signature(gt.VLLMGeneration.generate).parameters)
+    assert params[:5] == ["self", "prompts", "images", "num_generations", "profiler"], params
+
+
+def test_the_data_cursor_hook_is_where_trainer_data_puts_it():
+    import trl.trainer.grpo_trainer as gt
+
+    # trainer/data.continue_data_order replaces the instance's _get_train_sampler before train() builds the dataloader
+    src = inspect.getsource(gt.GRPOTrainer.get_train_dataloader)
+    assert "sampler_fn=self._get_train_sampler" in src, "GRPOTrainer builds its train sampler another way now"
+    assert "batch_size=self._train_batch_size * self.args.steps_per_generation" in src, (
+        "GRPOTrainer's dataloader batch changed: trainer/data.indices_per_step must follow"
+    )
+
+
+def test_transformers_leaves_self_sharded_models_alone():
+    import transformers.trainer as tt
+
+    assert "is_distributed_loading_by_transformers" in inspect.getsource(tt.Trainer.__init__), (
+        "transformers' Trainer no longer reads is_distributed_loading_by_transformers (trainer/parallel.py sets it)"
+    )
+
+
+def test_vllm_weight_transfer_hooks():
+    vllm = pytest.importorskip("vllm")
+    import vllm.model_executor.layers.utils as lu
+    from vllm.distributed.weight_transfer.factory import WeightTransferEngineFactory
+    from vllm.distributed.weight_transfer.nccl_engine import NCCLWeightTransferEngine
+
+    assert hasattr(WeightTransferEngineFactory, "register_engine") and hasattr(WeightTransferEngineFactory, "_registry")
+    for m in ("init_transfer_engine", "receive_weights", "update_weights", "parse_update_info"):
+        assert hasattr(NCCLWeightTransferEngine, m), f"NCCLWeightTransferEngine.{m} is gone (trainer/push/gloo_engine.py)"
+    assert hasattr(lu, "dispatch_cpu_unquantized_gemm"), "vLLM's CPU gemm dispatch moved (trainer/push/vllm_plugin.py patches it)"
+    assert vllm.__version__.startswith("0.32"), vllm.__version__
+
+
+def test_submitit_internals():
+    from submitit.slurm.slurm import SlurmExecutor
+
+    assert hasattr(SlurmExecutor, "_submit_command") and hasattr(SlurmExecutor, "_make_submission_file_text")
+
+
+WORKER = """
+import os, signal, sys, time
+rank = int(os.environ["RANK"])
+if sys.argv[1] == "peer-first":  # the survivor exits just before the kill: both land in one torchrun poll
+    time.sleep(0.5 if rank == 0 else 0.7)
+    if rank == 0:
+        print("RuntimeError: [pair.cc:537] Read error: Connection reset by peer. remote worker", file=sys.stderr, flush=True)
+        sys.exit(1)
+    os.kill(os.getpid(), signal.SIGKILL)
+if rank == 1:
+    time.sleep(0.5)
+    if sys.argv[1] == "kill":
+        os.kill(os.getpid(), signal.SIGKILL)  # what the OOM killer does
+    raise ValueError("boom in rank 1")
+# rank 0 reports what a survivor reports when its peer vanished, then waits for torchrun's SIGTERM: before
+# the kill (the worst case: its line comes first in the log), after the exception (as survivors do)
+time.sleep(0.2 if sys.argv[1] == "kill" else 1.5)
+print("RuntimeError: [pair.cc:537] Read error: Connection reset by peer. remote worker", file=sys.stderr, flush=True)
+time.sleep(60)
+"""
+
+
+@pytest.mark.parametrize(
+    "how, needles",
+    [
+        ("kill", ("rank 1", "local rank 1", "SIGKILL")),
+        ("peer-first", ("rank 1", "local rank 1", "SIGKILL")),  # torchrun names rank 0 first; the kill is the cause
+        ("raise", ("ValueError: boom in rank 1",)),
+    ],
+)
+def test_torchrun_failure_summary_names_the_killed_rank(tmp_path, how, needles):
+    """launcher.node.bootstrap.root_cause reads torchrun's failure summary (its format is torch's): a rank killed
+    by a signal is the node's own cause, not the survivor's "reset by peer" (which would make the node wait
+    for another node's abort, and name the wrong cause); an exception in a rank is named as it was raised."""
+    import subprocess
+    import sys
+
+    from launcher.node.diagnose import PEER_LOST, root_cause
+
+    (tmp_path / "w.py").write_text(WORKER)
+    log = tmp_path / "trainer.log"
+    with open(log, "w") as f:
+        f.write("===== test start\n")
+        f.flush()
+        subprocess.run(
+            [
+                sys.executable,
+                "-m",
+                "torch.distributed.run",
+                "--nproc-per-node",
+                "2",
+                "--max-restarts",
+                "0",
+                "--master-port",
+                "29561",
+                "--monitor-interval",
+                "3",
+                str(tmp_path / "w.py"),
+                how,
+            ],
+            stdout=f,
+            stderr=subprocess.STDOUT,
+            timeout=120,
+            cwd=tmp_path,
+        )
+    cause = root_cause(log)
+    for n in needles:
+        assert n in cause, (cause, log.read_text()[-3000:])
+    assert not any(m in cause for m in PEER_LOST), cause
+
+
+def test_every_payload_the_senders_post_is_accepted_by_vllms_own_dataclasses(monkeypatch):
+    """The init and update payloads of the gloo, nccl and ipc senders, built by the project's code, parsed by
+    vLLM 0.32's own info classes (the worker does exactly this); a field vLLM renames or drops fails here."""
+    import base64
+    import pickle
+
+    import torch
+    from vllm.distributed.weight_transfer.ipc_engine import IPCWeightTransferInitInfo, IPCWeightTransferUpdateInfo
+    from vllm.distributed.weight_transfer.nccl_engine import NCCLWeightTransferInitInfo, NCCLWeightTransferUpdateInfo
+
+    from trainer.push.gloo_engine import GlooWeightTransferEngine, GlooWeightTransferInitInfo
+    from trainer.push.senders import BroadcastSender, ParamMeta, update_info
+
+    meta = [ParamMeta("model.embed_tokens.weight", "bfloat16", [10, 4]), ParamMeta("lm_head.weight", "bfloat16", [10, 4])]
+    # the init info BroadcastSender posts (captured at the HTTP boundary), for nccl and for gloo
+    posted: list[dict] = []
+
+    class Client:
+        node, base_url = 0, "http://127.0.0.1:1"
+
+        def post(self, route, body, timeout_s=None, step=0):
+            posted.append(body)
+
+    monkeypatch.setattr(BroadcastSender, "join", lambda self, port, world: None)
+    BroadcastSender(Client(), 29600, 2, 5.0, 2**20)  # type: ignore[arg-type]
+    nccl = NCCLWeightTransferInitInfo(**posted[0]["init_info"])
+    assert (nccl.packed, nccl.packed_buffer_size_bytes, nccl.packed_num_buffers, nccl.world_size) == (True, 2**20, 2, 3)
+    assert NCCLWeightTransferUpdateInfo(**update_info(meta)).names == [m.name for m in meta]
+    gloo = GlooWeightTransferInitInfo(**{**posted[0]["init_info"], "timeout_s": 5.0})
+    assert GlooWeightTransferEngine.init_info_cls is GlooWeightTransferInitInfo and gloo.timeout_s == 5.0
+    # ipc: the init info, and one packed chunk's update info with a pickled handle (a stand-in tuple: the
+    # worker only unpickles it here; rebuilding it needs a GPU)
+    assert IPCWeightTransferInitInfo(**{"packed": True}).packed
+    monkeypatch.setenv("VLLM_ALLOW_INSECURE_SERIALIZATION", "1")
+    handle = base64.b64encode(pickle.dumps({"GPU-uuid": (torch.UntypedStorage, 1, 2, 3, 4, 5, 0, 7)})).decode()
+    ipc = IPCWeightTransferUpdateInfo(
+        **{**update_info(meta), "tensor_sizes": [m.nbytes for m in meta], "ipc_handles_pickled": handle}
+    )
+    assert ipc.tensor_sizes == [80, 80] and isinstance(ipc.ipc_handles, dict) and "GPU-uuid" in ipc.ipc_handles
+
+
+def test_the_vllm_names_the_senders_use_exist():
+    import inspect as ins
+
+    from vllm.distributed import utils as vdu
+    from vllm.distributed.device_communicators.pynccl import PyNcclCommunicator
+    from vllm.distributed.weight_transfer import packed_tensor
+
+    for name in ("pack_tensors", "unpack_tensor", "packed_nccl_broadcast_producer"):
+        assert hasattr(packed_tensor, name), (
+            f"vllm.distributed.weight_transfer.packed_tensor.{name} is gone (trainer/push/senders.py)"
+        )
+    assert {"iterator", "group", "src", "post_iter_func", "buffer_size_bytes", "num_buffers"} <= set(
+        ins.signature(packed_tensor.packed_nccl_broadcast_producer).parameters
+    )
+    assert "store_timeout" in ins.signature(vdu.StatelessProcessGroup.create).parameters
+    src = ins.getsource(PyNcclCommunicator.__init__)
+    assert "self.disabled" in src and "self.available" in src, "PyNcclCommunicator no longer says when it is disabled"
+
+
+def test_the_ipc_sender_runs_no_collective():
+    """vLLM's own stateful ipc engine all-gathers on the default group, which here spans every node: ours must not."""
+    import inspect as ins
+
+    from trainer.push.senders import IpcSender
+
+    src = ins.getsource(IpcSender)
+    assert "dist." not in src and "torch.distributed" not in src

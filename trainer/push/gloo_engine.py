@@ -1,0 +1,81 @@
+"""The worker (vLLM) side of the `gloo` weight-transfer engine: vLLM's NCCL engine with its transport
+swapped for a gloo process group, so the native protocol (init / start / update / finish) runs on CPU.
+
+The trainer side is trainer.push.senders.GlooSender: it hosts the TCPStore as rank 0 and broadcasts packed chunks
+cut by vLLM's own rule (trainer.push.senders.chunk_metas, the rule of vLLM's packed NCCL consumer), so the CPU
+tests run the packing the GPU path uses. Both sides bind 127.0.0.1: the push never leaves the node.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+from dataclasses import dataclass
+from datetime import timedelta
+
+import torch
+import torch.distributed as dist
+from vllm.distributed.weight_transfer.nccl_engine import NCCLWeightTransferEngine, NCCLWeightTransferInitInfo
+from vllm.distributed.weight_transfer.packed_tensor import unpack_tensor
+
+from trainer.push.senders import ParamMeta, chunk_metas
+
+
+@dataclass(kw_only=True)
+class GlooWeightTransferInitInfo(NCCLWeightTransferInitInfo):
+    timeout_s: float = 300.0
+    """The trainer's push deadline: the worker's side of the group waits exactly as long."""
+
+
+def loopback_gloo_group(store: dist.Store, rank: int, world_size: int, timeout: timedelta) -> dist.ProcessGroupGloo:
+    opts = dist.ProcessGroupGloo._Options()  # type: ignore[attr-defined]
+    opts._devices = [dist.ProcessGroupGloo.create_device(hostname="127.0.0.1")]
+    opts._timeout = timeout
+    return dist.ProcessGroupGloo(store, rank, world_size, opts)
+
+
+class GlooWeightTransferEngine(NCCLWeightTransferEngine):
+    init_info_cls = GlooWeightTransferInitInfo  # type: ignore[assignment]
+
+    def init_transfer_engine(self, init_info: GlooWeightTransferInitInfo) -> None:  # type: ignore[override]
+        pc = self.parallel_config
+        rank = pc.data_parallel_index * pc.world_size + pc.rank + init_info.rank_offset
+        timeout = timedelta(seconds=init_info.timeout_s)
+        self.packed = init_info.packed
+        self.packed_buffer_size_bytes = init_info.packed_buffer_size_bytes
+        store = dist.TCPStore(
+            str(init_info.master_address), int(init_info.master_port or 0), init_info.world_size, is_master=False, timeout=timeout
+        )
+        self.model_update_group = loopback_gloo_group(store, rank, init_info.world_size, timeout)  # type: ignore[assignment]
+
+    def update_weights(self, update_info) -> None:
+        # the base class would call torch.accelerator.synchronize(), which has no CPU device to sync
+        self.receive_weights(self.parse_update_info(update_info))
+
+    def receive_weights(self, update_info) -> None:
+        if not self.packed:
+            raise RuntimeError("the gloo engine receives packed chunks only; the trainer's init info said packed=false")
+        meta = [
+            ParamMeta(n, d, list(s))
+            for n, d, s in zip(update_info.names, update_info.dtype_names, update_info.shapes, strict=True)
+        ]
+        for weights in receive_packed(self.model_update_group, meta, self.packed_buffer_size_bytes):  # type: ignore[arg-type]
+            self.model.load_weights(weights)  # type: ignore[operator]
+
+    def shutdown(self) -> None:
+        self.model_update_group = None
+
+
+def receive_packed(
+    group: dist.ProcessGroupGloo, meta: list[ParamMeta], bucket_bytes: int
+) -> Iterator[list[tuple[str, torch.Tensor]]]:
+    """The receiving side of trainer.push.senders.broadcast_packed: per chunk (cut from the metadata by the same rule),
+    one broadcast into a fresh buffer, yielded as (name, tensor) views of it."""
+    opts = dist.BroadcastOptions()
+    opts.rootRank = 0
+    for chunk in chunk_metas(meta, bucket_bytes):
+        sizes = [m.nbytes for m in chunk]
+        buf = torch.empty(sum(sizes), dtype=torch.uint8)
+        group.broadcast([buf], opts).wait()  # type: ignore[attr-defined]
+        yield unpack_tensor(
+            buf, [m.name for m in chunk], [m.shape for m in chunk], [getattr(torch, m.dtype) for m in chunk], sizes
+        )

@@ -1,0 +1,356 @@
+"""The trainer side of a weight push, one class per transport, all behind one interface (`Sender`).
+
+Every transport speaks vLLM 0.32's weight-transfer protocol over the node's own server (127.0.0.1):
+
+    POST /init_weight_transfer_engine {init_info}   once, when the sender is built
+    POST /start_weight_update
+    POST /update_weights {update_info}               gloo/nccl: once, while the leader broadcasts the chunks;
+                                                     ipc: once per chunk of the shared buffer
+    POST /finish_weight_update
+
+and all of them send packed chunks: parameters (already in the serving dtype) are laid end to end as
+bytes into buckets of `trainer.bucket_mb`, with vLLM's own chunk rule (a chunk closes once it holds
+more than the bucket), so one broadcast and one `load_weights` move a whole bucket, not one tensor.
+
+  gloo  (CPU, the project's engine: trainer.push.gloo_engine) and
+  nccl  (GPU, vLLM's engine) broadcast the chunks over a group of the trainer's leader (rank 0) and the
+        server's workers; the gather of the next chunk overlaps the broadcast of this one.
+  ipc   (one GPU shared by vLLM and the trainer) copies each chunk into one reused CUDA buffer whose
+        IPC handle travels with the POST; built without torch.distributed (vLLM's own stateful ipc
+        engine runs collectives on the default group, which here spans every node).
+"""
+
+from __future__ import annotations
+
+import base64
+import math
+import pickle
+import threading
+import time
+from collections.abc import Callable, Iterator
+from datetime import timedelta
+from typing import NamedTuple, Protocol
+
+import torch
+import torch.distributed as dist
+
+from trainer.rollout.server import ServerClient, ServerError
+
+Params = Iterator[tuple[str, torch.Tensor]]
+
+
+class ParamMeta(NamedTuple):
+    name: str
+    dtype: str
+    """The dtype sent, as vLLM names it (e.g. bfloat16)."""
+    shape: list[int]
+
+    @property
+    def nbytes(self) -> int:
+        return math.prod(self.shape) * getattr(torch, self.dtype).itemsize
+
+
+class Sender(Protocol):
+    def push(self, params: Params, meta: list[ParamMeta], step: int) -> None:
+        """Send every parameter (consuming `params`, which yields them in `meta`'s order) and finish the update."""
+
+
+def update_info(meta: list[ParamMeta]) -> dict:
+    """The update info of vLLM's nccl engine (and ours): names, dtype names and shapes, in sending order."""
+    return {"names": [m.name for m in meta], "dtype_names": [m.dtype for m in meta], "shapes": [list(m.shape) for m in meta]}
+
+
+def chunk_metas(meta: list[ParamMeta], bucket_bytes: int) -> Iterator[list[ParamMeta]]:
+    """The receiver's cut of the parameters into chunks: vLLM's rule (packed_nccl_broadcast_consumer), a chunk
+    closes once it holds more than bucket_bytes. The sender's vLLM `pack_tensors` cuts the same way."""
+    chunk: list[ParamMeta] = []
+    size = 0
+    for m in meta:
+        chunk.append(m)
+        size += m.nbytes
+        if size > bucket_bytes:
+            yield chunk
+            chunk, size = [], 0
+    if chunk:
+        yield chunk
+
+
+def checked(params: Params, meta: list[ParamMeta]) -> Params:
+    """Yield params, asserting each matches the metadata the receiver cuts its chunks by: a mismatch would
+    corrupt a whole chunk, not one tensor."""
+    for (name, t), m in zip(params, meta, strict=True):
+        if name != m.name or list(t.shape) != list(m.shape) or str(t.dtype).removeprefix("torch.") != m.dtype:
+            raise RuntimeError(f"push order broken at {name} {tuple(t.shape)} {t.dtype}: the receiver expects {m}")
+        yield name, t
+
+
+def call_while(
+    client: ServerClient,
+    route: str,
+    body: dict,
+    timeout_s: float,
+    step: int,
+    work: Callable[[], None],
+    device: torch.device | None = None,
+) -> None:
+    """POST `route` while `work` runs (the two ends of a collective must both be in it): each in its own thread,
+    while this one waits for both within timeout_s. Whichever fails first ends the wait at once with its error
+    (a failed POST would leave the other end of a broadcast waiting forever: NCCL has no timeout); past the
+    deadline, a ServerError naming the node, the route and the deadline. A thread left blocked is a daemon:
+    the failure ends the process. device: the CUDA device `work` runs its collectives on (per thread in CUDA)."""
+    done = threading.Event()
+    errors: dict[str, BaseException] = {}
+    finished: set[str] = set()
+
+    def run(key: str, fn: Callable[[], None]) -> None:
+        try:
+            if key == "work" and device is not None and device.type == "cuda":
+                torch.cuda.set_device(device)
+            fn()
+        except BaseException as e:  # noqa: BLE001 - re-raised in the caller's thread
+            errors[key] = e
+        finally:
+            finished.add(key)
+            done.set()
+
+    def post() -> None:
+        client.post(route, body, timeout_s=timeout_s, step=step)
+
+    for key, fn in (("post", post), ("work", work)):
+        threading.Thread(target=run, args=(key, fn), daemon=True, name=f"{key} {route}").start()
+    deadline = time.time() + timeout_s
+    while len(finished) < 2 and not errors and time.time() < deadline:
+        done.wait(0.2)
+        done.clear()
+    if "post" in errors:  # the server's answer names the cause better than the broken transfer does
+        raise errors["post"]
+    if errors:
+        raise errors["work"]
+    if len(finished) < 2:
+        raise ServerError(
+            f"node {client.node}: {route} on {client.base_url} did not finish within {timeout_s:.0f} s "
+            f"(trainer.push_timeout_s) at step {step}; see logs/node{client.node}-vllm.log"
+        )
+
+
+# ----------------------------------------------------------------------------- broadcast transports
+
+
+class BroadcastSender:
+    """gloo and nccl: the leader is rank 0 of a group with the server's workers; one /update_weights POST
+    runs while the leader broadcasts the packed chunks. Subclasses join the group and broadcast a chunk."""
+
+    backend = ""
+    device: torch.device | None = None
+
+    def __init__(self, client: ServerClient, port: int, server_world: int, timeout_s: float, bucket_bytes: int):
+        self.client, self.timeout_s, self.bucket_bytes = client, timeout_s, bucket_bytes
+        world = 1 + server_world
+        init_info = {
+            "master_address": "127.0.0.1",
+            "master_port": port,
+            "rank_offset": 1,
+            "world_size": world,
+            "packed": True,
+            "packed_buffer_size_bytes": bucket_bytes,
+            "packed_num_buffers": 2,
+            **self.extra_init_info(),
+        }
+        call_while(
+            client,
+            "/init_weight_transfer_engine",
+            {"init_info": init_info},
+            timeout_s,
+            0,
+            lambda: self.join(port, world),
+            self.device,
+        )
+
+    def extra_init_info(self) -> dict:
+        return {}
+
+    def join(self, port: int, world: int) -> None:
+        raise NotImplementedError
+
+    def broadcast_all(self, params: Params) -> None:
+        raise NotImplementedError
+
+    def push(self, params: Params, meta: list[ParamMeta], step: int) -> None:
+        self.client.post("/start_weight_update", {}, step=step)
+
+        def send() -> None:
+            try:
+                self.broadcast_all(checked(params, meta))
+            except RuntimeError as e:  # the transport's own errors name neither the node nor the server
+                raise ServerError(
+                    f"node {self.client.node}: sending weights ({self.backend}) to the vLLM server "
+                    f"{self.client.base_url} failed at step {step}: {str(e).splitlines()[0]} "
+                    f"(see logs/node{self.client.node}-vllm.log)"
+                ) from e
+
+        call_while(self.client, "/update_weights", {"update_info": update_info(meta)}, self.timeout_s, step, send, self.device)
+        self.client.post("/finish_weight_update", {}, step=step)
+
+
+class GlooSender(BroadcastSender):
+    """The project's CPU transport: a TCPStore and a gloo group on 127.0.0.1 (trainer.push.gloo_engine is the server's side)."""
+
+    backend = "gloo"
+
+    def extra_init_info(self) -> dict:
+        return {"timeout_s": self.timeout_s}  # the server's side of the group waits as long as we do
+
+    def join(self, port: int, world: int) -> None:
+        from trainer.push.gloo_engine import loopback_gloo_group
+
+        timeout = timedelta(seconds=self.timeout_s)
+        self.store = loopback_store(port, world, timeout)  # the workers join from inside the init request
+        self.group = loopback_gloo_group(self.store, 0, world, timeout)
+
+    def broadcast_all(self, params: Params) -> None:
+        broadcast_packed(self.group, params, self.bucket_bytes)
+
+
+def broadcast_packed(group: dist.ProcessGroupGloo, params: Params, bucket_bytes: int) -> int:
+    """Rank 0's side of a packed gloo push (trainer.push.gloo_engine.receive_packed is the other): vLLM's pack_tensors
+    cuts the chunks, at most 2 broadcasts are in flight, so the gather of chunk k+1 overlaps sending chunk k.
+    Returns the number of chunks."""
+    from vllm.distributed.weight_transfer.packed_tensor import pack_tensors
+
+    opts = dist.BroadcastOptions()
+    opts.rootRank = 0
+    in_flight: list[tuple[dist.Work, torch.Tensor]] = []
+    chunks = 0
+    while (chunk := pack_tensors(params, lambda item: item[1], bucket_bytes)) is not None:
+        if len(in_flight) == 2:
+            in_flight.pop(0)[0].wait()
+        work = group.broadcast([chunk.packed_tensor], opts)  # type: ignore[attr-defined]
+        in_flight.append((work, chunk.packed_tensor))
+        chunks += 1
+    for pending, _ in in_flight:
+        pending.wait()
+    return chunks
+
+
+def loopback_store(port: int, world: int, timeout: timedelta) -> dist.TCPStore:
+    """A TCPStore master that listens on 127.0.0.1 only. TCPStore("127.0.0.1", ...) alone would listen on
+    every interface; handing it a socket we bound to loopback keeps the push port off the network."""
+    import socket
+
+    sock = socket.socket()
+    sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+    sock.bind(("127.0.0.1", port))
+    sock.listen(128)
+    # the store owns the descriptor from here on (it closes it); detach so Python does not close it too
+    return dist.TCPStore(
+        "127.0.0.1",
+        port,
+        world,
+        is_master=True,
+        timeout=timeout,
+        wait_for_workers=False,
+        master_listen_fd=sock.detach(),
+        use_libuv=True,
+    )
+
+
+class NcclSender(BroadcastSender):
+    """vLLM's `nccl` engine: its StatelessProcessGroup + PyNcclCommunicator as rank 0 (the pair the worker
+    side builds) and its packed producer (2 buffers on side streams, the same geometry as the init info)."""
+
+    backend = "nccl"
+
+    def __init__(
+        self, client: ServerClient, port: int, server_world: int, timeout_s: float, bucket_bytes: int, device: torch.device
+    ):
+        self.device = device
+        super().__init__(client, port, server_world, timeout_s, bucket_bytes)
+
+    def join(self, port: int, world: int) -> None:
+        from vllm.distributed.device_communicators.pynccl import PyNcclCommunicator
+        from vllm.distributed.utils import StatelessProcessGroup
+
+        pg = StatelessProcessGroup.create(
+            host="127.0.0.1", port=port, rank=0, world_size=world, store_timeout=int(self.timeout_s)
+        )
+        assert self.device is not None
+        self.comm = PyNcclCommunicator(pg, device=self.device)
+        if self.comm.disabled or not getattr(self.comm, "available", True):
+            # a disabled communicator's broadcast is a no-op: the server would wait for bytes that never come
+            raise ServerError(
+                f"node {self.client.node}: vLLM's PyNccl is disabled or NCCL was not found in the trainer "
+                f"(VLLM_DISABLE_PYNCCL, or no libnccl); the nccl weight push cannot run"
+            )
+
+    def broadcast_all(self, params: Params) -> None:
+        nccl_broadcast_packed(self.comm, params, self.bucket_bytes)
+
+
+def nccl_broadcast_packed(group, params: Params, bucket_bytes: int) -> None:
+    """The leader's side of a packed nccl push: vLLM's packed producer, with the geometry of the init info (2 buffers).
+    It makes a chunk slot's side stream current around packing + broadcasting that chunk, and the parameters of the
+    next chunk are pulled there too: `params` must hand each tensor over to whichever stream is current when it is
+    pulled (trainer.push.pusher.iter_unsharded_params does). group: PyNcclCommunicator (anything with its
+    broadcast(tensor, src) on the current stream)."""
+    from vllm.distributed.weight_transfer.packed_tensor import packed_nccl_broadcast_producer
+
+    packed_nccl_broadcast_producer(
+        iterator=params,
+        group=group,
+        src=0,
+        post_iter_func=lambda item: item[1],
+        buffer_size_bytes=bucket_bytes,
+        num_buffers=2,
+    )
+
+
+# ----------------------------------------------------------------------------- ipc
+
+
+class IpcSender:
+    """vLLM's `ipc` engine, packed: each chunk is copied into one CUDA buffer (kept across pushes, sized to
+    the bucket or the largest tensor, whichever is larger) whose IPC handle travels with one synchronous
+    /update_weights POST per chunk; the POST returning means the server has copied the chunk out, so the
+    next chunk may overwrite the buffer."""
+
+    def __init__(self, client: ServerClient, timeout_s: float, bucket_bytes: int, meta: list[ParamMeta]):
+        self.client, self.timeout_s = client, timeout_s
+        self.buffer_bytes = max(bucket_bytes, max(m.nbytes for m in meta))
+        index = torch.cuda.current_device()
+        self.gpu_uuid = str(torch.cuda.get_device_properties(index).uuid)
+        self.buffer = torch.empty(self.buffer_bytes, dtype=torch.uint8, device=torch.device("cuda", index))
+        client.post("/init_weight_transfer_engine", {"init_info": {"packed": True}}, timeout_s=timeout_s)
+
+    def push(self, params: Params, meta: list[ParamMeta], step: int) -> None:
+        from torch.multiprocessing.reductions import reduce_tensor
+
+        deadline = time.time() + self.timeout_s
+        # one export per push: the server opens the mapping at its first chunk and releases it at finish
+        _, handle_args = reduce_tensor(self.buffer)
+        handle = base64.b64encode(pickle.dumps({self.gpu_uuid: handle_args})).decode()
+        self.client.post("/start_weight_update", {}, step=step)
+        chunk: list[ParamMeta] = []
+        offset = 0
+        for m, (_, t) in zip(meta, checked(params, meta), strict=True):
+            if offset + m.nbytes > self.buffer_bytes:  # vLLM's packed_ipc_producer rule: a chunk never overflows
+                self._post_chunk(chunk, handle, step, deadline)
+                chunk, offset = [], 0
+            self.buffer[offset : offset + m.nbytes].copy_(t.contiguous().view(-1).view(torch.uint8))
+            chunk.append(m)
+            offset += m.nbytes
+        self._post_chunk(chunk, handle, step, deadline)
+        self.client.post("/finish_weight_update", {}, timeout_s=max(1.0, deadline - time.time()), step=step)
+        torch.cuda.ipc_collect()
+
+    def _post_chunk(self, chunk: list[ParamMeta], handle: str, step: int, deadline: float) -> None:
+        if not chunk:
+            return
+        torch.cuda.current_stream().synchronize()  # the server must see the whole chunk written
+        left = deadline - time.time()
+        if left <= 0:
+            raise ServerError(
+                f"node {self.client.node}: weight push (ipc) to {self.client.base_url} at step {step} "
+                f"did not finish within trainer.push_timeout_s={self.timeout_s:.0f} s"
+            )
+        info = {**update_info(chunk), "tensor_sizes": [m.nbytes for m in chunk], "ipc_handles_pickled": handle}
+        self.client.post("/update_weights", {"update_info": info}, timeout_s=left, step=step)
