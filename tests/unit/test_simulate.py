@@ -66,7 +66,7 @@ def test_the_split_model_adds_up_and_recommends_the_balanced_split():
     assert [r.vllm_gpus for r in split_rows(8, 2, 1, 1.0, 100, 100, 70.0, f) if r.layout.startswith("per-node")] == [2, 4, 6]
 
 
-REPO = Path(__file__).resolve().parent.parent
+REPO = Path(__file__).resolve().parents[2]
 CONFIG = str(REPO / "configs" / "gpu_7b_4nodes.yaml")  # 8 GPUs a node, TP 1 x DP 1: 7 trainer ranks; 16 x 1024 tokens
 # a model folder of the test's own (the config's /shared/models path may or may not exist on this machine)
 SHAPE = {"hidden_size": 1024, "num_hidden_layers": 4, "intermediate_size": 2816, "vocab_size": 32000, "num_attention_heads": 16}
