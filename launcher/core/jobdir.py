@@ -1,22 +1,187 @@
-"""The job folder: created owner-only, holding config.yaml, plan.json, logs/, checkpoints/, metrics."""
+"""The job folder and the contract around it: `JobDir` (every path of a job or a sweep folder), `Env` (the names of
+the environment variables the processes of a job hand each other), the exit code of a preempted run, and the writers
+of the folder (created owner-only) and of a node's events file."""
 
 from __future__ import annotations
 
-import json
 import os
 import secrets
 import time
+from dataclasses import dataclass
 from pathlib import Path
 
 from launcher.core.config import JobConfig, to_yaml
 from launcher.core.plan import Plan, plan
+from launcher.core.records import META_FILE, CheckpointMeta, Event, event_line
 
 # Secrets that must never be written into the job folder, the sbatch text or the logs. The job
 # inherits them from the submitting environment through SLURM (sbatch exports the environment).
 SECRET_ENV_MARKERS = ("TOKEN", "SECRET", "PASSWORD", "API_KEY", "CREDENTIAL")
 
+
+class Env:
+    """Names of the environment variables the processes of a job hand each other (the batch script sets some for the
+    bootstrap, the bootstrap others for vLLM and torchrun). Written here once, read through these names everywhere."""
+
+    NODE = "SLURM_GRPO_NODE"
+    """The node's index in the plan (set by the bootstrap for its torchrun ranks)."""
+    ATTEMPT = "SLURM_GRPO_ATTEMPT"
+    """This attempt of the job, so abort files and checkpoints of an earlier attempt are told apart (set by the
+    bootstrap for the trainer; recorded in each checkpoint's meta.json)."""
+    JOB_DIR = "SLURM_GRPO_JOB_DIR"
+    """Carried by every process of a job: the stale-process check knows its own job's leftovers by it."""
+    FIRST_NODE = "SLURM_GRPO_FIRST_NODE"
+    """The first node's host name, resolved by the batch script on the host (images seldom have scontrol)."""
+    CPU_PLAIN_LINEAR = "SLURM_GRPO_CPU_PLAIN_LINEAR"
+    """CPU only: the vLLM plugin replaces vLLM's CPU linear kernel with F.linear so weight reloads take effect."""
+    PLUGIN_QUIET = "SLURM_GRPO_PLUGIN_QUIET"
+    """"1": the vLLM plugin does not announce itself (tests that load it in-process)."""
+
+
+PLUGIN_ENV = Env.CPU_PLAIN_LINEAR
+"""The switch the node's vLLM server gets on CPU (trainer.push.vllm_plugin reads it)."""
+
 WANDB_ID_FILE = "wandb_run_id"
-"""The job's one W&B run id, written once with the folder: every attempt (requeue, resume) continues that run."""
+"""Kept while trainer/ and the tests move to JobDir.wandb_id (the same file)."""
+
+PREEMPTED_EXIT = 3
+"""Exit code of a trainer (and of a node's bootstrap) that checkpointed on a preemption signal: requeue, not failure."""
+
+
+@dataclass(frozen=True)
+class JobDir:
+    """Every path of a job folder (or of a sweep folder), in one place: no other module spells a file name of it.
+    submitit's JobPaths is the model. The folder is made owner-only by `write_job_dir`."""
+
+    root: Path
+
+    def __post_init__(self) -> None:
+        object.__setattr__(self, "root", Path(self.root))
+
+    # inputs, written at submit
+    @property
+    def plan(self) -> Path:
+        return self.root / "plan.json"
+
+    @property
+    def config(self) -> Path:
+        return self.root / "config.yaml"
+
+    @property
+    def job_id(self) -> Path:
+        """The SLURM job id of the newest submission (a resume writes its new id; a sweep: the array's)."""
+        return self.root / "job_id"
+
+    def read_job_id(self) -> str | None:
+        """The newest submission's SLURM job id; None for a local run (no job_id file)."""
+        return self.job_id.read_text().strip() if self.job_id.is_file() else None
+
+    @property
+    def wandb_id(self) -> Path:
+        """The job's one W&B run id, written once with the folder: every attempt (requeue, resume) continues that run."""
+        return self.root / WANDB_ID_FILE
+
+    @property
+    def submitit(self) -> Path:
+        """submitit's folder: the sbatch file it submitted and SLURM's output of each task."""
+        return self.root / "submitit"
+
+    @property
+    def sbatch(self) -> Path:
+        return self.root / "job.sbatch"
+
+    # per node, written by the node's bootstrap and its trainer leader
+    @property
+    def logs(self) -> Path:
+        return self.root / "logs"
+
+    def log(self, node: int, proc: str) -> Path:
+        """logs/node{i}-{proc}.log, proc one of vllm, trainer."""
+        return self.logs / f"node{node}-{proc}.log"
+
+    def node_logs(self, node: int | None = None) -> list[Path]:
+        """Every node's process logs (or one node's), sorted."""
+        files = sorted(self.logs.glob("node*-*.log"))
+        return files if node is None else [f for f in files if f.name.startswith(f"node{node}-")]
+
+    def events(self, node: int) -> Path:
+        return self.logs / f"node{node}-events.jsonl"
+
+    def abort(self, attempt: str) -> Path:
+        """Written by the first node that fails in an attempt; every node's supervisor watches for it."""
+        return self.logs / f"abort-{attempt}.json"
+
+    def heartbeats(self, attempt: str) -> Path:
+        """A folder of one file per node, touched while the node's supervisor is alive."""
+        return self.logs / f"heartbeat-{attempt}"
+
+    # the ranks' outputs
+    @property
+    def metrics(self) -> Path:
+        return self.root / "metrics.jsonl"
+
+    @property
+    def metrics_lost(self) -> Path:
+        """Step rows of an attempt that died after its last checkpoint: set aside, their steps run again."""
+        return self.root / "metrics.lost.jsonl"
+
+    @property
+    def summary(self) -> Path:
+        return self.root / "summary.json"
+
+    @property
+    def plot(self) -> Path:
+        return self.root / "metrics.png"
+
+    @property
+    def checkpoints(self) -> Path:
+        return self.root / "checkpoints"
+
+    def checkpoint(self, step: int) -> Path:
+        """checkpoints/step-N (complete once its meta.json exists)."""
+        return self.checkpoints / f"step-{step:06d}"
+
+    def complete_checkpoints(self) -> list[tuple[int, Path]]:
+        return complete_checkpoints(self.checkpoints)
+
+    @property
+    def hf_output(self) -> Path:
+        """TRL's output_dir (its own files only; the project's checkpoints are under checkpoints/)."""
+        return self.root / "hf"
+
+    @property
+    def wandb(self) -> Path:
+        return self.root / "wandb"
+
+    @property
+    def tensorboard(self) -> Path:
+        return self.root / "tensorboard"
+
+    # a sweep folder
+    @property
+    def sweep(self) -> Path:
+        """sweep.json: the grid and its points (only a sweep folder has it)."""
+        return self.root / "sweep.json"
+
+    def is_sweep(self) -> bool:
+        return self.sweep.is_file()
+
+    def point(self, i: int) -> JobDir:
+        """The job folder of the sweep's point i."""
+        return JobDir(self.root / f"point-{i:03d}")
+
+    def array_task_logs(self, array_job: str, task: str) -> list[Path]:
+        """A sweep folder: SLURM's output of one task of a point's array task (submitit's <array>_<point>_<task>)."""
+        return sorted(self.submitit.glob(f"{array_job}_{task}_log.out"))
+
+    def task_logs(self, task: str) -> list[Path]:
+        """A job folder: SLURM's output of its tasks (submitit's <job>/<job>_<task>_log.out, a task per node)."""
+        return sorted(self.submitit.glob(f"*/*_{task}_log.out"))
+
+
+def point_dir(sweep_dir: Path, index: int) -> Path:
+    """The job folder of a sweep's point (launcher.sweep writes it, the array task's bootstrap runs its plan)."""
+    return JobDir(sweep_dir).point(index).root
 
 
 def resolve_job_dir(cfg: JobConfig, now: float | None = None) -> Path:
@@ -32,20 +197,20 @@ def make_plan(cfg: JobConfig, now: float | None = None) -> Plan:
 
 def write_job_dir(cfg: JobConfig, p: Plan) -> Path:
     """Create the job folder (mode 0700: logs and checkpoints are the owner's only) and write the inputs."""
-    d = Path(p.job_dir)
+    jd = JobDir(Path(p.job_dir))
     old = os.umask(0o077)
     try:
-        for sub in ("", "logs", "checkpoints", "submitit"):
-            (d / sub).mkdir(parents=True, exist_ok=True)
-        os.chmod(d, 0o700)
-        (d / "config.yaml").write_text(to_yaml(cfg))
-        (d / "plan.json").write_text(p.to_json())
-        if not (d / WANDB_ID_FILE).is_file():  # W&B's own id format: 8 of [a-z0-9]
+        for sub in (jd.root, jd.logs, jd.checkpoints, jd.submitit):
+            sub.mkdir(parents=True, exist_ok=True)
+        os.chmod(jd.root, 0o700)
+        jd.config.write_text(to_yaml(cfg))
+        jd.plan.write_text(p.to_json())
+        if not jd.wandb_id.is_file():  # W&B's own id format: 8 of [a-z0-9]
             alphabet = "abcdefghijklmnopqrstuvwxyz0123456789"
-            (d / WANDB_ID_FILE).write_text("".join(secrets.choice(alphabet) for _ in range(8)) + "\n")
+            jd.wandb_id.write_text("".join(secrets.choice(alphabet) for _ in range(8)) + "\n")
     finally:
         os.umask(old)
-    return d
+    return jd.root
 
 
 def is_secret(name: str) -> bool:
@@ -58,7 +223,7 @@ def complete_checkpoints(root: Path) -> list[tuple[int, Path]]:
     its meta.json exists (written last); step-N.tmp folders of an interrupted write never count."""
     out = []
     for d in Path(root).glob("step-*"):
-        if d.is_dir() and not d.name.endswith(".tmp") and (d / "meta.json").is_file():
+        if d.is_dir() and not d.name.endswith(".tmp") and (d / META_FILE).is_file():
             try:
                 out.append((int(d.name.split("-")[1]), d))
             except ValueError:
@@ -66,22 +231,19 @@ def complete_checkpoints(root: Path) -> list[tuple[int, Path]]:
     return sorted(out)
 
 
-def checkpoint_meta(folder: Path) -> dict:
-    return json.loads((folder / "meta.json").read_text())
-
-
-PREEMPTED_EXIT = 3
-"""Exit code of a trainer (and of a node's bootstrap) that checkpointed on a preemption signal: requeue, not failure."""
+def checkpoint_meta(folder: Path) -> CheckpointMeta:
+    """A complete checkpoint's meta.json, typed (the one reader: trainer.checkpoint uses it too)."""
+    return CheckpointMeta.read(folder)
 
 
 class Events:
     """logs/node{i}-events.jsonl: phase timestamps (server start, healthy, trainer start, exits). The node's
-    bootstrap and its trainer leader both append to it; `slurm-grpo status` reads it."""
+    bootstrap and its trainer leader both append to it; `slurm-grpo status` reads it (records.read_events)."""
 
     def __init__(self, job_dir: Path, node: int):
-        self.path = job_dir / "logs" / f"node{node}-events.jsonl"
+        self.path = JobDir(job_dir).events(node)
         self.node = node
 
-    def __call__(self, event: str, **kw: object) -> None:
+    def __call__(self, event: Event, **kw: object) -> None:
         with open(self.path, "a") as f:
-            f.write(json.dumps({"t": time.time(), "node": self.node, "event": event, **kw}) + "\n")
+            f.write(event_line(self.node, event, **kw))

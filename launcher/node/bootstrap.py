@@ -32,6 +32,7 @@ from launcher.core.config import ConfigError
 from launcher.core.inputs import PreflightError, check_node_inputs
 from launcher.core.jobdir import PREEMPTED_EXIT, Events, checkpoint_meta, complete_checkpoints
 from launcher.core.plan import FIRST_NODE, Plan
+from launcher.core.records import Event
 from launcher.node.commands import NodeCommand, trainer_command, vllm_command
 from launcher.node.diagnose import PEER_LOST, root_cause, tail
 from launcher.node.peers import Heartbeats, JobAbort, NodeFailure
@@ -214,7 +215,7 @@ def run_node(p: Plan, node: int) -> int:
         heartbeats=Heartbeats(job_dir, attempt, node, p.num_nodes, host, p.config.job.node_timeout_s),
     )
     run.events(
-        "bootstrap_start",
+        Event.BOOTSTRAP_START,
         host=host,
         slurm_job=os.environ.get("SLURM_JOB_ID"),
         attempt=attempt,
@@ -239,11 +240,11 @@ def run_node(p: Plan, node: int) -> int:
         preflight(run)
         vllm = Proc(vllm_command(p, node, python, allocated), job_dir, node, ignore_signals=(signal.SIGUSR1, signal.SIGUSR2))
         procs.append(vllm)
-        run.events("vllm_start", pid=vllm.popen.pid)
+        run.events(Event.VLLM_START, pid=vllm.popen.pid)
         url = p.nodes[node].server_url
         run.say(f"vLLM starting: {vllm.describe()}")
         took = wait_healthy(vllm, url, p.config.vllm.health_timeout_s, run.where, check=run.check_peers)
-        run.events("vllm_healthy", seconds=took)
+        run.events(Event.VLLM_HEALTHY, seconds=took)
         run.say(f"vLLM healthy at {url} after {took:.1f} s")
         if stop_requested:
             raise NodeFailure(f"node {node}: stopped by signal {stop_requested[0]} before training started")
@@ -252,7 +253,7 @@ def run_node(p: Plan, node: int) -> int:
         # torchrun's own shutdown waits up to its --shutdown-timeout for the ranks' checkpoint: outwait it
         trainer = Proc(cmd, job_dir, node, grace_s=p.bootstrap_grace_s)
         procs.append(trainer)
-        run.events("trainer_start", pid=trainer.popen.pid)
+        run.events(Event.TRAINER_START, pid=trainer.popen.pid)
         run.say(f"trainer started: {trainer.describe()}")
         code = supervise(run, vllm, trainer, stop_requested)
         failed = False
@@ -266,12 +267,12 @@ def run_node(p: Plan, node: int) -> int:
         for pr in reversed(procs):
             pr.stop(FAILED_STOP_GRACE_S if failed else None)
         kill_all(descendants(os.getpid()))  # anything re-parented to us (subreaper) that outlived its parent
-        run.events("bootstrap_end")
+        run.events(Event.BOOTSTRAP_END)
 
 
 def fail(run: NodeRun, e: NodeFailure) -> int:
     first = str(e).splitlines()[0]
-    run.events("failed", error=first, remote=e.remote)
+    run.events(Event.FAILED, error=first, remote=e.remote)
     if not e.remote:
         run.abort.write(run.host, first)
     print(f"[bootstrap node {run.node} {run.host}] FAILED: {e}", file=sys.stderr, flush=True)
@@ -291,7 +292,7 @@ def preempt_checkpoint(job_dir: Path, attempt: str) -> tuple[int, Path] | None:
     if not done:
         return None
     meta = checkpoint_meta(done[-1][1])
-    return done[-1] if meta.get("reason") == "preempt" and meta.get("attempt") == attempt else None
+    return done[-1] if meta.reason == "preempt" and meta.attempt == attempt else None
 
 
 def supervise(run: NodeRun, vllm: Supervised, trainer: Supervised, stop_requested: list[int]) -> int:
@@ -305,21 +306,21 @@ def supervise(run: NodeRun, vllm: Supervised, trainer: Supervised, stop_requeste
         if stop_requested and not forwarded:
             # preemption or time-limit warning: the trainer checkpoints at its next step boundary and exits
             run.say(f"signal {stop_requested[0]}: asking the trainer to checkpoint")
-            run.events("preempt_signal", signum=stop_requested[0])
+            run.events(Event.PREEMPT_SIGNAL, signum=stop_requested[0])
             trainer.signal(signal.SIGUSR2)
             forwarded = True
         # the server first: when it dies the trainer dies of it a moment later, but name the cause. During
         # a preemption SLURM may have stopped the server itself; the trainer's checkpoint does not need it.
         rc = vllm.poll()
         if rc is not None and not stop_requested:
-            run.events("vllm_exit", code=rc)
+            run.events(Event.VLLM_EXIT, code=rc)
             raise NodeFailure(
                 f"{run.where}: vLLM server {vllm.describe()} died with code {rc} during training; "
                 f"stopping the node's trainer ranks\n  last lines of {vllm.log_path}:\n{tail(vllm.log_path)}"
             )
         rc = trainer.poll()
         if rc is not None:
-            run.events("trainer_exit", code=rc)
+            run.events(Event.TRAINER_EXIT, code=rc)
             if rc == 0:
                 run.say("trainer finished")
                 return 0
@@ -366,7 +367,7 @@ def clear_leftovers(run: NodeRun, allocated: str | None) -> None:
         done = clean_node(p.job_dir, ports, p.device == "cuda", run.say, allocated)
     except StaleError as e:
         raise NodeFailure(f"{run.where}: {e}") from None
-    run.events("leftovers", **done)
+    run.events(Event.LEFTOVERS, **done)
 
 
 def requeue(run: NodeRun) -> None:
@@ -382,13 +383,13 @@ def requeue(run: NodeRun) -> None:
     try:
         out = subprocess.run(["scontrol", "requeue", job], capture_output=True, text=True, timeout=60)
     except FileNotFoundError:  # in a container image without SLURM's tools
-        run.events("requeue", job=job, code=127, stderr="scontrol not found")
+        run.events(Event.REQUEUE, job=job, code=127, stderr="scontrol not found")
         run.say(
             f"requeue job {job}: scontrol is not in this image; the checkpoint is saved: `slurm-grpo resume` the job "
             f"folder from the login node (or bind-mount scontrol and the SLURM config into the image)"
         )
         return
-    run.events("requeue", job=job, code=out.returncode, stderr=out.stderr.strip())
+    run.events(Event.REQUEUE, job=job, code=out.returncode, stderr=out.stderr.strip())
     run.say(f"requeue job {job}: rc={out.returncode} {out.stderr.strip()}")
 
 

@@ -165,7 +165,7 @@ def test_another_nodes_abort_stops_this_node_without_claiming_the_failure(node_r
 def test_a_preemption_signal_is_forwarded_and_a_checkpoint_means_requeue(node_run):
     ck = node_run.job_dir / "checkpoints" / "step-000004"
     ck.mkdir()
-    (ck / "meta.json").write_text(json.dumps({"step": 4, "reason": "preempt", "attempt": "7.0"}))
+    (ck / "meta.json").write_text(json.dumps({"step": 4, "world_size": 2, "reason": "preempt", "attempt": "7.0"}))
     v, t = procs(node_run, {"code": -15}, {"code": 1, "exit_after": 3})  # SLURM stopped the server too
     assert supervise(node_run, v, t, [signal.SIGTERM]) == PREEMPTED_EXIT
     assert t.signals == [signal.SIGUSR2], "the trainer is asked to checkpoint (SIGUSR2), once"
