@@ -19,14 +19,11 @@ common model shapes. An estimate with stated terms, not a measurement (gpu/RESUL
 
 from __future__ import annotations
 
-import json
 import re
 from dataclasses import dataclass
-from pathlib import Path
-from typing import TYPE_CHECKING
 
-if TYPE_CHECKING:  # topology reads ModelShape from here
-    from launcher.core.plan import Plan
+from launcher.core.plan import Plan
+from launcher.core.shape import ModelShape
 
 GB = 1e9
 PROMPT_TOKENS = 256
@@ -35,60 +32,6 @@ OVERHEAD_GB = 2.0
 
 KNOWN_GPUS_GB = {"b200": 180, "h200": 141, "gh200": 96, "h100": 80, "h800": 80, "a100": 80, "l40s": 48, "a6000": 48, "a10": 24}
 """Memory of a GPU by the name a cluster puts in its partition or constraint (an '-40gb'-style suffix wins)."""
-
-
-@dataclass(frozen=True)
-class ModelShape:
-    """The decoder shape that decides memory: Llama/Qwen2/Mistral layout (GQA attention, SwiGLU MLP)."""
-
-    hidden: int
-    layers: int
-    intermediate: int
-    vocab: int
-    heads: int
-    kv_heads: int
-    head_dim: int
-    tied: bool
-
-    @classmethod
-    def read(cls, model: str) -> ModelShape | None:
-        """From a local model folder's config.json (a multimodal one's text_config); None if not readable."""
-        try:
-            c = json.loads((Path(model) / "config.json").read_text())
-        except (OSError, ValueError):
-            return None
-        c = c.get("text_config", c)
-        need = ("hidden_size", "num_hidden_layers", "intermediate_size", "vocab_size", "num_attention_heads")
-        if not all(isinstance(c.get(k), int) for k in need):
-            return None
-        heads = c["num_attention_heads"]
-        return cls(
-            hidden=c["hidden_size"],
-            layers=c["num_hidden_layers"],
-            intermediate=c["intermediate_size"],
-            vocab=c["vocab_size"],
-            heads=heads,
-            kv_heads=int(c.get("num_key_value_heads") or heads),
-            head_dim=int(c.get("head_dim") or c["hidden_size"] // heads),
-            tied=bool(c.get("tie_word_embeddings", False)),
-        )
-
-    @property
-    def layer_params(self) -> int:
-        h, q, kv = self.hidden, self.heads * self.head_dim, self.kv_heads * self.head_dim
-        return h * q + q + 2 * (h * kv + kv) + q * h + 3 * h * self.intermediate + 2 * h
-
-    @property
-    def root_params(self) -> int:
-        return self.vocab * self.hidden * (1 if self.tied else 2) + self.hidden
-
-    @property
-    def params(self) -> int:
-        return self.layers * self.layer_params + self.root_params
-
-    @property
-    def largest_tensor(self) -> int:
-        return max(self.vocab * self.hidden, self.hidden * self.intermediate)
 
 
 COMMON_SHAPES = {

@@ -22,7 +22,10 @@ import json
 from dataclasses import asdict, dataclass
 from pathlib import Path
 
-from launcher.memory import ModelShape
+from launcher.core.config import ConfigError, load
+from launcher.core.plan import plan
+from launcher.core.shape import ModelShape
+from launcher.memory import Layout, fit_table, layout
 
 DEFAULTS = {
     "tokens_per_s_server": 40_000.0,  # one H200, 0.36B bf16: measured 40-44k (shared/gpu); scale by 1/params for big models
@@ -151,8 +154,6 @@ def split_table(rows: list[SplitRow]) -> list[str]:
 
 
 def parse_nodes(text: str) -> list[int]:
-    from launcher.core.config import ConfigError
-
     try:
         nodes = [int(x) for x in text.split(",")]
     except ValueError:
@@ -165,8 +166,6 @@ def parse_nodes(text: str) -> list[int]:
 def read_calibration(path: str) -> dict[str, float]:
     """The figures `bench` measured ({"calibration": {figure: value}} in its results JSON); every key must be one of
     DEFAULTS (a misspelt one would leave the default in place without a word)."""
-    from launcher.core.config import ConfigError
-
     try:
         data = json.loads(Path(path).read_text())
     except OSError as e:
@@ -192,14 +191,11 @@ def read_calibration(path: str) -> dict[str, float]:
 
 
 def main(a) -> int:
-    from launcher.core import config as C
-    from launcher.memory import Layout
-
-    cfg = C.load(a.config, a.overrides)
+    cfg = load(a.config, a.overrides)
     nodes = parse_nodes(a.nodes)
     figures = {**DEFAULTS, **(read_calibration(a.calibration) if a.calibration else {})}
     if a.plot and not Path(a.plot).resolve().parent.is_dir():
-        raise C.ConfigError(f"--plot {a.plot}: its folder does not exist; create it or give another path")
+        raise ConfigError(f"--plot {a.plot}: its folder does not exist; create it or give another path")
     shape = ModelShape.read(cfg.vllm.model)
     params = a.params_b or (shape.params / 1e9 if shape else 7.0)
     per = cfg.slurm.gpus_per_node - cfg.vllm.tensor_parallel_size * cfg.vllm.data_parallel_size or 1
@@ -239,9 +235,6 @@ def main(a) -> int:
             f"{best_sync.sync_s / (best_async.async_s or best_async.sync_s):.2f}x the steps per hour of the best synchronous split"
             + (f", {now.sync_s / (best_async.async_s or best_async.sync_s):.2f}x this config's" if now else "")
         )
-    from launcher.core.plan import plan
-    from launcher.memory import fit_table, layout
-
     lay = layout(plan(cfg, ""))
     if not lay.gpu_gb:
         lay = Layout(**{**lay.__dict__, "gpu_gb": 80.0})

@@ -12,7 +12,7 @@ from pathlib import Path
 from typing import Any
 
 from launcher.core.config import ConfigError, JobConfig, rebuild
-from launcher.memory import ModelShape
+from launcher.core.shape import ModelShape
 
 # The rendezvous host is only known inside the allocation (the first hostname of SLURM_JOB_NODELIST);
 # the bootstrap resolves this sentinel. Local runs use 127.0.0.1.

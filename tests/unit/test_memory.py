@@ -9,9 +9,10 @@ import sys
 from pathlib import Path
 
 from launcher.cli import main as cli_main
-from launcher.memory import Layout, ModelShape, Options, common_shape, estimate, gpu_memory_gb
+from launcher.core.shape import ModelShape
+from launcher.memory import Layout, Options, common_shape, estimate, gpu_memory_gb
 
-REPO = Path(__file__).resolve().parent.parent
+REPO = Path(__file__).resolve().parents[2]
 
 QWEN7B = {
     "hidden_size": 3584,

@@ -10,7 +10,7 @@ from pathlib import Path
 
 import pytest
 
-from launcher.memory import ModelShape
+from launcher.core.shape import ModelShape
 from launcher.simulate import DEFAULTS, Row, predict
 
 
