@@ -7,7 +7,7 @@ Pure: no I/O except reading the model's config.json when it is a local folder (t
 from __future__ import annotations
 
 import json
-from dataclasses import asdict, dataclass, field
+from dataclasses import asdict, dataclass, field, replace
 from pathlib import Path
 from typing import Any
 
@@ -67,7 +67,7 @@ class Plan:
     bootstrap_grace_s: int
     """How long the bootstrap waits for torchrun after SIGTERM: torchrun's own shutdown, plus a margin."""
     derivation: list[str] = field(default_factory=list)
-    """One line per derived number: the rule that produced it (printed by dry-run)."""
+    """One line per derived number: the rule that produced it (written by `derivation(plan)`, printed by dry-run)."""
     data_parallel_size: int = 1
     """vLLM engines behind each node's server (vllm.data_parallel_size), each on tensor_parallel_size GPUs."""
 
@@ -114,10 +114,9 @@ def resolve_backend(cfg: JobConfig, shared_gpu: bool) -> str:
     return "ipc" if shared_gpu else "nccl"
 
 
-def plan(cfg: JobConfig, job_dir: str) -> Plan:
-    s, v, t = cfg.slurm, cfg.vllm, cfg.trainer
-    tp, dp, g = v.tensor_parallel_size, v.data_parallel_size, s.gpus_per_node
-    shared = g == 1 and tp * dp == 1
+def check_layout(cfg: JobConfig, shared: bool) -> None:
+    """The node's GPUs hold the server and at least one trainer rank, and TP divides the model's heads."""
+    tp, dp, g = cfg.vllm.tensor_parallel_size, cfg.vllm.data_parallel_size, cfg.slurm.gpus_per_node
     if shared and cfg.job.device == "cpu":
         raise ConfigError(
             "slurm.gpus_per_node 1 with job.device cpu leaves no slot for a trainer rank beside vLLM; "
@@ -128,65 +127,58 @@ def plan(cfg: JobConfig, job_dir: str) -> Plan:
             f"vllm.tensor_parallel_size x data_parallel_size ({tp} x {dp}) is larger than the node ({g} GPUs); "
             f"lower them or raise slurm.gpus_per_node"
         )
-    shape = ModelShape.read(v.model)
+    shape = ModelShape.read(cfg.vllm.model)
     if shape is not None:
         nh = shape.heads
         if nh % tp:
             raise ConfigError(
                 f"vllm.tensor_parallel_size ({tp}) does not divide the model's {nh} attention heads "
-                f"({v.model}/config.json); pick a TP size that divides {nh}"
+                f"({cfg.vllm.model}/config.json); pick a TP size that divides {nh}"
             )
-    vllm_gpus = [0] if shared else list(range(tp * dp))
-    trainer_gpus = [0] if shared else list(range(tp * dp, g))
-    per_node = len(trainer_gpus)
-    world = per_node * s.nodes
+
+
+def check_batch(cfg: JobConfig, world: int, per_node: int) -> None:
+    """The global batch splits into whole GRPO groups, and hsdp has ranks to shard over."""
+    t = cfg.trainer
     batch = t.per_device_train_batch_size
     if (batch * world) % t.num_generations:
         raise ConfigError(
             f"the global batch ({batch} per rank x {world} ranks = {batch * world} completions) is not a multiple of "
             f"trainer.num_generations ({t.num_generations}); make per_device_train_batch_size x ranks divisible by it"
         )
-    if t.fsdp == "hsdp" and s.nodes > 1 and per_node < 1:
+    if t.fsdp == "hsdp" and cfg.slurm.nodes > 1 and per_node < 1:
         raise ConfigError("trainer.fsdp hsdp needs at least one trainer rank per node")
-    backend = resolve_backend(cfg, shared)
-    rdzv_host = "127.0.0.1" if s.nodes == 1 else FIRST_NODE
-    nodes = []
-    for n in range(s.nodes):
-        ranks = [
-            RankPlan(global_rank=n * per_node + i, local_rank=i, node=n, gpu=gpu, cuda_index=i)
-            for i, gpu in enumerate(trainer_gpus)
-        ]
-        nodes.append(
-            NodePlan(
-                node=n,
-                vllm_gpus=vllm_gpus,
-                trainer_gpus=trainer_gpus,
-                server_url=f"http://127.0.0.1:{v.port}",
-                weight_transfer_port=t.weight_transfer_port,
-                ranks=ranks,
-                shared_gpu=shared,
-            )
+
+
+def plan(cfg: JobConfig, job_dir: str) -> Plan:
+    """The numbers; `derivation` writes the rule behind each one."""
+    s, v, t = cfg.slurm, cfg.vllm, cfg.trainer
+    tp, dp, g = v.tensor_parallel_size, v.data_parallel_size, s.gpus_per_node
+    shared = g == 1 and tp * dp == 1
+    check_layout(cfg, shared)
+    vllm_gpus = [0] if shared else list(range(tp * dp))
+    trainer_gpus = [0] if shared else list(range(tp * dp, g))
+    per_node = len(trainer_gpus)
+    world = per_node * s.nodes
+    check_batch(cfg, world, per_node)
+    nodes = [
+        NodePlan(
+            node=n,
+            vllm_gpus=vllm_gpus,
+            trainer_gpus=trainer_gpus,
+            server_url=f"http://127.0.0.1:{v.port}",
+            weight_transfer_port=t.weight_transfer_port,
+            ranks=[
+                RankPlan(global_rank=n * per_node + i, local_rank=i, node=n, gpu=gpu, cuda_index=i)
+                for i, gpu in enumerate(trainer_gpus)
+            ],
+            shared_gpu=shared,
         )
+        for n in range(s.nodes)
+    ]
     # the ranks get the time-limit warning minus 30 s for their checkpoint; the bootstrap outwaits torchrun by 10 s
     shutdown = max(30, s.signal_seconds - 30)
-    derivation = [
-        f"vLLM GPUs per node = first tensor_parallel_size x data_parallel_size = {tp} x {dp} = {vllm_gpus}"
-        + (" (shared with the trainer: one-GPU node)" if shared else ""),
-        f"trainer ranks per node = gpus_per_node - TP x DP = {g} - {tp * dp} = {per_node}"
-        if not shared
-        else "trainer ranks per node = 1 (shares GPU 0 with vLLM)",
-        f"world size = ranks per node x nodes = {per_node} x {s.nodes} = {world}",
-        f"completions per step = per_device_train_batch_size x world = {batch} x {world} = {batch * world} "
-        f"= {batch * world // t.num_generations} prompts x {t.num_generations} generations",
-        f"weight push world per node = 1 sender (the node leader) + TP x DP = {tp} x {dp} server workers = {1 + tp * dp}",
-        f"weight push backend = {backend} ({'set' if v.weight_transfer_backend != 'auto' else 'auto: ' + cfg.job.device + (', shared GPU' if shared else '')})",
-        f"sharding = {t.fsdp}: "
-        + ("shard over the node's ranks, replicate across nodes" if t.fsdp == "hsdp" else "shard over all ranks"),
-        f"rendezvous = {rdzv_host}:{t.rendezvous_port} (torchrun static rendezvous: a TCPStore on the first node, so ranks follow the plan)",
-        f"process-group timeout = push_timeout_s + request_timeout_s = {t.push_timeout_s:g} + {t.request_timeout_s:g} s",
-        f"trainer shutdown = max(30, signal_seconds - 30) = {shutdown} s (preemption checkpoint), bootstrap grace {shutdown + 10} s",
-    ]
-    return Plan(
+    p = Plan(
         job_name=cfg.job.name,
         job_dir=job_dir,
         device=cfg.job.device,
@@ -195,8 +187,8 @@ def plan(cfg: JobConfig, job_dir: str) -> Plan:
         ranks_per_node=per_node,
         world_size=world,
         tensor_parallel_size=tp,
-        weight_transfer_backend=backend,
-        rendezvous_host=rdzv_host,
+        weight_transfer_backend=resolve_backend(cfg, shared),
+        rendezvous_host="127.0.0.1" if s.nodes == 1 else FIRST_NODE,
         rendezvous_port=t.rendezvous_port,
         vllm_port=v.port,
         nodes=nodes,
@@ -204,6 +196,34 @@ def plan(cfg: JobConfig, job_dir: str) -> Plan:
         process_group_timeout_s=t.push_timeout_s + t.request_timeout_s,
         trainer_shutdown_s=shutdown,
         bootstrap_grace_s=shutdown + 10,
-        derivation=derivation,
         data_parallel_size=dp,
     )
+    return replace(p, derivation=derivation(p))
+
+
+def derivation(p: Plan) -> list[str]:
+    """One line per derived number of the plan: the rule that produced it, with its inputs (dry-run prints these)."""
+    v, t = p.config.vllm, p.config.trainer
+    tp, dp, g = p.tensor_parallel_size, p.data_parallel_size, p.gpus_per_node
+    n0, per_node, world = p.nodes[0], p.ranks_per_node, p.world_size
+    shared, batch = n0.shared_gpu, t.per_device_train_batch_size
+    how = "set" if v.weight_transfer_backend != "auto" else "auto: " + p.device + (", shared GPU" if shared else "")
+    sharding = "shard over the node's ranks, replicate across nodes" if t.fsdp == "hsdp" else "shard over all ranks"
+    return [
+        f"vLLM GPUs per node = first tensor_parallel_size x data_parallel_size = {tp} x {dp} = {n0.vllm_gpus}"
+        + (" (shared with the trainer: one-GPU node)" if shared else ""),
+        f"trainer ranks per node = gpus_per_node - TP x DP = {g} - {tp * dp} = {per_node}"
+        if not shared
+        else "trainer ranks per node = 1 (shares GPU 0 with vLLM)",
+        f"world size = ranks per node x nodes = {per_node} x {p.num_nodes} = {world}",
+        f"completions per step = per_device_train_batch_size x world = {batch} x {world} = {batch * world} "
+        f"= {batch * world // t.num_generations} prompts x {t.num_generations} generations",
+        f"weight push world per node = 1 sender (the node leader) + TP x DP = {tp} x {dp} server workers = {1 + p.server_world}",
+        f"weight push backend = {p.weight_transfer_backend} ({how})",
+        f"sharding = {t.fsdp}: {sharding}",
+        f"rendezvous = {p.rendezvous_host}:{p.rendezvous_port} (torchrun static rendezvous: a TCPStore on the first node, "
+        "so ranks follow the plan)",
+        f"process-group timeout = push_timeout_s + request_timeout_s = {t.push_timeout_s:g} + {t.request_timeout_s:g} s",
+        f"trainer shutdown = max(30, signal_seconds - 30) = {p.trainer_shutdown_s} s (preemption checkpoint), "
+        f"bootstrap grace {p.bootstrap_grace_s} s",
+    ]
