@@ -56,7 +56,7 @@ def sharded():
     from transformers import Qwen2Config, Qwen2ForCausalLM
 
     from trainer.parallel import Parallel, shard_model
-    from trainer.push.pusher import param_metadata
+    from trainer.push.gather import param_metadata
 
     device = torch.device("cuda", 0)
     torch.cuda.set_device(device)
@@ -104,7 +104,7 @@ class Discard:
 def push(model, meta, group, order_streams: bool) -> None:
     """The leader's push as NcclSender runs it: the walk is made here (the caller's thread and stream), the
     producer runs on another thread with the device set."""
-    from trainer.push.pusher import iter_unsharded_params
+    from trainer.push.gather import iter_unsharded_params
     from trainer.push.senders import checked, nccl_broadcast_packed
 
     params = checked(iter_unsharded_params(model, torch.bfloat16, order_streams=order_streams), meta)
@@ -130,7 +130,7 @@ def received(chunks: list[torch.Tensor], meta) -> dict[str, torch.Tensor]:
     chunks by a group whose broadcast(buf) copies the next one into buf (their sizes must agree)."""
     from vllm.distributed.weight_transfer.packed_tensor import packed_nccl_broadcast_consumer
 
-    from trainer.push.senders import chunk_metas
+    from trainer.push.wire import chunk_metas
 
     feed = iter(chunks)
 

@@ -21,10 +21,10 @@ import pytest
 import torch
 import torch.distributed as dist
 
-from trainer.push.gloo_engine import loopback_gloo_group, receive_packed  # imports vLLM: not inside a request's deadline
+from trainer.push.gloo_engine import receive_packed  # imports vLLM: not inside a request's deadline
 from trainer.push.pusher import RESUME_AFTER_FAILURE_S, NodePusher, PushSettings
-from trainer.push.senders import ParamMeta
-from trainer.rollout.server import ServerClient, ServerError
+from trainer.push.wire import ParamMeta, loopback_gloo_group
+from trainer.rollout.server import ServerError, VllmServer
 
 pytestmark = pytest.mark.filterwarnings("ignore:Tensor .* exceeds buffer_size_bytes")  # vLLM's, for our tiny bucket
 
@@ -132,7 +132,7 @@ def pusher(url: str) -> tuple[torch.nn.Module, NodePusher]:
         dtype=torch.float32,
         bucket_bytes=512,  # chunks [0.weight] [0.bias 1.weight] [1.bias]
     )
-    client = ServerClient(url, "m", node=0, timeout_s=REQUEST_TIMEOUT_S)
+    client = VllmServer(url, "m", node=0, timeout_s=REQUEST_TIMEOUT_S)
     return model, NodePusher(model, client, settings, torch.device("cpu"))
 
 

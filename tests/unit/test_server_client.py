@@ -15,7 +15,7 @@ from typing import Any
 
 import pytest
 
-from trainer.rollout.server import ServerClient, ServerError
+from trainer.rollout.server import ServerError, VllmServer
 
 HEADERS_THEN_STALL = b'HTTP/1.1 200 OK\r\nContent-Type: application/json\r\nContent-Length: 100\r\n\r\n{"a":'
 HEADERS_THEN_TRICKLE = b"HTTP/1.1 200 OK\r\nContent-Type: application/json\r\nContent-Length: 1000000\r\n\r\n"
@@ -94,7 +94,7 @@ def free_port() -> int:
     ids=["paused", "stopped-part-way", "trickling"],
 )
 def test_a_misbehaving_server_is_a_deadline_not_a_hang(misbehaving, reply, trickle, timeout_s, needle):
-    client = ServerClient(f"http://127.0.0.1:{misbehaving(reply, trickle)}", "m", node=1, timeout_s=timeout_s)
+    client = VllmServer(f"http://127.0.0.1:{misbehaving(reply, trickle)}", "m", node=1, timeout_s=timeout_s)
     error, took = call(lambda: client.post("/v1/completions", {}, step=7))
     assert isinstance(error, ServerError), error
     msg = str(error)
@@ -104,7 +104,7 @@ def test_a_misbehaving_server_is_a_deadline_not_a_hang(misbehaving, reply, trick
 
 
 def test_a_dead_server_is_a_connection_error_with_the_question_to_ask():
-    client = ServerClient(f"http://127.0.0.1:{free_port()}", "m", node=0, timeout_s=5)
+    client = VllmServer(f"http://127.0.0.1:{free_port()}", "m", node=0, timeout_s=5)
     with pytest.raises(ServerError, match=r"connection failed .*is the server still running"):
         client.post("/health", {})
 
@@ -145,8 +145,8 @@ def fake_vllm() -> Iterator[ThreadingHTTPServer]:
     srv.server_close()
 
 
-def client_of(srv: ThreadingHTTPServer, node: int = 2) -> ServerClient:
-    return ServerClient(f"http://127.0.0.1:{srv.server_address[1]}", "m", node=node, timeout_s=10)
+def client_of(srv: ThreadingHTTPServer, node: int = 2) -> VllmServer:
+    return VllmServer(f"http://127.0.0.1:{srv.server_address[1]}", "m", node=node, timeout_s=10)
 
 
 def test_answers_arrive_whole_over_one_kept_alive_connection_and_an_http_error_is_named(fake_vllm):
@@ -164,20 +164,18 @@ def test_answers_arrive_whole_over_one_kept_alive_connection_and_an_http_error_i
         client.post("/fail", {}, step=4)
 
 
-def test_a_prefix_cache_reset_that_answers_false_is_retried_then_an_error(fake_vllm, monkeypatch):
+def test_a_prefix_cache_reset_that_answers_false_is_retried_then_an_error(fake_vllm):
     """vLLM answers /reset_prefix_cache with {"success": false} while requests still run: the push retries,
     and fails naming the node rather than serving KV cached under the old weights."""
-    from trainer.push import pusher as weight_push
-
-    monkeypatch.setattr(weight_push.time, "sleep", lambda s: None)  # the 0.1 s pause between retries
     srv: Any = fake_vllm
     answers = iter([False, False, True])
     srv.answer = lambda path: (200, {"success": next(answers)})
     client = client_of(srv)
-    weight_push.reset_prefix_cache(client, step=3)
+    client.RESET_PAUSE_S = 0.0  # the 0.1 s pause between retries
+    client.reset_prefix_cache(step=3)
     assert [p for p, _, _ in srv.seen] == ["/reset_prefix_cache"] * 3
     srv.seen.clear()
     srv.answer = lambda path: (200, {"success": False})
     with pytest.raises(ServerError, match=r"node 2: .*reset_prefix_cache answered success=false 20 times at step 3"):
-        weight_push.reset_prefix_cache(client, step=3, reset_running=True)
+        client.reset_prefix_cache(step=3, running=True)
     assert [p for p, _, _ in srv.seen] == ["/reset_prefix_cache?reset_running_requests=true"] * 20

@@ -1,12 +1,13 @@
 """The trainer side of a weight push, one class per transport, all behind one interface (`Sender`).
 
-Every transport speaks vLLM 0.32's weight-transfer protocol over the node's own server (127.0.0.1):
+Every transport speaks vLLM 0.32's weight-transfer protocol over the node's own server (127.0.0.1), through
+trainer.rollout.server.VllmServer:
 
-    POST /init_weight_transfer_engine {init_info}   once, when the sender is built
-    POST /start_weight_update
-    POST /update_weights {update_info}               gloo/nccl: once, while the leader broadcasts the chunks;
-                                                     ipc: once per chunk of the shared buffer
-    POST /finish_weight_update
+    init_weight_transfer(init_info)   once, when the sender is built
+    start_weight_update()
+    update_weights(update_info)       gloo/nccl: once, while the leader broadcasts the chunks;
+                                      ipc: once per chunk of the shared buffer
+    finish_weight_update()
 
 and all of them send packed chunks: parameters (already in the serving dtype) are laid end to end as
 bytes into buckets of `trainer.bucket_mb`, with vLLM's own chunk rule (a chunk closes once it holds
@@ -23,56 +24,27 @@ more than the bucket), so one broadcast and one `load_weights` move a whole buck
 from __future__ import annotations
 
 import base64
-import math
 import pickle
 import threading
 import time
 from collections.abc import Callable, Iterator
 from datetime import timedelta
-from typing import NamedTuple, Protocol
+from typing import Any, Protocol
 
 import torch
 import torch.distributed as dist
 
-from trainer.rollout.server import ServerClient, ServerError
+from trainer.push.wire import ParamMeta, chunk_metas, loopback_gloo_group, update_info
+from trainer.rollout.server import ServerError, VllmServer
+
+__all__ = ["ParamMeta", "chunk_metas", "update_info"]  # re-exported: trainer.push.gloo_engine still imports them from here
 
 Params = Iterator[tuple[str, torch.Tensor]]
-
-
-class ParamMeta(NamedTuple):
-    name: str
-    dtype: str
-    """The dtype sent, as vLLM names it (e.g. bfloat16)."""
-    shape: list[int]
-
-    @property
-    def nbytes(self) -> int:
-        return math.prod(self.shape) * getattr(torch, self.dtype).itemsize
 
 
 class Sender(Protocol):
     def push(self, params: Params, meta: list[ParamMeta], step: int) -> None:
         """Send every parameter (consuming `params`, which yields them in `meta`'s order) and finish the update."""
-
-
-def update_info(meta: list[ParamMeta]) -> dict:
-    """The update info of vLLM's nccl engine (and ours): names, dtype names and shapes, in sending order."""
-    return {"names": [m.name for m in meta], "dtype_names": [m.dtype for m in meta], "shapes": [list(m.shape) for m in meta]}
-
-
-def chunk_metas(meta: list[ParamMeta], bucket_bytes: int) -> Iterator[list[ParamMeta]]:
-    """The receiver's cut of the parameters into chunks: vLLM's rule (packed_nccl_broadcast_consumer), a chunk
-    closes once it holds more than bucket_bytes. The sender's vLLM `pack_tensors` cuts the same way."""
-    chunk: list[ParamMeta] = []
-    size = 0
-    for m in meta:
-        chunk.append(m)
-        size += m.nbytes
-        if size > bucket_bytes:
-            yield chunk
-            chunk, size = [], 0
-    if chunk:
-        yield chunk
 
 
 def checked(params: Params, meta: list[ParamMeta]) -> Params:
@@ -85,15 +57,15 @@ def checked(params: Params, meta: list[ParamMeta]) -> Params:
 
 
 def call_while(
-    client: ServerClient,
+    client: VllmServer,
     route: str,
-    body: dict,
+    post: Callable[[], Any],
     timeout_s: float,
     step: int,
     work: Callable[[], None],
     device: torch.device | None = None,
 ) -> None:
-    """POST `route` while `work` runs (the two ends of a collective must both be in it): each in its own thread,
+    """`post` (a request to the server's `route`, named in errors) while `work` runs (the two ends of a collective must both be in it): each in its own thread,
     while this one waits for both within timeout_s. Whichever fails first ends the wait at once with its error
     (a failed POST would leave the other end of a broadcast waiting forever: NCCL has no timeout); past the
     deadline, a ServerError naming the node, the route and the deadline. A thread left blocked is a daemon:
@@ -112,9 +84,6 @@ def call_while(
         finally:
             finished.add(key)
             done.set()
-
-    def post() -> None:
-        client.post(route, body, timeout_s=timeout_s, step=step)
 
     for key, fn in (("post", post), ("work", work)):
         threading.Thread(target=run, args=(key, fn), daemon=True, name=f"{key} {route}").start()
@@ -137,13 +106,13 @@ def call_while(
 
 
 class BroadcastSender:
-    """gloo and nccl: the leader is rank 0 of a group with the server's workers; one /update_weights POST
+    """gloo and nccl: the leader is rank 0 of a group with the server's workers; one update_weights request
     runs while the leader broadcasts the packed chunks. Subclasses join the group and broadcast a chunk."""
 
     backend = ""
     device: torch.device | None = None
 
-    def __init__(self, client: ServerClient, port: int, server_world: int, timeout_s: float, bucket_bytes: int):
+    def __init__(self, client: VllmServer, port: int, server_world: int, timeout_s: float, bucket_bytes: int):
         self.client, self.timeout_s, self.bucket_bytes = client, timeout_s, bucket_bytes
         world = 1 + server_world
         init_info = {
@@ -158,8 +127,8 @@ class BroadcastSender:
         }
         call_while(
             client,
-            "/init_weight_transfer_engine",
-            {"init_info": init_info},
+            client.INIT_WEIGHTS,
+            lambda: client.init_weight_transfer(init_info, timeout_s=timeout_s),
             timeout_s,
             0,
             lambda: self.join(port, world),
@@ -176,7 +145,8 @@ class BroadcastSender:
         raise NotImplementedError
 
     def push(self, params: Params, meta: list[ParamMeta], step: int) -> None:
-        self.client.post("/start_weight_update", {}, step=step)
+        client = self.client
+        client.start_weight_update(step=step)
 
         def send() -> None:
             try:
@@ -188,8 +158,17 @@ class BroadcastSender:
                     f"(see logs/node{self.client.node}-vllm.log)"
                 ) from e
 
-        call_while(self.client, "/update_weights", {"update_info": update_info(meta)}, self.timeout_s, step, send, self.device)
-        self.client.post("/finish_weight_update", {}, step=step)
+        info = update_info(meta)
+        call_while(
+            client,
+            client.UPDATE_WEIGHTS,
+            lambda: client.update_weights(info, timeout_s=self.timeout_s, step=step),
+            self.timeout_s,
+            step,
+            send,
+            self.device,
+        )
+        client.finish_weight_update(step=step)
 
 
 class GlooSender(BroadcastSender):
@@ -201,8 +180,6 @@ class GlooSender(BroadcastSender):
         return {"timeout_s": self.timeout_s}  # the server's side of the group waits as long as we do
 
     def join(self, port: int, world: int) -> None:
-        from trainer.push.gloo_engine import loopback_gloo_group
-
         timeout = timedelta(seconds=self.timeout_s)
         self.store = loopback_store(port, world, timeout)  # the workers join from inside the init request
         self.group = loopback_gloo_group(self.store, 0, world, timeout)
@@ -261,7 +238,7 @@ class NcclSender(BroadcastSender):
     backend = "nccl"
 
     def __init__(
-        self, client: ServerClient, port: int, server_world: int, timeout_s: float, bucket_bytes: int, device: torch.device
+        self, client: VllmServer, port: int, server_world: int, timeout_s: float, bucket_bytes: int, device: torch.device
     ):
         self.device = device
         super().__init__(client, port, server_world, timeout_s, bucket_bytes)
@@ -290,7 +267,7 @@ def nccl_broadcast_packed(group, params: Params, bucket_bytes: int) -> None:
     """The leader's side of a packed nccl push: vLLM's packed producer, with the geometry of the init info (2 buffers).
     It makes a chunk slot's side stream current around packing + broadcasting that chunk, and the parameters of the
     next chunk are pulled there too: `params` must hand each tensor over to whichever stream is current when it is
-    pulled (trainer.push.pusher.iter_unsharded_params does). group: PyNcclCommunicator (anything with its
+    pulled (trainer.push.gather.iter_unsharded_params does). group: PyNcclCommunicator (anything with its
     broadcast(tensor, src) on the current stream)."""
     from vllm.distributed.weight_transfer.packed_tensor import packed_nccl_broadcast_producer
 
@@ -310,16 +287,16 @@ def nccl_broadcast_packed(group, params: Params, bucket_bytes: int) -> None:
 class IpcSender:
     """vLLM's `ipc` engine, packed: each chunk is copied into one CUDA buffer (kept across pushes, sized to
     the bucket or the largest tensor, whichever is larger) whose IPC handle travels with one synchronous
-    /update_weights POST per chunk; the POST returning means the server has copied the chunk out, so the
+    update_weights request per chunk; the request returning means the server has copied the chunk out, so the
     next chunk may overwrite the buffer."""
 
-    def __init__(self, client: ServerClient, timeout_s: float, bucket_bytes: int, meta: list[ParamMeta]):
+    def __init__(self, client: VllmServer, timeout_s: float, bucket_bytes: int, meta: list[ParamMeta]):
         self.client, self.timeout_s = client, timeout_s
         self.buffer_bytes = max(bucket_bytes, max(m.nbytes for m in meta))
         index = torch.cuda.current_device()
         self.gpu_uuid = str(torch.cuda.get_device_properties(index).uuid)
         self.buffer = torch.empty(self.buffer_bytes, dtype=torch.uint8, device=torch.device("cuda", index))
-        client.post("/init_weight_transfer_engine", {"init_info": {"packed": True}}, timeout_s=timeout_s)
+        client.init_weight_transfer({"packed": True}, timeout_s=timeout_s)
 
     def push(self, params: Params, meta: list[ParamMeta], step: int) -> None:
         from torch.multiprocessing.reductions import reduce_tensor
@@ -328,7 +305,7 @@ class IpcSender:
         # one export per push: the server opens the mapping at its first chunk and releases it at finish
         _, handle_args = reduce_tensor(self.buffer)
         handle = base64.b64encode(pickle.dumps({self.gpu_uuid: handle_args})).decode()
-        self.client.post("/start_weight_update", {}, step=step)
+        self.client.start_weight_update(step=step)
         chunk: list[ParamMeta] = []
         offset = 0
         for m, (_, t) in zip(meta, checked(params, meta), strict=True):
@@ -339,7 +316,7 @@ class IpcSender:
             chunk.append(m)
             offset += m.nbytes
         self._post_chunk(chunk, handle, step, deadline)
-        self.client.post("/finish_weight_update", {}, timeout_s=max(1.0, deadline - time.time()), step=step)
+        self.client.finish_weight_update(step=step, timeout_s=max(1.0, deadline - time.time()))
         torch.cuda.ipc_collect()
 
     def _post_chunk(self, chunk: list[ParamMeta], handle: str, step: int, deadline: float) -> None:
@@ -353,4 +330,4 @@ class IpcSender:
                 f"did not finish within trainer.push_timeout_s={self.timeout_s:.0f} s"
             )
         info = {**update_info(chunk), "tensor_sizes": [m.nbytes for m in chunk], "ipc_handles_pickled": handle}
-        self.client.post("/update_weights", {"update_info": info}, timeout_s=left, step=step)
+        self.client.update_weights(info, timeout_s=left, step=step)

@@ -14,8 +14,8 @@ everything back, and pushes every weight. Here every node works alone:
                 in the background while the ranks train; step s+k uses the completions started with step s's weights.
                 Before a push the leader waits for the batch the next step needs. With k = 1 nothing else is in flight
                 then; with k >= 2 later batches are outstanding (running or done): the push runs between
-                /pause?mode=keep and /resume (vLLM 0.32
-                freezes them in its queue: nothing lost, nothing aborted), and /reset_prefix_cache with
+                pause_keep and resume (vLLM 0.32
+                freezes them in its queue: nothing lost, nothing aborted), and reset_prefix_cache with
                 reset_running_requests recomputes their KV under the new weights, so their remaining tokens come from
                 the new weights (vLLM returns each token's own logprob, which TRL's importance-sampling correction
                 uses). `abort` would lose them and `wait` would hold the push until they finish, idling the trainer.
@@ -42,7 +42,7 @@ from launcher.core.plan import Plan
 from trainer.parallel import Parallel
 from trainer.push.pusher import NodePusher, PushSettings
 from trainer.rollout.parity import ParityChecker
-from trainer.rollout.server import ServerClient, ServerError
+from trainer.rollout.server import ServerError, VllmServer
 
 PARITY_PROBE = "the quick brown fox jumps over a lazy dog and a cat sat on a mat"
 
@@ -126,7 +126,7 @@ def node_generate(par: Parallel, prompts: list[list[int]], ask_server: Callable[
     return mine[0], tokens
 
 
-def timed_complete(client: ServerClient, prompts: list[list[int]], sampling: dict[str, Any], step: int):
+def timed_complete(client: VllmServer, prompts: list[list[int]], sampling: dict[str, Any], step: int):
     """One generation request; returns (completions, seconds it took the server)."""
     t0 = time.time()
     comps = client.complete(prompts, **sampling, step=step)
@@ -165,9 +165,9 @@ class NodeLocalGeneration:
         self.max_completion_length = kw.get("max_completion_length", 16)
         self.generation_kwargs = kw.get("generation_kwargs") or {}
         s = settings
-        self.vllm_client: ServerClient | None = None
+        self.vllm_client: VllmServer | None = None
         if par.is_leader:
-            self.vllm_client = ServerClient(s.server_url, s.model, par.node, s.request_timeout_s)
+            self.vllm_client = VllmServer(s.server_url, s.model, par.node, s.request_timeout_s)
         self.pusher = NodePusher(model, self.vllm_client, s.push, par.device)
         self.parity = ParityChecker(
             model,
@@ -185,10 +185,10 @@ class NodeLocalGeneration:
         """This rank's prompt ids of the next max_staleness steps (set by trainer.run.build when max_staleness >= 1)."""
         self.pending: dict[int, Pending] = {}
         """Requests sent ahead, by the step whose batch they generate."""
-        self.ahead: tuple[ServerClient, concurrent.futures.ThreadPoolExecutor] | None = None
+        self.ahead: tuple[VllmServer, concurrent.futures.ThreadPoolExecutor] | None = None
         if par.is_leader and s.max_staleness:  # its own client: the main thread's is busy with pushes and parity
             self.ahead = (
-                ServerClient(s.server_url, s.model, par.node, s.request_timeout_s),
+                VllmServer(s.server_url, s.model, par.node, s.request_timeout_s),
                 concurrent.futures.ThreadPoolExecutor(1, thread_name_prefix="generate-ahead"),
             )
 

@@ -13,24 +13,13 @@ from __future__ import annotations
 import torch
 
 from trainer.parallel import Parallel
-from trainer.rollout.server import ServerClient
+from trainer.rollout.server import VllmServer
 
 DEFAULT_TOLERANCE = {torch.float32: 1e-3, torch.bfloat16: 0.25, torch.float16: 0.1}
 
 
 class ParityError(RuntimeError):
     pass
-
-
-def server_prompt_logprobs(client: ServerClient, ids: list[int], step: int = 0, engine: int | None = None) -> list[float]:
-    out = client.post(
-        "/v1/completions",
-        {"model": client.model, "prompt": [ids], "max_tokens": 1, "temperature": 1.0, "prompt_logprobs": 0},
-        step=step,
-        engine=engine,
-    )
-    rows = out["choices"][0]["prompt_logprobs"][1:]
-    return [float(row[str(tok)]["logprob"]) for row, tok in zip(rows, ids[1:], strict=True)]
 
 
 @torch.no_grad()
@@ -45,7 +34,7 @@ class ParityChecker:
     def __init__(
         self,
         model,
-        client: ServerClient | None,
+        client: VllmServer | None,
         par: Parallel,
         tokenizer,
         tolerance: float,
@@ -74,7 +63,7 @@ class ParityChecker:
         targets = [None] if self.engines == 1 else list(range(self.engines))
         per_engine, theirs = [], []
         for engine in targets:
-            theirs = server_prompt_logprobs(self.client, self.ids, step, engine)
+            theirs = self.client.prompt_logprobs(self.ids, step, engine)
             per_engine.append(max(abs(a - b) for a, b in zip(mine, theirs, strict=True)))
         diff = max(per_engine)
         self.history.append(

@@ -1,5 +1,15 @@
-"""HTTP client of one node's vLLM server (127.0.0.1 only). Every request has a deadline, and every
-failure raises ServerError naming the node, the URL, the route and the training step: no silent hang."""
+"""HTTP client of one node's vLLM server (127.0.0.1 only): the only file that names vLLM's HTTP routes (vLLM 0.32),
+one method per route. Every request has a deadline (trainer.request_timeout_s unless the call gives its own), and
+every failure raises ServerError naming the node, the URL, the route and the training step: no silent hang.
+
+  complete             POST /v1/completions (sampling)
+  prompt_logprobs      POST /v1/completions (prompt_logprobs of a fixed sequence; engine= picks a DP engine)
+  pause_keep, resume   POST /pause?mode=keep, POST /resume
+  reset_prefix_cache   POST /reset_prefix_cache[?reset_running_requests=true]
+  health               GET /health
+  init_weight_transfer, start_weight_update, update_weights, finish_weight_update
+                       POST /init_weight_transfer_engine, /start_weight_update, /update_weights, /finish_weight_update
+"""
 
 from __future__ import annotations
 
@@ -15,7 +25,20 @@ class ServerError(RuntimeError):
     pass
 
 
-class ServerClient:
+class VllmServer:
+    COMPLETIONS = "/v1/completions"
+    PAUSE_KEEP = "/pause?mode=keep"
+    RESUME = "/resume"
+    RESET_PREFIX_CACHE = "/reset_prefix_cache"
+    RESET_RUNNING = "?reset_running_requests=true"
+    HEALTH = "/health"
+    INIT_WEIGHTS = "/init_weight_transfer_engine"
+    START_WEIGHTS = "/start_weight_update"
+    UPDATE_WEIGHTS = "/update_weights"
+    FINISH_WEIGHTS = "/finish_weight_update"
+    RESET_TRIES = 20
+    RESET_PAUSE_S = 0.1
+
     def __init__(self, base_url: str, model: str, node: int, timeout_s: float):
         self.base_url, self.model, self.node, self.timeout_s = base_url.rstrip("/"), model, node, timeout_s
         self.session = requests.Session()
@@ -144,11 +167,64 @@ class ServerClient:
         }
         if seed is not None:
             body["seed"] = seed
-        out = self.post("/v1/completions", body, step=step)
+        out = self.post(self.COMPLETIONS, body, step=step)
         choices = sorted(out["choices"], key=lambda c: c["index"])
         if len(choices) != len(prompts):
-            raise self._fail("/v1/completions", f"asked for {len(prompts)} completions, got {len(choices)}", step)
+            raise self._fail(self.COMPLETIONS, f"asked for {len(prompts)} completions, got {len(choices)}", step)
         out_pairs = [(list(c["token_ids"]), [float(x) for x in c["logprobs"]["token_logprobs"]]) for c in choices]
         if any(len(ids) != len(lps) for ids, lps in out_pairs):  # e.g. a token lost or repeated across a paused push
-            raise self._fail("/v1/completions", "a completion's token ids and logprobs differ in length", step)
+            raise self._fail(self.COMPLETIONS, "a completion's token ids and logprobs differ in length", step)
         return out_pairs
+
+    def prompt_logprobs(self, ids: list[int], step: int = 0, engine: int | None = None) -> list[float]:
+        """The logprob of each token of `ids` after the first, as the server's weights give it (no sampling)."""
+        out = self.post(
+            self.COMPLETIONS,
+            {"model": self.model, "prompt": [ids], "max_tokens": 1, "temperature": 1.0, "prompt_logprobs": 0},
+            step=step,
+            engine=engine,
+        )
+        rows = out["choices"][0]["prompt_logprobs"][1:]
+        return [float(row[str(tok)]["logprob"]) for row, tok in zip(rows, ids[1:], strict=True)]
+
+    def pause_keep(self, step: int = 0) -> None:
+        """Freeze the running requests in vLLM's queue (nothing aborted, nothing finished) until resume()."""
+        self.post(self.PAUSE_KEEP, {}, step=step)
+
+    def resume(self, step: int = 0, timeout_s: float | None = None) -> None:
+        self.post(self.RESUME, {}, timeout_s=timeout_s, step=step)
+
+    def reset_prefix_cache(self, step: int = 0, running: bool = False) -> None:
+        """KV cached for prompts under the old weights must not serve the new ones. vLLM answers 200 with
+        {"success": false} when it could not reset (requests still running): retry briefly, then fail.
+        running: running requests are preempted and recompute their KV (tokens so far kept) under the new weights."""
+        route = self.RESET_PREFIX_CACHE + (self.RESET_RUNNING if running else "")
+        for _ in range(self.RESET_TRIES):
+            out = self.post(route, {}, step=step)
+            if not isinstance(out, dict) or out.get("success", True) is not False:
+                return
+            time.sleep(self.RESET_PAUSE_S)
+        raise ServerError(
+            f"node {self.node}: {self.base_url}{self.RESET_PREFIX_CACHE} answered success=false {self.RESET_TRIES} times at "
+            f"step {step}; the server would reuse KV cached under the old weights"
+        )
+
+    def health(self, timeout_s: float | None = None) -> Any:
+        return self.request("GET", self.HEALTH, None, timeout_s)
+
+    # ------------------------------------------------------------------ vLLM's weight-transfer protocol
+    def init_weight_transfer(self, init_info: dict, timeout_s: float | None = None, step: int = 0) -> None:
+        self.post(self.INIT_WEIGHTS, {"init_info": init_info}, timeout_s=timeout_s, step=step)
+
+    def start_weight_update(self, step: int = 0) -> None:
+        self.post(self.START_WEIGHTS, {}, step=step)
+
+    def update_weights(self, update_info: dict, timeout_s: float | None = None, step: int = 0) -> None:
+        self.post(self.UPDATE_WEIGHTS, {"update_info": update_info}, timeout_s=timeout_s, step=step)
+
+    def finish_weight_update(self, step: int = 0, timeout_s: float | None = None) -> None:
+        self.post(self.FINISH_WEIGHTS, {}, timeout_s=timeout_s, step=step)
+
+
+ServerClient = VllmServer
+"""The old name, still imported by bench/workers.py (not a file of the rollout wing)."""

@@ -1,0 +1,56 @@
+"""The weight push's wire format, shared by both ends: the trainer's senders (trainer.push.senders) and the server's
+gloo engine (trainer.push.gloo_engine). No vLLM import, so the trainer side loads without it.
+
+A push is a list of ParamMeta (name, dtype sent, shape) in sending order, announced as vLLM's update info, and the
+parameters laid end to end as bytes into chunks cut by vLLM's own rule (chunk_metas). The gloo transport runs both
+ends in a gloo group bound to 127.0.0.1 (loopback_gloo_group): the push never leaves the node.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Iterator
+from datetime import timedelta
+from typing import NamedTuple
+
+import torch
+import torch.distributed as dist
+
+
+class ParamMeta(NamedTuple):
+    name: str
+    dtype: str
+    """The dtype sent, as vLLM names it (e.g. bfloat16)."""
+    shape: list[int]
+
+    @property
+    def nbytes(self) -> int:
+        return math.prod(self.shape) * getattr(torch, self.dtype).itemsize
+
+
+def update_info(meta: list[ParamMeta]) -> dict:
+    """The update info of vLLM's nccl engine (and ours): names, dtype names and shapes, in sending order."""
+    return {"names": [m.name for m in meta], "dtype_names": [m.dtype for m in meta], "shapes": [list(m.shape) for m in meta]}
+
+
+def chunk_metas(meta: list[ParamMeta], bucket_bytes: int) -> Iterator[list[ParamMeta]]:
+    """The receiver's cut of the parameters into chunks: vLLM's rule (packed_nccl_broadcast_consumer), a chunk
+    closes once it holds more than bucket_bytes. The sender's vLLM `pack_tensors` cuts the same way."""
+    chunk: list[ParamMeta] = []
+    size = 0
+    for m in meta:
+        chunk.append(m)
+        size += m.nbytes
+        if size > bucket_bytes:
+            yield chunk
+            chunk, size = [], 0
+    if chunk:
+        yield chunk
+
+
+def loopback_gloo_group(store: dist.Store, rank: int, world_size: int, timeout: timedelta) -> dist.ProcessGroupGloo:
+    """A gloo group whose every member talks over 127.0.0.1 (both ends of the gloo push)."""
+    opts = dist.ProcessGroupGloo._Options()  # type: ignore[attr-defined]
+    opts._devices = [dist.ProcessGroupGloo.create_device(hostname="127.0.0.1")]
+    opts._timeout = timeout
+    return dist.ProcessGroupGloo(store, rank, world_size, opts)
