@@ -23,7 +23,8 @@ import time
 from pathlib import Path
 
 from launcher.cli import cli_argv
-from launcher.status import read_jsonl
+from launcher.core.jobdir import JobDir
+from launcher.core.records import read_rows, step_rows
 
 REPO = Path(__file__).resolve().parent.parent
 
@@ -44,24 +45,25 @@ def one_run(config: str, model: str, job: Path, steps: int, staleness: int, sets
         r = subprocess.run(argv, capture_output=True, text=True, cwd=REPO)
         if r.returncode:
             raise SystemExit(f"max_staleness {staleness}: the run failed (rc {r.returncode}); see {job}/logs\n{r.stdout[-2000:]}")
-    rows = [x for x in read_jsonl(job / "metrics.jsonl") if "reward" in x]
+    jd = JobDir(job)
+    rows = step_rows(read_rows(jd.metrics))
     fifth = max(1, len(rows) // 5)
-    train_s = json.loads((job / "summary.json").read_text())["train_s"]
+    train_s = json.loads(jd.summary.read_text())["train_s"]
     return {
         "max_staleness": staleness,
         "wall_s": round(time.time() - t0, 1),
         "train_s": train_s,
         "steps_per_hour": round(len(rows) / train_s * 3600, 1),
-        "step_s_median": statistics.median(x["step_s"] for x in rows[1:] or rows),
-        "reward_first": round(statistics.mean(x["reward"] for x in rows[:fifth]), 4),
-        "reward_last": round(statistics.mean(x["reward"] for x in rows[-fifth:]), 4),
-        "reward_by_step": [round(x["reward"], 4) for x in rows],
-        "time_by_step": [round(x["time"] - rows[0]["time"] + rows[0]["step_s"], 2) for x in rows],
-        "staleness": [max(x["staleness"].values()) for x in rows],
-        "pushes_paused": max((max(x.get("pushes_paused", {}).values(), default=0) for x in rows), default=0),
-        "logp_mismatch_mean": [x.get("logp_mismatch_mean") for x in rows],
-        "is_ratio_mean": [x.get("is_ratio_mean") for x in rows],
-        "parity_max": max(x["parity_max"] for x in rows),
+        "step_s_median": statistics.median(x.step_s or 0.0 for x in rows[1:] or rows),
+        "reward_first": round(statistics.mean(x.reward for x in rows[:fifth]), 4),
+        "reward_last": round(statistics.mean(x.reward for x in rows[-fifth:]), 4),
+        "reward_by_step": [round(x.reward, 4) for x in rows],
+        "time_by_step": [round((x.time or 0.0) - (rows[0].time or 0.0) + (rows[0].step_s or 0.0), 2) for x in rows],
+        "staleness": [max(v for v in x.staleness.values() if v is not None) for x in rows],
+        "pushes_paused": max((max(x.pushes_paused.values(), default=0) for x in rows), default=0),
+        "logp_mismatch_mean": [x.logp_mismatch_mean for x in rows],
+        "is_ratio_mean": [x.is_ratio_mean for x in rows],
+        "parity_max": max(x.parity_max for x in rows if x.parity_max is not None),
     }
 
 

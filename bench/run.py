@@ -27,11 +27,13 @@ from pathlib import Path
 
 from launcher.cli import cli_argv
 from launcher.core import config as C
+from launcher.core.jobdir import JobDir
 from launcher.core.plan import plan
+from launcher.core.records import read_rows, step_rows
 from launcher.node.bootstrap import wait_healthy
 from launcher.node.commands import vllm_command
 from launcher.node.procs import Proc
-from launcher.status import read_jsonl, startup_phases
+from launcher.status import startup_phases
 
 REPO = Path(__file__).resolve().parent.parent
 PY = sys.executable
@@ -43,7 +45,7 @@ def say(msg: str) -> None:
 
 def start_servers(model: str, work: Path, ports: list[int]) -> list[Proc]:
     procs = []
-    (work / "logs").mkdir(parents=True, exist_ok=True)
+    JobDir(work).logs.mkdir(parents=True, exist_ok=True)
     for node, port in enumerate(ports):
         cfg = C.from_dict(
             {
@@ -174,12 +176,12 @@ def bench_local_run(work: Path, model: str) -> dict:
     )
     if r.returncode != 0:
         raise RuntimeError(f"local run failed:\n{r.stdout[-3000:]}\n{r.stderr[-3000:]}")
-    rows = [x for x in read_jsonl(job / "metrics.jsonl") if "reward" in x]
+    rows = step_rows(read_rows(JobDir(job).metrics))
     later = rows[1:] or rows  # step 1 includes one-time warm-up
     return {
         "phases": startup_phases(job, 0),
-        "step_s_median": statistics.median(x["step_s"] for x in later),
-        "gen_tokens_per_s_median": statistics.median(x["gen_tokens_per_s"] for x in later if x.get("gen_tokens_per_s")),
+        "step_s_median": statistics.median(x.step_s or 0.0 for x in later),
+        "gen_tokens_per_s_median": statistics.median(x.gen_tokens_per_s for x in later if x.gen_tokens_per_s),
     }
 
 

@@ -9,23 +9,27 @@ import statistics
 import sys
 from pathlib import Path
 
+from launcher.core.jobdir import JobDir
 from launcher.core.plan import Plan
+from launcher.core.records import Event, FinalRow, read_events, read_rows, step_rows
 from launcher.memory import ModelShape, layout, options
 from launcher.memory import estimate as memory_estimate
 from launcher.status import startup_phases
 
 job, out = Path(sys.argv[1]), Path(sys.argv[2])
-rows = [json.loads(x) for x in (job / "metrics.jsonl").read_text().splitlines() if x.strip()]
-steps = [r for r in rows if "reward" in r]
+jd = JobDir(job)
+rows = read_rows(jd.metrics)
+steps = step_rows(rows)
 later = steps[1:] or steps  # step 1 carries one-time warm-up
-summary = json.loads((job / "summary.json").read_text()) if (job / "summary.json").exists() else {}
+final = next((r.nodes.get("0") for r in reversed(rows) if isinstance(r, FinalRow)), None)  # node 0's end figures
+summary = json.loads(jd.summary.read_text()) if jd.summary.exists() else {}
 d2d = json.loads((out / "d2d.json").read_text()) if (out / "d2d.json").exists() else {}  # FLOOR=0 skips it
 versions = json.loads((out / "versions.json").read_text())
-plan = Plan.load(job / "plan.json")
-push = [r["push_s"]["0"] for r in later if r.get("push_s", {}).get("0")]
+plan = Plan.load(jd.plan)
+push = [r.push_s["0"] for r in later if r.push_s.get("0")]
 push_med = statistics.median(push) if push else None
-gen_tps = [r["gen_tokens_per_s"] for r in later if r.get("gen_tokens_per_s")]
-vllm_log = (job / "logs" / "node0-vllm.log").read_text(errors="replace")
+gen_tps = [r.gen_tokens_per_s for r in later if r.gen_tokens_per_s]
+vllm_log = jd.log(0, "vllm").read_text(errors="replace")
 
 
 def _samples(path: Path) -> list[float]:
@@ -38,19 +42,19 @@ res = {
     "backend": plan.weight_transfer_backend,
     "shared_gpu": plan.nodes[0].shared_gpu,
     "steps": len(steps),
-    "reward_first5": statistics.mean(r["reward"] for r in steps[:5]) if steps else None,
-    "reward_last5": statistics.mean(r["reward"] for r in steps[-5:]) if steps else None,
+    "reward_first5": statistics.mean(r.reward for r in steps[:5]) if steps else None,
+    "reward_last5": statistics.mean(r.reward for r in steps[-5:]) if steps else None,
     "gen_tokens_per_s_median": statistics.median(gen_tps) if gen_tps else None,
-    "step_s_median": statistics.median(r["step_s"] for r in later) if later else None,
+    "step_s_median": statistics.median(r.step_s or 0.0 for r in later) if later else None,
     "push_s_median": push_med,
     "push_bytes": d2d.get("bytes"),
     "push_gb_per_s": round(d2d["bytes"] / push_med / 1e9, 2) if push_med and d2d else None,
     "d2d_copy_gb_per_s": d2d.get("gb_per_s"),
     "push_over_copy_floor": round(push_med / d2d["copy_s_median"], 1) if push_med and d2d else None,
-    "parity_per_push": [r.get("parity_max") for r in steps],
-    "parity_stale": [r.get("parity_stale", {}).get("0") for r in steps],
-    "parity_final": summary.get("nodes", {}).get("0", {}).get("parity_final"),
-    "trainer_peak_gpu_gb": summary.get("nodes", {}).get("0", {}).get("trainer_peak_gpu_gb"),
+    "parity_per_push": [r.parity_max for r in steps],
+    "parity_stale": [r.parity_stale.get("0") for r in steps],
+    "parity_final": final.parity_final if final else None,
+    "trainer_peak_gpu_gb": final.trainer_peak_gpu_gb if final else None,
     "vllm_memory_lines": re.findall(
         r"(Model loading took [^\n]*|Available KV cache memory[^\n]*|GPU KV cache size[^\n]*)", vllm_log
     )[:4],
@@ -58,20 +62,13 @@ res = {
     "peak_memory_per_rank": summary.get("peak_memory_per_rank"),
     "host_peak_used_gib": round(max(hm) / 1024, 1) if (hm := _samples(out / "host_mem_used_mib.txt")) else None,
     # GPU busy while training ran (nvidia-smi samples every 0.5 s; the samples before the first step are vLLM's start)
-    "gpu_busy_pct_mean": round(statistics.mean(b[-int(2 * sum(r["step_s"] for r in steps)) :]), 1)
+    "gpu_busy_pct_mean": round(statistics.mean(b[-int(2 * sum(r.step_s or 0.0 for r in steps)) :]), 1)
     if (b := _samples(out / "gpu_busy_pct.txt")) and steps
     else None,
-    "staleness": [max((r.get("staleness") or {"0": None}).values(), default=None) for r in steps],
-    "logp_mismatch_mean": [r.get("logp_mismatch_mean") for r in steps],
+    "staleness": [max((v for v in r.staleness.values() if v is not None), default=None) for r in steps],
+    "logp_mismatch_mean": [r.logp_mismatch_mean for r in steps],
     "startup_phases_s": startup_phases(job, 0),
-    "model_loaded": next(
-        (
-            e
-            for e in map(json.loads, (job / "logs" / "node0-events.jsonl").read_text().splitlines())
-            if e["event"] == "model_loaded"
-        ),
-        None,
-    ),
+    "model_loaded": next((e.to_dict() for e in read_events(jd.events(0)) if e.event == Event.MODEL_LOADED), None),
 }
 shape = ModelShape.read(plan.config.vllm.model)
 if shape:  # the estimate dry-run prints for this run, next to what was measured
@@ -81,8 +78,8 @@ if shape:  # the estimate dry-run prints for this run, next to what was measured
     res["estimate_gpu_gb_per_rank"] = round(e.gpu_gb, 1)
     res["estimate_host_gb_offloaded"] = round(e.host_gb_per_node, 1)
 # training seconds per step: the step minus its generation and its push (both measured per step)
-train = [r["step_s"] - (r.get("gen_s", {}).get("0") or 0) - (r.get("push_s", {}).get("0") or 0) for r in later]
+train = [(r.step_s or 0.0) - (r.gen_s.get("0") or 0) - (r.push_s.get("0") or 0) for r in later]
 res["train_s_median"] = round(statistics.median(train), 3) if train else None
-res["gen_s_median"] = statistics.median(r["gen_s"]["0"] for r in later if r.get("gen_s", {}).get("0")) if later else None
+res["gen_s_median"] = statistics.median(r.gen_s["0"] for r in later if r.gen_s.get("0")) if later else None
 (out / "gpu_results.json").write_text(json.dumps(res, indent=1))
 print(json.dumps(res, indent=1))

@@ -23,10 +23,12 @@ from pathlib import Path
 
 from launcher.core import config as config_mod
 from launcher.core.config import ConfigError, JobConfig
+from launcher.core.jobdir import JobDir
 from launcher.core.plan import Plan
+from launcher.core.records import format_summary, read_rows, step_rows, summarize
 from launcher.memory import plan_report
 from launcher.node.commands import redact_argv, trainer_command, vllm_command
-from launcher.status import cancel, find_job_dir, format_summary, log_files, q, read_jsonl, status, summarize
+from launcher.status import cancel, find_job_dir, log_files, q, status
 
 
 def cli_argv(python: str, command: str, config: str, *sets: str) -> list[str]:
@@ -160,16 +162,16 @@ def cmd_submit(a: argparse.Namespace) -> int:
 def cmd_resume(a: argparse.Namespace) -> int:
     """Resubmit a job folder's own resolved config (plus --set overrides, e.g. fewer nodes) into the same folder;
     the trainer continues from its newest complete checkpoint, resharded to the new number of ranks."""
-    from launcher.core.jobdir import complete_checkpoints, make_plan
+    from launcher.core.jobdir import make_plan
 
     d = find_job_dir(a.job).absolute()
-    done = complete_checkpoints(d / "checkpoints")
+    done = JobDir(d).complete_checkpoints()
     if not done:
         raise ConfigError(
             f"{d} has no complete checkpoint (checkpoints/step-N with meta.json) to resume from; submit the config again instead"
         )
     pinned = [f"job.job_dir={json.dumps(str(d))}", "trainer.resume=true"]
-    cfg = config_mod.load(d / "config.yaml", list(a.overrides) + pinned)
+    cfg = config_mod.load(JobDir(d).config, list(a.overrides) + pinned)
     p = make_plan(cfg)
     step, path = done[-1]
     preface = f"# would resume {d} from step {step} ({path.name}) on {p.num_nodes} nodes x {p.ranks_per_node} ranks\n\n"
@@ -188,21 +190,21 @@ class Progress(threading.Thread):
 
     def __init__(self, job_dir: Path, total: int):
         super().__init__(daemon=True)
-        self.path, self.total, self.done = job_dir / "metrics.jsonl", total, threading.Event()
+        self.path, self.total, self.done = JobDir(job_dir).metrics, total, threading.Event()
 
     def run(self) -> None:
         seen, t0 = 0, None
         while not self.done.wait(1.0):
-            rows = [r for r in read_jsonl(self.path) if "reward" in r]
+            rows = step_rows(read_rows(self.path))
             for r in rows[seen:]:
-                t0 = t0 or time.time() - r.get("step_s", 0)
+                t0 = t0 or time.time() - (r.step_s or 0)
                 per = (time.time() - t0) / max(1, len(rows))
-                eta = per * (self.total - r["step"])
-                bar = "#" * int(20 * r["step"] / self.total)
-                push = max((r.get("push_s") or {"": 0}).values())
+                eta = per * (self.total - r.step)
+                bar = "#" * int(20 * r.step / self.total)
+                push = max(r.push_s.values(), default=0)
                 print(
-                    f"[{bar:<20}] step {r['step']}/{self.total} reward {r['reward']:.3f} "
-                    f"push {push:.2f}s parity {r.get('parity_max')} ETA {eta:.0f}s",
+                    f"[{bar:<20}] step {r.step}/{self.total} reward {r.reward:.3f} "
+                    f"push {push:.2f}s parity {r.parity_max} ETA {eta:.0f}s",
                     flush=True,
                 )
             seen = len(rows)
@@ -235,7 +237,8 @@ def cmd_local(a: argparse.Namespace) -> int:
         if line.startswith("WARNING"):
             print(line, file=sys.stderr)
     d = write_job_dir(cfg, p)
-    print(f"job folder: {q(d)}\n" + node_table(p) + f"\nlogs: {q(d / 'logs')}/ ({vllm_start_note(cfg)})", flush=True)
+    jd = JobDir(d)
+    print(f"job folder: {q(d)}\n" + node_table(p) + f"\nlogs: {q(jd.logs)}/ ({vllm_start_note(cfg)})", flush=True)
     prog = Progress(d, cfg.trainer.max_steps)
     prog.start()
     t0 = time.time()
@@ -243,10 +246,10 @@ def cmd_local(a: argparse.Namespace) -> int:
     prog.done.set()
     prog.join(2)
     print(f"local run finished with code {rc} after {time.time() - t0:.0f} s")
-    print("summary: " + format_summary(summarize(read_jsonl(d / "metrics.jsonl"))))
-    for f in ("summary.json", "metrics.png", "metrics.jsonl"):
-        if (d / f).exists():
-            print(f"  {q(d / f)}")
+    print("summary: " + format_summary(summarize(read_rows(jd.metrics))))
+    for f in (jd.summary, jd.plot, jd.metrics):
+        if f.exists():
+            print(f"  {q(f)}")
     return rc
 
 
@@ -299,7 +302,7 @@ def cmd_sweep(a: argparse.Namespace) -> int:
     sweep.write_sweep(d, grid, points)
     s = submit(first.config, first.plan, array)
     for p in points:  # each point's folder answers `slurm-grpo status` on its own too
-        (Path(p.plan.job_dir) / "job_id").write_text(f"{s.job_id}_{p.index}\n")
+        JobDir(Path(p.plan.job_dir)).job_id.write_text(f"{s.job_id}_{p.index}\n")
     print(f"submitted job array {s.job_id}\nsweep folder: {q(d)}\nwatch it: slurm-grpo status {q(d)}")
     return 0
 
@@ -320,23 +323,22 @@ def cmd_sync(a: argparse.Namespace) -> int:
     import shutil
     import subprocess
 
-    from launcher.core.jobdir import WANDB_ID_FILE
-
     d = find_job_dir(a.job)
-    if (d / "sweep.json").is_file():
-        raise ConfigError(f"{q(d)} is a sweep folder: sync one of its points, e.g. slurm-grpo sync {q(d / 'point-000')}")
-    parts = sorted((d / "wandb").glob("offline-run-*"))
+    jd = JobDir(d)
+    if jd.is_sweep():
+        raise ConfigError(f"{q(d)} is a sweep folder: sync one of its points, e.g. slurm-grpo sync {q(jd.point(0).root)}")
+    parts = sorted(jd.wandb.glob("offline-run-*"))
     if not parts:
         raise ConfigError(
-            f"no offline W&B run under {q(d / 'wandb')}: the job ran without trainer.report_to: [wandb] or with wandb_mode online"
+            f"no offline W&B run under {q(jd.wandb)}: the job ran without trainer.report_to: [wandb] or with wandb_mode online"
         )
     exe = shutil.which("wandb")
     if exe is None:
         raise ConfigError(
             "the wandb command is not installed here: pip install wandb (or slurm-grpo[track]), then run sync again"
         )
-    run_id = (d / WANDB_ID_FILE).read_text().strip()
-    print(f"syncing W&B run {run_id}: {len(parts)} part(s) (one per attempt) from {q(d / 'wandb')}", flush=True)
+    run_id = jd.wandb_id.read_text().strip()
+    print(f"syncing W&B run {run_id}: {len(parts)} part(s) (one per attempt) from {q(jd.wandb)}", flush=True)
     return subprocess.run([exe, "sync", *map(str, parts)]).returncode
 
 

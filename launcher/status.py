@@ -10,6 +10,8 @@ from pathlib import Path
 from typing import Any
 
 from launcher.core.config import ConfigError
+from launcher.core.jobdir import JobDir
+from launcher.core.records import Event, format_summary, read_events, read_rows, summarize
 
 
 def q(path: str | Path) -> str:
@@ -25,70 +27,19 @@ JOB_ID_RE = re.compile(r"\d+(_\d+)?")
 def find_job_dir(ref: str, root: str = "runs") -> Path:
     """A job folder (or a sweep's), or a SLURM job id looked up in the job_id files under root: runs/*/job_id (a
     job's newest submission, a sweep's array) and runs/*/point-*/job_id (a sweep point's array task)."""
-    p = Path(ref)
-    if (p / "plan.json").is_file() or (p / "sweep.json").is_file():
-        return p
+    p = JobDir(Path(ref))
+    if p.plan.is_file() or p.is_sweep():
+        return p.root
     if JOB_ID_RE.fullmatch(ref):
-        for f in sorted([*Path(root).glob("*/job_id"), *Path(root).glob("*/point-*/job_id")]):
-            if f.read_text().strip() == ref:
-                return f.parent
+        folders = [JobDir(d) for d in [*Path(root).glob("*"), *Path(root).glob("*/point-*")] if d.is_dir()]
+        for d in sorted(folders, key=lambda d: d.job_id):
+            if d.read_job_id() == ref:
+                return d.root
         raise ConfigError(
             f"no job folder under {q(Path(root).absolute())}/ has job id {ref} (a resumed job has its newest id there); "
             f"pass the job folder instead"
         )
     raise ConfigError(f"{ref!r} is neither a job folder (with plan.json), a sweep folder (with sweep.json) nor a job id")
-
-
-def read_jsonl(path: Path) -> list[dict[str, Any]]:
-    if not path.is_file():
-        return []
-    rows = []
-    for line in path.read_text().splitlines():
-        try:
-            rows.append(json.loads(line))
-        except ValueError:
-            continue  # a line being written right now
-    return rows
-
-
-def summarize(rows: list[dict[str, Any]], k: int = 0) -> dict[str, Any]:
-    """Reward first vs last steps, push seconds per node, parity, tokens/s: from metrics.jsonl rows."""
-    steps = [r for r in rows if "step" in r and "reward" in r]
-    if not steps:
-        return {}
-    k = k or max(1, min(5, len(steps) // 4))
-    first = sum(r["reward"] for r in steps[:k]) / k
-    last = sum(r["reward"] for r in steps[-k:]) / k
-    push: dict[str, list[float]] = {}
-    for r in steps:
-        for node, s in (r.get("push_s") or {}).items():
-            push.setdefault(node, []).append(s)
-    parity = [r["parity_max"] for r in steps if r.get("parity_max") is not None]
-    tps = [r["gen_tokens_per_s"] for r in steps if r.get("gen_tokens_per_s")]
-    return {
-        "steps": len(steps),
-        "last_step": steps[-1]["step"],
-        "window": k,
-        "reward_first": round(first, 4),
-        "reward_last": round(last, 4),
-        "push_s_median": {n: round(sorted(v)[len(v) // 2], 4) for n, v in sorted(push.items())},
-        "parity_max": float(f"{max(parity):.3g}") if parity else None,
-        "gen_tokens_per_s_median": round(sorted(tps)[len(tps) // 2], 1) if tps else None,
-        "step_s_median": round(sorted(r["step_s"] for r in steps)[len(steps) // 2], 3)
-        if all("step_s" in r for r in steps)
-        else None,
-    }
-
-
-def format_summary(s: dict[str, Any]) -> str:
-    if not s:
-        return "no training steps recorded yet"
-    push = ", ".join(f"node {n}: {v:.3f} s" for n, v in s["push_s_median"].items()) or "none"
-    return (
-        f"steps {s['steps']} (last {s['last_step']}); reward first {s['window']} steps {s['reward_first']:.4f} -> "
-        f"last {s['window']} {s['reward_last']:.4f}; push median {push}; parity max {s['parity_max']}; "
-        f"generation {s['gen_tokens_per_s_median']} tokens/s; step {s['step_s_median']} s"
-    )
 
 
 def slurm_state(job_id: str) -> list[str]:
@@ -107,24 +58,24 @@ def slurm_state(job_id: str) -> list[str]:
 
 
 PHASES = (
-    ("server start", "vllm_start", "vllm_healthy"),
-    ("trainer launch + rendezvous", "trainer_start", "rendezvous_done"),
-    ("model load + shard", "rendezvous_done", "model_loaded"),
-    ("trainer build + first step", "model_loaded", "first_step"),
+    ("server start", Event.VLLM_START, Event.VLLM_HEALTHY),
+    ("trainer launch + rendezvous", Event.TRAINER_START, Event.RENDEZVOUS_DONE),
+    ("model load + shard", Event.RENDEZVOUS_DONE, Event.MODEL_LOADED),
+    ("trainer build + first step", Event.MODEL_LOADED, Event.FIRST_STEP),
 )
 
 
 def startup_phases(job_dir: Path, node: int) -> dict[str, float]:
     """Seconds of each start-up phase of the node's latest attempt, from its events file (the bootstrap
     and the node's trainer leader both append to it), plus the total from bootstrap start to step 1."""
-    ev = read_jsonl(job_dir / "logs" / f"node{node}-events.jsonl")
-    starts = [i for i, e in enumerate(ev) if e["event"] == "bootstrap_start"]
-    t: dict[str, float] = {}
+    ev = read_events(JobDir(job_dir).events(node))
+    starts = [i for i, e in enumerate(ev) if e.event == Event.BOOTSTRAP_START]
+    t: dict[Event | str, float] = {}
     for e in ev[starts[-1] :] if starts else []:
-        t.setdefault(e["event"], e["t"])
+        t.setdefault(e.event, e.t)
     out = {name: round(t[b] - t[a], 2) for name, a, b in PHASES if a in t and b in t}
-    if "bootstrap_start" in t and "first_step" in t:
-        out["total to step 1"] = round(t["first_step"] - t["bootstrap_start"], 2)
+    if Event.BOOTSTRAP_START in t and Event.FIRST_STEP in t:
+        out["total to step 1"] = round(t[Event.FIRST_STEP] - t[Event.BOOTSTRAP_START], 2)
     return out
 
 
@@ -136,8 +87,6 @@ def next_step(job_dir: Path, state: str, slurm: Any) -> str | None:
     """What to do after a job ended in `state` (sacct's State, e.g. "CANCELLED by 1000"): resume from the newest
     checkpoint, with the setting that ended it raised where one did (time, memory); submit again if nothing was
     checkpointed, since resume would refuse."""
-    from launcher.core.jobdir import complete_checkpoints
-
     word = state.split()[0] if state.split() else ""
     if word not in ENDED_RESUMABLE:
         return None
@@ -152,24 +101,26 @@ def next_step(job_dir: Path, state: str, slurm: Any) -> str | None:
         "CANCELLED": "it was cancelled (scancel)",
         "FAILED": f"slurm-grpo logs {q(job_dir)} shows the first error",
     }[word]
-    done = complete_checkpoints(job_dir / "checkpoints")
+    jd = JobDir(job_dir)
+    done = jd.complete_checkpoints()
     if not done:
         return (
             f"next: nothing to resume ({why}; no complete checkpoint was written): "
-            f"slurm-grpo submit {q(job_dir / 'config.yaml')} --set job.job_dir= starts it again in a new folder"
+            f"slurm-grpo submit {q(jd.config)} --set job.job_dir= starts it again in a new folder"
         )
     return f"next: slurm-grpo resume {q(job_dir)}   (continues from step {done[-1][0]}; {why})"
 
 
 def status(job_dir: Path) -> str:
     from launcher.core.plan import Plan
-    from launcher.sweep import is_sweep, sweep_status
+    from launcher.sweep import sweep_status
 
-    if is_sweep(job_dir):  # found by the array's job id
+    jd = JobDir(job_dir)
+    if jd.is_sweep():  # found by the array's job id
         return sweep_status(job_dir)
     lines = [f"job folder: {q(job_dir)}"]
-    plan = Plan.load(job_dir / "plan.json")
-    jid = (job_dir / "job_id").read_text().strip() if (job_dir / "job_id").is_file() else None
+    plan = Plan.load(jd.plan)
+    jid = jd.read_job_id()
     if jid:
         lines.append(f"SLURM job {jid}:")
         states = slurm_state(jid) or [f"(sacct has no record of job {jid}; is this the cluster it was submitted to?)"]
@@ -181,23 +132,23 @@ def status(job_dir: Path) -> str:
     else:
         lines.append("local run (no SLURM job id)")
     for n in range(plan.num_nodes):
-        ev = read_jsonl(job_dir / "logs" / f"node{n}-events.jsonl")
-        names = [e["event"] for e in ev]
-        host = next((e.get("host") for e in ev if e["event"] == "bootstrap_start"), "?")
+        ev = read_events(jd.events(n))
+        names = [e.event for e in ev]
+        host = next((e.host for e in ev if e.event == Event.BOOTSTRAP_START), None) or "?"
         health = next(
-            (f"healthy after {e['seconds']:.0f} s" for e in reversed(ev) if e["event"] == "vllm_healthy"), "not healthy yet"
+            (f"healthy after {e.seconds or 0:.0f} s" for e in reversed(ev) if e.event == Event.VLLM_HEALTHY), "not healthy yet"
         )
-        if "vllm_exit" in names or "failed" in names:
-            health += "; " + next(
-                e.get("error", f"vllm exited {e.get('code')}") for e in reversed(ev) if e["event"] in ("failed", "vllm_exit")
-            )
+        ended = (Event.FAILED, Event.VLLM_EXIT)
+        if any(name in ended for name in names):
+            e = next(e for e in reversed(ev) if e.event in ended)
+            health += "; " + (e.error if e.error is not None else f"vllm exited {e.code}")
         lines.append(f"node {n} ({host}): vLLM {health}; last event: {names[-1] if names else 'none'}")
         phases = startup_phases(job_dir, n)
         if phases:
             lines.append("  start-up: " + ", ".join(f"{k} {v:.1f} s" for k, v in phases.items()))
-    rows = read_jsonl(job_dir / "metrics.jsonl")
+    rows = read_rows(jd.metrics)
     if rows:
-        lines.append("last metrics: " + json.dumps(rows[-1]))
+        lines.append("last metrics: " + json.dumps(rows[-1].to_dict()))
     lines.append("summary: " + format_summary(summarize(rows)))
     return "\n".join(lines)
 
@@ -207,27 +158,26 @@ def log_files(job_dir: Path, node: int | None) -> list[Path]:
     <job>_<task>_log.out, a task per node; a sweep point's are in the sweep folder, as <array>_<point>_<task>)."""
     from launcher.core.plan import Plan
 
-    if (job_dir / "sweep.json").is_file():
-        raise ConfigError(f"{q(job_dir)} is a sweep; pass one of its points, e.g. {q(job_dir / 'point-000')}")
-    nodes = Plan.load(job_dir / "plan.json").num_nodes
+    jd = JobDir(job_dir)
+    if jd.is_sweep():
+        raise ConfigError(f"{q(job_dir)} is a sweep; pass one of its points, e.g. {q(jd.point(0).root)}")
+    nodes = Plan.load(jd.plan).num_nodes
     if node is not None and not 0 <= node < nodes:
         raise ConfigError(f"--node {node}: the job has nodes 0 to {nodes - 1}")
-    files = sorted((job_dir / "logs").glob("node*-*.log"))
-    if node is not None:
-        files = [f for f in files if f.name.startswith(f"node{node}-")]
+    files = jd.node_logs(node)
     task = "*" if node is None else str(node)
-    jid = (job_dir / "job_id").read_text().strip() if (job_dir / "job_id").is_file() else ""
-    if "_" in jid and (job_dir.parent / "sweep.json").is_file():  # a sweep point: its array task's output
-        return files + sorted((job_dir.parent / "submitit").glob(f"{jid}_{task}_log.out"))
-    return files + sorted((job_dir / "submitit").glob(f"*/*_{task}_log.out"))
+    jid = jd.read_job_id() or ""
+    sweep = JobDir(job_dir.parent)
+    if "_" in jid and sweep.is_sweep():  # a sweep point: its array task's output
+        return files + sweep.array_task_logs(jid, task)
+    return files + jd.task_logs(task)
 
 
 def cancel(job_dir: Path) -> str:
     """scancel the job's newest submission (a sweep folder: the whole array; a sweep point: its task)."""
-    jf = job_dir / "job_id"
-    if not jf.is_file():
+    jid = JobDir(job_dir).read_job_id()
+    if jid is None:
         raise ConfigError(f"{q(job_dir)} has no job_id (a local run); stop it with Ctrl-C")
-    jid = jf.read_text().strip()
     try:
         out = subprocess.run(["scancel", jid], capture_output=True, text=True, timeout=60)
     except (OSError, subprocess.TimeoutExpired) as e:

@@ -15,6 +15,7 @@ from pathlib import Path
 import jinja2
 
 from launcher.core.config import ConfigError, JobConfig, control_character
+from launcher.core.jobdir import Env, JobDir
 from launcher.core.plan import Plan
 from launcher.node.commands import bootstrap_argv
 from launcher.status import q
@@ -110,7 +111,7 @@ def make_executor(cfg: JobConfig, p: Plan, render_only: bool = False, array: Arr
         cls = type("RenderOnlySlurmExecutor", (submitit.SlurmExecutor,), {"affinity": classmethod(lambda c: 2)})
     # a job's logs go to submitit/<id>/ (submitit makes it after sbatch); an array's tasks all write into submitit/
     # itself (<array>_<task>_...): SLURM does not create folders, and a task may start before anyone could make one
-    folder = Path(root) / "submitit"
+    folder = JobDir(Path(root)).submitit
     ex = cls(folder=folder if array else folder / "%j", max_num_timeout=0)
     ex.update_parameters(**executor_parameters(cfg, p, array))
     if array is not None:  # submitit renders --array=0-(count-1)%parallel and per-task log names (%A_%a)
@@ -125,7 +126,7 @@ def container_setup(cfg: JobConfig) -> list[str]:
         return []
     return [
         "# the rendezvous host, resolved here: the image may have no scontrol",
-        'export SLURM_GRPO_FIRST_NODE=$(scontrol show hostnames "$SLURM_JOB_NODELIST" | head -n 1)',
+        f'export {Env.FIRST_NODE}=$(scontrol show hostnames "$SLURM_JOB_NODELIST" | head -n 1)',
     ]
 
 
@@ -152,7 +153,7 @@ def job_command(cfg: JobConfig, p: Plan, array: ArraySpec | None = None) -> str:
     """What srun runs on each node: the bootstrap (of the array task's point, for a sweep); inside `apptainer exec
     --nv` for an Apptainer image."""
     if array is None:
-        argv = bootstrap_argv(f"{p.job_dir}/plan.json", cfg.job.python)
+        argv = bootstrap_argv(str(JobDir(Path(p.job_dir)).plan), cfg.job.python)
     else:
         argv = bootstrap_argv("--sweep", cfg.job.python) + [array.sweep_dir]
     c = cfg.slurm.container
@@ -177,15 +178,15 @@ class Submitted:
 def submit(cfg: JobConfig, p: Plan, array: ArraySpec | None = None) -> Submitted:
     """sbatch the job (or the sweep's array, from its first point's config and plan); job.sbatch and job_id go into
     the job (or sweep) folder."""
-    root = Path(root_dir(p, array))
+    root = JobDir(Path(root_dir(p, array)))
     ex = make_executor(cfg, p, array=array)
     command = job_command(cfg, p, array)
     text = ex._make_submission_file_text(command, "submitted")
     try:
         job = ex._submit_command(command)
     except Exception as e:  # submitit raises its own FailedJobError/OSError with sbatch's stderr
-        raise RuntimeError(f"sbatch refused the job: {e}\nThe sbatch text is in {q(root / 'job.sbatch')}") from None
+        raise RuntimeError(f"sbatch refused the job: {e}\nThe sbatch text is in {q(root.sbatch)}") from None
     finally:
-        (root / "job.sbatch").write_text(text)
-    (root / "job_id").write_text(str(job.job_id) + "\n")
-    return Submitted(job_id=str(job.job_id), job_dir=str(root), sbatch_path=str(root / "job.sbatch"))
+        root.sbatch.write_text(text)
+    root.job_id.write_text(str(job.job_id) + "\n")
+    return Submitted(job_id=str(job.job_id), job_dir=str(root.root), sbatch_path=str(root.sbatch))

@@ -18,13 +18,9 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from launcher.core.config import ConfigError, JobConfig, load, parse_override
+from launcher.core.jobdir import JobDir, point_dir
 from launcher.core.plan import Plan, plan
-
-SWEEP_FILE = "sweep.json"
-
-
-def point_dir(sweep_dir: Path, index: int) -> Path:
-    return sweep_dir / f"point-{index:03d}"
+from launcher.core.records import read_rows, step_rows
 
 
 def parse_grid(specs: list[str]) -> list[tuple[str, list[str]]]:
@@ -86,14 +82,15 @@ def sweep_dir_for(cfg: JobConfig, now: float | None = None) -> Path:
 def write_sweep(sweep_dir: Path, grid: list[tuple[str, list[str]]], points: list[Point]) -> None:
     from launcher.core.jobdir import write_job_dir
 
-    (sweep_dir / "submitit").mkdir(parents=True, exist_ok=True)  # the array's sbatch file and logs
+    sd = JobDir(sweep_dir)
+    sd.submitit.mkdir(parents=True, exist_ok=True)  # the array's sbatch file and logs
     for p in points:
         write_job_dir(p.config, p.plan)
     record = {
         "grid": {k: v for k, v in grid},
         "points": [{"index": p.index, "overrides": p.overrides, "job_dir": p.plan.job_dir} for p in points],
     }
-    (sweep_dir / SWEEP_FILE).write_text(json.dumps(record, indent=1))
+    sd.sweep.write_text(json.dumps(record, indent=1))
 
 
 def grid_table(points: list[Point]) -> list[str]:
@@ -101,15 +98,16 @@ def grid_table(points: list[Point]) -> list[str]:
 
 
 def is_sweep(d: Path) -> bool:
-    return (d / SWEEP_FILE).is_file()
+    return JobDir(d).is_sweep()
 
 
 def sweep_status(sweep_dir: Path) -> str:
     """One line per point: its array task's SLURM state, last step and reward."""
-    from launcher.status import q, read_jsonl, slurm_state
+    from launcher.status import q, slurm_state
 
-    record = json.loads((sweep_dir / SWEEP_FILE).read_text())
-    jid = (sweep_dir / "job_id").read_text().strip() if (sweep_dir / "job_id").is_file() else None
+    sd = JobDir(sweep_dir)
+    record = json.loads(sd.sweep.read_text())
+    jid = sd.read_job_id()
     lines = [f"sweep folder: {q(sweep_dir)}", f"SLURM job array {jid}" if jid else "not submitted"]
     states = {}
     for ln in slurm_state(jid) if jid else []:
@@ -118,11 +116,10 @@ def sweep_status(sweep_dir: Path) -> str:
             states[parts[0].split("_", 1)[1]] = parts[1]
     lines.append(f"  {'point':<10} {'state':<12} {'step':>5} {'reward':>8}  values")
     for pt in record["points"]:
-        rows = [x for x in read_jsonl(Path(pt["job_dir"]) / "metrics.jsonl") if "reward" in x]
-        last = rows[-1] if rows else {}
-        reward = f"{last['reward']:.4f}" if last.get("reward") is not None else "-"
+        rows = step_rows(read_rows(JobDir(Path(pt["job_dir"])).metrics))
+        last = rows[-1] if rows else None
+        reward = f"{last.reward:.4f}" if last is not None else "-"
+        step = last.step if last is not None else "-"
         state = states.get(str(pt["index"]), "PENDING" if jid else "-")
-        lines.append(
-            f"  point-{pt['index']:03d}  {state:<12} {last.get('step', '-')!s:>5} {reward:>8}  {' '.join(pt['overrides'])}"
-        )
+        lines.append(f"  point-{pt['index']:03d}  {state:<12} {step!s:>5} {reward:>8}  {' '.join(pt['overrides'])}")
     return "\n".join(lines)

@@ -1,22 +1,28 @@
-"""metrics.jsonl (one line per step, rank 0), the end-of-run summary.json and the metrics.png plot."""
+"""metrics.jsonl (one typed row per step, rank 0; launcher.core.records), the end-of-run summary.json and the
+metrics.png plot."""
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import time
 from pathlib import Path
 from typing import Any
 
-from launcher.status import format_summary, read_jsonl, summarize
+from launcher.core.jobdir import JobDir
+from launcher.core.records import Row, StepRow, format_summary, read_rows, row_from_dict, step_rows, summarize
 
 
 class MetricsWriter:
     def __init__(self, job_dir: Path):
-        self.path = job_dir / "metrics.jsonl"
+        self.jd = JobDir(job_dir)
+        self.path = self.jd.metrics
 
-    def write(self, row: dict[str, Any]) -> None:
+    def write(self, row: Row) -> None:
+        """Append the row, stamped with the time it was written."""
+        stamped = dataclasses.replace(row, time=round(time.time(), 3))
         with open(self.path, "a") as f:
-            f.write(json.dumps({"time": round(time.time(), 3), **row}) + "\n")
+            f.write(json.dumps(stamped.to_dict()) + "\n")
 
     def set_aside_after(self, step: int) -> int:
         """On resume from `step`: the rows of later steps (run by an attempt that died before its next checkpoint,
@@ -27,47 +33,49 @@ class MetricsWriter:
         lost: list[str] = []
         for line in self.path.read_text().splitlines():
             try:
-                row = json.loads(line)
-            except ValueError:
+                row = row_from_dict(json.loads(line))
+            except (ValueError, TypeError):
                 continue  # a line cut by the crash
-            (lost if "reward" in row and row.get("step", 0) > step else keep).append(line)
+            (lost if isinstance(row, StepRow) and row.step > step else keep).append(line)
         if lost:
-            with open(self.path.with_name("metrics.lost.jsonl"), "a") as f:
+            with open(self.jd.metrics_lost, "a") as f:
                 f.write("\n".join(lost) + "\n")
-            tmp = self.path.with_name("metrics.jsonl.tmp")
+            tmp = self.path.with_name(self.path.name + ".tmp")
             tmp.write_text("".join(x + "\n" for x in keep))
             tmp.replace(self.path)
         return len(lost)
 
 
 def write_summary_and_plot(job_dir: Path, extra: dict[str, Any]) -> dict[str, Any]:
-    rows = read_jsonl(job_dir / "metrics.jsonl")
-    s = {**summarize(rows), **extra}
-    (job_dir / "summary.json").write_text(json.dumps(s, indent=2))
+    """summary.json: the summary of the run's step rows plus what the run adds (`extra`); and metrics.png."""
+    jd = JobDir(job_dir)
+    rows = read_rows(jd.metrics)
+    summary = summarize(rows)
+    s = {**(summary.to_dict() if summary else {}), **extra}
+    jd.summary.write_text(json.dumps(s, indent=2))
     try:
-        plot(rows, job_dir / "metrics.png")
+        plot(step_rows(rows), jd.plot)
     except Exception as e:  # a missing plotting library must not fail a finished run
         print(f"WARNING: could not write metrics.png: {e}", flush=True)
-    print("summary: " + format_summary(s), flush=True)
+    print("summary: " + format_summary(summary), flush=True)
     return s
 
 
-def plot(rows: list[dict[str, Any]], out: Path) -> None:
+def plot(steps: list[StepRow], out: Path) -> None:
     import matplotlib
 
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
 
-    steps = [r for r in rows if "reward" in r]
-    x = [r["step"] for r in steps]
+    x = [r.step for r in steps]
     fig, ax = plt.subplots(1, 3, figsize=(13, 3.6))
-    ax[0].plot(x, [r["reward"] for r in steps], marker=".")
+    ax[0].plot(x, [r.reward for r in steps], marker=".")
     ax[0].set_title("mean reward")
-    ax[1].plot(x, [r.get("kl") or 0.0 for r in steps], marker=".")
+    ax[1].plot(x, [r.kl or 0.0 for r in steps], marker=".")
     ax[1].set_title("KL (0 when beta = 0)")
-    nodes = sorted({n for r in steps for n in (r.get("push_s") or {})})
+    nodes = sorted({n for r in steps for n in r.push_s})
     for n in nodes:
-        ax[2].plot(x, [(r.get("push_s") or {}).get(n, float("nan")) for r in steps], marker=".", label=f"node {n}")
+        ax[2].plot(x, [r.push_s.get(n, float("nan")) for r in steps], marker=".", label=f"node {n}")
     ax[2].set_title("weight push seconds per node")
     if nodes:
         ax[2].legend()

@@ -12,6 +12,7 @@ import torch.distributed as dist
 from torch.distributed.device_mesh import DeviceMesh, init_device_mesh
 from torch.distributed.fsdp import CPUOffloadPolicy, MixedPrecisionPolicy, OffloadPolicy, fully_shard
 
+from launcher.core.jobdir import Env
 from launcher.core.plan import Plan
 
 
@@ -65,7 +66,7 @@ def check_allreduce(rank: int, world: int, device: torch.device) -> dict[str, fl
 
 def init(plan: Plan) -> Parallel:
     rank, world, local = int(os.environ["RANK"]), int(os.environ["WORLD_SIZE"]), int(os.environ["LOCAL_RANK"])
-    node = int(os.environ.get("SLURM_GRPO_NODE", rank // plan.ranks_per_node))
+    node = int(os.environ.get(Env.NODE, rank // plan.ranks_per_node))
     expect = plan.rank(rank)
     if world != plan.world_size or expect.node != node or expect.local_rank != local:
         raise RuntimeError(

@@ -11,13 +11,14 @@ report on global rank 0 only. Made SLURM-aware here:
 
 from __future__ import annotations
 
+import dataclasses
 import os
 import sys
 from pathlib import Path
-from typing import Any
 
 from launcher.core.config import TrainerConfig
-from launcher.core.jobdir import WANDB_ID_FILE
+from launcher.core.jobdir import JobDir
+from launcher.core.records import StepRow
 
 PREFIX = "slurm_grpo/"
 
@@ -29,35 +30,51 @@ def trackers(t: TrainerConfig) -> list[str]:
 def set_tracking_env(job_dir: Path, t: TrainerConfig, job_name: str) -> None:
     """Before the trainer is built (transformers reads these when its callbacks start)."""
     used = trackers(t)
+    jd = JobDir(job_dir)
     if "wandb" in used:
         os.environ.update(
             WANDB_MODE=t.wandb_mode,
             WANDB_PROJECT=t.wandb_project,
             WANDB_DIR=str(job_dir),  # the run lands in JOB/wandb/
-            WANDB_RUN_ID=(job_dir / WANDB_ID_FILE).read_text().strip(),
+            WANDB_RUN_ID=jd.wandb_id.read_text().strip(),
             WANDB_RESUME="allow",  # the first attempt creates the run, a requeued one continues it
             WANDB_NAME=job_name,
             WANDB_SILENT="true",
         )
     if "tensorboard" in used:
-        os.environ["TENSORBOARD_LOGGING_DIR"] = str(job_dir / "tensorboard")
+        os.environ["TENSORBOARD_LOGGING_DIR"] = str(jd.tensorboard)
 
 
-def flat_figures(row: dict[str, Any]) -> dict[str, float]:
-    """The project's metrics row as scalars a tracker takes: per-node dicts become .../node0, lists .../0."""
+NOT_TRACKED = {
+    "step",
+    "reward",
+    "reward_std",
+    "loss",
+    "kl",
+    "time",
+    "kind",
+    "prompts_digest",
+    "is_ratio_mean",
+    "logp_mismatch_mean",
+}
+"""StepRow fields the trackers have already (TRL logs them itself) or that are no figure (the prompts' digest)."""
+
+
+def flat_figures(row: StepRow) -> dict[str, float]:
+    """The project's step row as scalars a tracker takes: per-node maps become .../node0, lists .../0."""
     out: dict[str, float] = {}
-    skip = {"step", "reward", "reward_std", "loss", "kl", "time", "prompts_digest", "is_ratio_mean", "logp_mismatch_mean"}
-    for key, value in row.items():
-        if key in skip or value is None:
+    for f in dataclasses.fields(row):
+        value = getattr(row, f.name)
+        if f.name in NOT_TRACKED or value is None:
             continue
-        if isinstance(value, dict):
+        if f.name in StepRow.PER_NODE:
             for node, v in value.items():
                 if isinstance(v, list):
-                    out.update({f"{PREFIX}{key}/node{node}/{i}": float(x) for i, x in enumerate(v) if x is not None})
+                    out.update({f"{PREFIX}{f.name}/node{node}/{i}": float(x) for i, x in enumerate(v) if x is not None})
                 elif isinstance(v, (int, float)) and not isinstance(v, bool):
-                    out[f"{PREFIX}{key}/node{node}"] = float(v)
+                    out[f"{PREFIX}{f.name}/node{node}"] = float(v)
         elif isinstance(value, (int, float)) and not isinstance(value, bool):
-            out[f"{PREFIX}{key}"] = float(value)
+            out[f"{PREFIX}{f.name}"] = float(value)
     return out
 
 

@@ -115,6 +115,9 @@ class JobDir:
         """A folder of one file per node, touched while the node's supervisor is alive."""
         return self.logs / f"heartbeat-{attempt}"
 
+    def heartbeat(self, attempt: str, node: int) -> Path:
+        return self.heartbeats(attempt) / f"node{node}.json"
+
     # the ranks' outputs
     @property
     def metrics(self) -> Path:

@@ -97,6 +97,40 @@ def read_events(path: Path) -> list[NodeEvent]:
     return [NodeEvent.from_dict(d) for d in read_jsonl(path) if "event" in d and "t" in d]
 
 
+@dataclass(frozen=True)
+class AbortRecord:
+    """logs/abort-<attempt>.json: the first node of an attempt that failed, and why (every other node stops)."""
+
+    node: int
+    host: str
+    error: str
+    t: float = 0.0
+
+    def to_json(self) -> str:
+        return json.dumps(dataclasses.asdict(self))
+
+    @classmethod
+    def from_json(cls, text: str) -> AbortRecord:
+        return _from_dict(cls, json.loads(text))
+
+
+@dataclass(frozen=True)
+class Heartbeat:
+    """logs/heartbeat-<attempt>/node<i>.json: a node's supervisor is alive (beat grows), or ending (done)."""
+
+    node: int
+    host: str
+    beat: int
+    done: bool = False
+
+    def to_json(self) -> str:
+        return json.dumps(dataclasses.asdict(self))
+
+    @classmethod
+    def from_json(cls, text: str) -> Heartbeat:
+        return _from_dict(cls, json.loads(text))
+
+
 # ---------------------------------------------------------------------------------------------------- metrics rows
 
 

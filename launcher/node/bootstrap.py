@@ -30,7 +30,7 @@ from typing import Protocol
 
 from launcher.core.config import ConfigError
 from launcher.core.inputs import PreflightError, check_node_inputs
-from launcher.core.jobdir import PREEMPTED_EXIT, Events, checkpoint_meta, complete_checkpoints
+from launcher.core.jobdir import PREEMPTED_EXIT, Env, Events, JobDir, checkpoint_meta
 from launcher.core.plan import FIRST_NODE, Plan
 from launcher.core.records import Event
 from launcher.node.commands import NodeCommand, trainer_command, vllm_command
@@ -71,14 +71,11 @@ def node_index(arg: int | None) -> int:
     return 0
 
 
-FIRST_NODE_ENV = "SLURM_GRPO_FIRST_NODE"
-
-
 def rendezvous_host(p: Plan) -> str:
     if p.rendezvous_host != FIRST_NODE:
         return p.rendezvous_host
-    if os.environ.get(FIRST_NODE_ENV):  # resolved by the batch script on the host (a container may lack scontrol)
-        return os.environ[FIRST_NODE_ENV]
+    if os.environ.get(Env.FIRST_NODE):  # resolved by the batch script on the host (a container may lack scontrol)
+        return os.environ[Env.FIRST_NODE]
     nodelist = os.environ.get("SLURM_JOB_NODELIST") or os.environ.get("SLURM_NODELIST")
     if not nodelist:
         raise NodeFailure(
@@ -201,7 +198,7 @@ def preflight(run: NodeRun) -> None:
 
 def run_node(p: Plan, node: int) -> int:
     job_dir = Path(p.job_dir)
-    (job_dir / "logs").mkdir(parents=True, exist_ok=True)
+    JobDir(job_dir).logs.mkdir(parents=True, exist_ok=True)
     host = socket.gethostname()
     python = sys.executable
     attempt = attempt_id()
@@ -249,7 +246,7 @@ def run_node(p: Plan, node: int) -> int:
         if stop_requested:
             raise NodeFailure(f"node {node}: stopped by signal {stop_requested[0]} before training started")
         cmd = trainer_command(p, node, rendezvous_host(p), python, allocated)
-        cmd = NodeCommand(cmd.name, torchrun_compatible(cmd.argv), {**cmd.env, "SLURM_GRPO_ATTEMPT": attempt}, cmd.log)
+        cmd = NodeCommand(cmd.name, torchrun_compatible(cmd.argv), {**cmd.env, Env.ATTEMPT: attempt}, cmd.log)
         # torchrun's own shutdown waits up to its --shutdown-timeout for the ranks' checkpoint: outwait it
         trainer = Proc(cmd, job_dir, node, grace_s=p.bootstrap_grace_s)
         procs.append(trainer)
@@ -281,14 +278,14 @@ def fail(run: NodeRun, e: NodeFailure) -> int:
 
 def _metrics_mtime(job_dir: Path) -> float | None:
     try:
-        return (job_dir / "metrics.jsonl").stat().st_mtime
+        return JobDir(job_dir).metrics.stat().st_mtime
     except OSError:
         return None
 
 
 def preempt_checkpoint(job_dir: Path, attempt: str) -> tuple[int, Path] | None:
     """The checkpoint this attempt wrote on a preemption signal, if it is complete on disk."""
-    done = complete_checkpoints(job_dir / "checkpoints")
+    done = JobDir(job_dir).complete_checkpoints()
     if not done:
         return None
     meta = checkpoint_meta(done[-1][1])
@@ -395,8 +392,6 @@ def requeue(run: NodeRun) -> None:
 
 def sweep_point_plan(sweep_dir: str) -> str:
     """The plan of this array task's point (launcher.sweep writes point-NNN/ per grid point)."""
-    from launcher.sweep import point_dir
-
     task = os.environ.get("SLURM_ARRAY_TASK_ID")
     if task is None:
         raise ConfigError(f"--sweep {sweep_dir}: SLURM_ARRAY_TASK_ID is not set; a sweep runs as a SLURM job array")
@@ -404,7 +399,7 @@ def sweep_point_plan(sweep_dir: str) -> str:
         raise ConfigError(
             f"--sweep {sweep_dir}: SLURM_ARRAY_TASK_ID={task!r} is not a task index; a sweep runs as a SLURM job array"
         )
-    return str(point_dir(Path(sweep_dir), int(task)) / "plan.json")
+    return str(JobDir(Path(sweep_dir)).point(int(task)).plan)
 
 
 def main(argv: list[str] | None = None) -> int:

@@ -8,13 +8,14 @@ from __future__ import annotations
 
 import json
 from dataclasses import dataclass
+from pathlib import Path
 
 from launcher.core.config import ConfigError
+from launcher.core.jobdir import PLUGIN_ENV, Env, JobDir
 from launcher.core.plan import Plan
-from launcher.node.stale import JOB_DIR_ENV
 
-PLUGIN_ENV = "SLURM_GRPO_CPU_PLAIN_LINEAR"
-"""Set for CPU servers: our vLLM plugin then keeps linear weights unpacked so pushed weights take effect."""
+IN_JOB = JobDir(Path())
+"""The job folder's paths relative to the folder itself (a command's log is named relative to it)."""
 
 
 OFFLINE_ENV = {"HF_HUB_OFFLINE": "1", "HF_DATASETS_OFFLINE": "1"}
@@ -80,7 +81,7 @@ def vllm_command(plan: Plan, node: int, python: str = "python", allocated: str |
     argv += list(v.extra_args)
     env = {
         **OFFLINE_ENV,
-        JOB_DIR_ENV: plan.job_dir,  # marks the processes as this job folder's (launcher.node.stale finds leftovers by it)
+        Env.JOB_DIR: plan.job_dir,  # marks the processes as this job folder's (launcher.node.stale finds leftovers by it)
         "VLLM_SERVER_DEV_MODE": "1",
         "CUDA_VISIBLE_DEVICES": gpu_list(n.vllm_gpus, allocated),
         "VLLM_NO_USAGE_STATS": "1",
@@ -92,7 +93,7 @@ def vllm_command(plan: Plan, node: int, python: str = "python", allocated: str |
         env["VLLM_ALLOW_INSECURE_SERIALIZATION"] = "1"
     if plan.device == "cpu":
         env.update({"VLLM_CPU_KVCACHE_SPACE": str(v.cpu_kvcache_gib), PLUGIN_ENV: "1", "CUDA_VISIBLE_DEVICES": ""})
-    return NodeCommand(name="vllm", argv=argv, env=env, log=f"logs/node{node}-vllm.log")
+    return NodeCommand(name="vllm", argv=argv, env=env, log=str(IN_JOB.log(node, "vllm")))
 
 
 def trainer_command(
@@ -125,19 +126,19 @@ def trainer_command(
         str(plan.trainer_shutdown_s),
         "-m",
         "trainer.main",
-        f"{plan.job_dir}/plan.json",
+        str(JobDir(Path(plan.job_dir)).plan),
     ]
     env = {
         **OFFLINE_ENV,
-        JOB_DIR_ENV: plan.job_dir,
-        "SLURM_GRPO_NODE": str(node),
+        Env.JOB_DIR: plan.job_dir,
+        Env.NODE: str(node),
         "CUDA_VISIBLE_DEVICES": gpu_list(n.trainer_gpus, allocated),
         "TORCH_NCCL_ASYNC_ERROR_HANDLING": "1",
         "PYTHONUNBUFFERED": "1",
     }
     if plan.device == "cpu":
         env.update({"CUDA_VISIBLE_DEVICES": "", "OMP_NUM_THREADS": "1"})
-    return NodeCommand(name="trainer", argv=argv, env=env, log=f"logs/node{node}-trainer.log")
+    return NodeCommand(name="trainer", argv=argv, env=env, log=str(IN_JOB.log(node, "trainer")))
 
 
 def redact_argv(argv: list[str]) -> list[str]:

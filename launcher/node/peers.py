@@ -4,11 +4,13 @@ killed writes nothing, so only the missing heartbeat can name it."""
 
 from __future__ import annotations
 
-import json
 import os
 import time
 from collections.abc import Callable
 from pathlib import Path
+
+from launcher.core.jobdir import JobDir
+from launcher.core.records import AbortRecord, Heartbeat
 
 
 class NodeFailure(RuntimeError):
@@ -34,7 +36,7 @@ class JobAbort:
         clock: Callable[[], float] = time.monotonic,
         sleep: Callable[[float], None] = time.sleep,
     ):
-        self.path = job_dir / "logs" / f"abort-{attempt}.json"
+        self.path = JobDir(job_dir).abort(attempt)
         self.node, self.watch = node, num_nodes > 1
         self.clock, self.sleep = clock, sleep
 
@@ -44,7 +46,7 @@ class JobAbort:
         except FileExistsError:
             return
         with os.fdopen(fd, "w") as f:
-            json.dump({"node": self.node, "host": host, "error": error, "t": time.time()}, f)
+            f.write(AbortRecord(self.node, host, error, time.time()).to_json())
 
     def settle(self, seconds: float, also: Callable[[], None] = lambda: None) -> None:
         """Wait briefly for another node's abort (or `also` to raise: a node found lost) before claiming to be
@@ -62,13 +64,13 @@ class JobAbort:
         if not self.watch or not self.path.exists():
             return
         try:
-            a = json.loads(self.path.read_text())
-        except (OSError, ValueError):
+            a = AbortRecord.from_json(self.path.read_text())
+        except (OSError, ValueError, TypeError):
             return  # being written; next poll
-        if a["node"] != self.node:
+        if a.node != self.node:
             raise NodeFailure(
-                f"node {self.node}: stopping, because node {a['node']} ({a['host']}) failed: {a['error']}\n"
-                f"  see logs/node{a['node']}-*.log in the job folder",
+                f"node {self.node}: stopping, because node {a.node} ({a.host}) failed: {a.error}\n"
+                f"  see logs/node{a.node}-*.log in the job folder",
                 remote=True,
             )
 
@@ -92,7 +94,8 @@ class Heartbeats:
         timeout_s: float,
         clock: Callable[[], float] = time.monotonic,
     ):
-        self.dir = job_dir / "logs" / f"heartbeat-{attempt}"
+        self.jd, self.attempt = JobDir(job_dir), attempt
+        self.dir = self.jd.heartbeats(attempt)
         self.node, self.host, self.timeout_s, self.clock = node, host, timeout_s, clock
         self.others = [k for k in range(num_nodes) if k != node]
         self.started = clock()
@@ -106,9 +109,10 @@ class Heartbeats:
             return
         self.dir.mkdir(parents=True, exist_ok=True)
         self.beats += 1
-        tmp = self.dir / f".node{self.node}.json.tmp"
-        tmp.write_text(json.dumps({"node": self.node, "host": self.host, "beat": self.beats, "done": done}))
-        os.replace(tmp, self.dir / f"node{self.node}.json")  # readers never see half a file
+        path = self.jd.heartbeat(self.attempt, self.node)
+        tmp = path.with_name(f".{path.name}.tmp")
+        tmp.write_text(Heartbeat(self.node, self.host, self.beats, done).to_json())
+        os.replace(tmp, path)  # readers never see half a file
         self.last_beat = now
 
     def finish(self) -> None:
@@ -124,10 +128,10 @@ class Heartbeats:
         now = self.clock()
         for k in self.others:
             try:
-                text = (self.dir / f"node{k}.json").read_text()
+                text = self.jd.heartbeat(self.attempt, k).read_text()
             except OSError:
                 text = ""
-            if text and json.loads(text).get("done"):
+            if text and Heartbeat.from_json(text).done:
                 continue
             last = self.seen.get(k)
             if last is None or last[0] != text:
@@ -135,7 +139,7 @@ class Heartbeats:
                 continue
             quiet = now - last[1]
             if text and quiet > self.timeout_s:
-                host = json.loads(text).get("host", "?")
+                host = Heartbeat.from_json(text).host
                 why = f"no heartbeat for {quiet:.0f} s"
             elif not text and quiet > max(self.timeout_s, self.NEVER_SEEN_S):
                 host, why = "?", f"no heartbeat at all in the {quiet:.0f} s since this node started"

@@ -22,7 +22,8 @@ import time
 from dataclasses import dataclass
 from pathlib import Path
 
-JOB_DIR_ENV = "SLURM_GRPO_JOB_DIR"
+from launcher.core.jobdir import Env
+
 SHM_PREFIXES = ("psm_", "vllm")
 SHM_MIN_AGE_S = 60
 
@@ -74,7 +75,7 @@ def holder(pid: int, what: str, proc: Path = Path("/proc")) -> Holder | None:
     except OSError:
         return None  # gone meanwhile
     env = read_environ(pid, proc)
-    return Holder(pid, what, uid, cmd, env.get(JOB_DIR_ENV, ""), env.get("SLURM_JOB_ID", ""))
+    return Holder(pid, what, uid, cmd, env.get(Env.JOB_DIR, ""), env.get("SLURM_JOB_ID", ""))
 
 
 def port_holders(ports: dict[int, str], proc: Path = Path("/proc")) -> list[Holder]:

@@ -151,14 +151,27 @@ def test_status_says_when_sacct_cannot_answer(job_dir, fake_slurm: FakeSlurm):
 def test_resume_sets_aside_the_lost_attempts_later_steps(tmp_path):
     """A node died after step 5, the last checkpoint is step 4: step 5 runs again, so its first row moves to
     metrics.lost.jsonl (kept, not deleted) and metrics.jsonl holds every step once."""
+    from launcher.core.jobdir import JobDir
+    from launcher.core.records import ResumedRow, StepRow, read_rows
     from trainer.metrics import MetricsWriter
 
     m = MetricsWriter(tmp_path)
-    for s in range(1, 6):
-        m.write({"step": s, "reward": s / 10})
+    with open(m.path, "a") as f:
+        f.write(json.dumps({"time": 1.0, "step": 1, "reward": 0.1}) + "\n")  # a row written before rows had a kind
+    m.write(ResumedRow(from_step=0, checkpoint="x"))  # not a step row: stays
+    for s in range(2, 6):
+        m.write(StepRow(step=s, reward=s / 10))
     with open(m.path, "a") as f:
         f.write('{"step": 6, "rew')  # a line cut by the crash
     assert m.set_aside_after(4) == 1
-    assert [json.loads(x)["step"] for x in m.path.read_text().splitlines()] == [1, 2, 3, 4]
-    assert [json.loads(x)["step"] for x in (tmp_path / "metrics.lost.jsonl").read_text().splitlines()] == [5]
+    kept = read_rows(m.path)
+    assert [(type(r).__name__, getattr(r, "step", None)) for r in kept] == [
+        ("StepRow", 1),
+        ("ResumedRow", None),
+        ("StepRow", 2),
+        ("StepRow", 3),
+        ("StepRow", 4),
+    ]
+    lost = read_rows(JobDir(tmp_path).metrics_lost)
+    assert [r.step for r in lost if isinstance(r, StepRow)] == [5] and len(lost) == 1
     assert m.set_aside_after(4) == 0

@@ -15,7 +15,8 @@ from pathlib import Path
 
 import pytest
 
-from launcher.node.stale import JOB_DIR_ENV, StaleError, clean_node, orphaned_segments
+from launcher.core.jobdir import Env
+from launcher.node.stale import StaleError, clean_node, orphaned_segments
 
 LISTEN = (
     "import socket,time; s=socket.socket(); s.bind(('127.0.0.1', {port})); s.listen(); print('up', flush=True); time.sleep(300)"
@@ -35,7 +36,7 @@ def free_port() -> int:
 def listener(port: int, job_dir: str) -> subprocess.Popen:
     p = subprocess.Popen(
         [sys.executable, "-c", LISTEN.format(port=port)],
-        env={**os.environ, JOB_DIR_ENV: job_dir},
+        env={**os.environ, Env.JOB_DIR: job_dir},
         stdout=subprocess.PIPE,
         text=True,
     )
@@ -156,8 +157,8 @@ def fake_nvidia_smi(tmp_path, monkeypatch):
 
 
 def test_gpu_holders_come_from_nvidia_smi_ours_are_stopped_and_anyone_elses_is_named(fake_nvidia_smi, shm):
-    mine = sleeper({JOB_DIR_ENV: "/runs/this-job"})
-    theirs = sleeper({JOB_DIR_ENV: "/runs/other-job", "SLURM_JOB_ID": "77"})
+    mine = sleeper({Env.JOB_DIR: "/runs/this-job"})
+    theirs = sleeper({Env.JOB_DIR: "/runs/other-job", "SLURM_JOB_ID": "77"})
     said: list[str] = []
     try:
         fake_nvidia_smi(mine)
