@@ -12,7 +12,7 @@ from pathlib import Path
 
 from launcher.core.config import JobConfig, to_yaml
 from launcher.core.plan import Plan, plan
-from launcher.core.records import META_FILE, CheckpointMeta, Event, event_line
+from launcher.core.records import CheckpointMeta, Event, event_line
 
 # Secrets that must never be written into the job folder, the sbatch text or the logs. The job
 # inherits them from the submitting environment through SLURM (sbatch exports the environment).
@@ -40,6 +40,9 @@ class Env:
 
 PLUGIN_ENV = Env.CPU_PLAIN_LINEAR
 """The switch the node's vLLM server gets on CPU (trainer.push.vllm_plugin reads it)."""
+
+META_FILE = "meta.json"
+"""A checkpoint folder's meta file (records.CheckpointMeta), written last: its presence marks the folder complete."""
 
 WANDB_ID_FILE = "wandb_run_id"
 """Kept while trainer/ and the tests move to JobDir.wandb_id (the same file)."""
@@ -226,7 +229,7 @@ def complete_checkpoints(root: Path) -> list[tuple[int, Path]]:
     its meta.json exists (written last); step-N.tmp folders of an interrupted write never count."""
     out = []
     for d in Path(root).glob("step-*"):
-        if d.is_dir() and not d.name.endswith(".tmp") and (d / META_FILE).is_file():
+        if d.is_dir() and not d.name.endswith(".tmp") and meta_file(d).is_file():
             try:
                 out.append((int(d.name.split("-")[1]), d))
             except ValueError:
@@ -234,9 +237,14 @@ def complete_checkpoints(root: Path) -> list[tuple[int, Path]]:
     return sorted(out)
 
 
+def meta_file(folder: Path) -> Path:
+    """checkpoints/step-N/meta.json."""
+    return Path(folder) / META_FILE
+
+
 def checkpoint_meta(folder: Path) -> CheckpointMeta:
     """A complete checkpoint's meta.json, typed (the one reader: trainer.checkpoint uses it too)."""
-    return CheckpointMeta.read(folder)
+    return CheckpointMeta.read(meta_file(folder))
 
 
 class Events:

@@ -463,8 +463,6 @@ CheckpointReason = Literal["periodic", "preempt"]
 """Why a checkpoint was written: every save_steps (and the final one), or on a preemption signal (then the node's
 bootstrap requeues the job, `launcher.node.bootstrap.preempt_checkpoint`)."""
 
-META_FILE = "meta.json"
-
 
 @dataclass(frozen=True)
 class CheckpointMeta:
@@ -492,13 +490,12 @@ class CheckpointMeta:
         return _from_dict(cls, d)
 
     @classmethod
-    def read(cls, folder: Path) -> CheckpointMeta:
-        """The meta.json of a complete checkpoint folder."""
-        return cls.from_dict(json.loads((Path(folder) / META_FILE).read_text()))
+    def read(cls, path: Path) -> CheckpointMeta:
+        """A checkpoint's meta file (its path: launcher.core.jobdir.meta_file)."""
+        return cls.from_dict(json.loads(Path(path).read_text()))
 
-    def write(self, folder: Path) -> Path:
-        """Into folder/meta.json, flushed to disk (its presence marks the checkpoint complete: write it last)."""
-        path = Path(folder) / META_FILE
+    def write(self, path: Path) -> Path:
+        """Flushed to disk (the file's presence marks the checkpoint complete: write it last)."""
         with open(path, "w") as f:
             json.dump(self.to_dict(), f)
             f.flush()
