@@ -17,7 +17,7 @@ import re
 import typing
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import Any, ClassVar, Literal
 
 import yaml
 
@@ -30,12 +30,19 @@ class ConfigError(ValueError):
 class ContainerConfig:
     image: str = ""
     """Container image: pyxis takes a registry name (nvcr.io#nvidia/pytorch:25.01-py3) or a .sqsh file, Apptainer a .sif file; empty = no container."""
-    runtime: str = "pyxis"
-    """pyxis (srun --container-image ..., NVIDIA's SLURM plugin) or apptainer (srun ... apptainer exec --nv IMAGE ...; Singularity too)."""
+    runtime: Literal["pyxis", "apptainer"] = "pyxis"
+    """How srun enters the container: pyxis is NVIDIA's SLURM plugin (srun --container-image ...), apptainer runs srun ... apptainer exec --nv IMAGE ... (Singularity too)."""
     mounts: list[str] = field(default_factory=list)
     """Bind mounts SRC:DST[:ro] (shared file systems with models, data, the venv); the job folder is always mounted at its own path."""
     workdir: str = ""
     """Working directory inside the container; empty = the image's own (then slurm-grpo must be installed in the image, or mount its folder and name it here)."""
+
+    def check(self) -> None:
+        for m in self.mounts:
+            if m.count(":") not in (1, 2) or "," in m or not all(m.split(":")[:2]):
+                raise ConfigError(f"slurm.container.mounts entry {m!r} must be SRC:DST or SRC:DST:ro, without commas")
+        if (self.mounts or self.workdir) and not self.image:
+            raise ConfigError("slurm.container has mounts or a workdir but no image; set slurm.container.image")
 
 
 @dataclass(frozen=True)
@@ -75,9 +82,25 @@ class SlurmConfig:
     container: ContainerConfig = field(default_factory=ContainerConfig)
     """Run each node's processes in a container: {image, runtime, mounts, workdir} (keys below)."""
 
-
-MAX_STALENESS = 4
-"""trainer.max_staleness above this is refused: the policy would learn from completions of a model that old."""
+    def check(self) -> None:
+        _positive("slurm.nodes", self.nodes, "ask for at least one node")
+        _positive("slurm.gpus_per_node", self.gpus_per_node, "every node needs GPUs (or CPU slots) for vLLM and the trainer")
+        if self.cpus_per_task < 0:
+            raise ConfigError(f"slurm.cpus_per_task must be 0 (not set) or positive, got {self.cpus_per_task}")
+        if not _TIME.match(self.time):
+            raise ConfigError(f"slurm.time {self.time!r} is not a SLURM time; use MM, HH:MM:SS or D-HH:MM:SS, e.g. 04:00:00")
+        if self.signal_seconds < 0 or self.signal_seconds > 3600:
+            raise ConfigError(f"slurm.signal_seconds must be between 0 and 3600, got {self.signal_seconds}")
+        if not _PROFILE.match(self.setup_profile):
+            raise ConfigError(
+                f"slurm.setup_profile {self.setup_profile!r} must be the name of a file in slurm_templates/ without .sh.j2"
+            )
+        for k in self.extra_sbatch:
+            if not _FLAG.match(k):
+                raise ConfigError(f"slurm.extra_sbatch key {k!r} must be an sbatch flag name without dashes, e.g. reservation")
+        if self.gpu_memory_gb < 0:
+            raise ConfigError(f"slurm.gpu_memory_gb must be >= 0 (0 = from the GPU name), got {self.gpu_memory_gb}")
+        self.container.check()
 
 
 @dataclass(frozen=True)
@@ -94,16 +117,30 @@ class VllmConfig:
     """Fraction of its GPUs' memory vLLM may use (on CPU builds: kept small, see the README)."""
     max_model_len: int = 0
     """Context length; 0 = the model's own."""
-    dtype: str = "auto"
-    """Serving dtype: auto, bfloat16, float16 or float32; must match the trainer's dtype for parity."""
+    dtype: Literal["auto", "bfloat16", "float16", "float32"] = "auto"
+    """Serving dtype; must match the trainer's dtype for parity."""
     extra_args: list[str] = field(default_factory=list)
     """More api_server arguments, as a list, e.g. ['--enforce-eager']."""
     health_timeout_s: int = 900
     """Deadline for a server to answer /health after start; past it the node fails naming its log."""
-    weight_transfer_backend: str = "auto"
-    """Weight push transport: auto (ipc on a GPU shared with the trainer, nccl on other GPUs, gloo on CPU), nccl, gloo or ipc."""
+    weight_transfer_backend: Literal["auto", "nccl", "gloo", "ipc"] = "auto"
+    """Weight push transport; auto picks ipc on a GPU shared with the trainer, nccl on other GPUs, gloo on CPU."""
     cpu_kvcache_gib: int = 1
     """CPU builds only: KV cache size in GiB (VLLM_CPU_KVCACHE_SPACE)."""
+
+    def check(self) -> None:
+        if not self.model:
+            raise ConfigError(
+                "vllm.model is required: a local model folder (e.g. one made by `slurm-grpo make-tiny-model DIR`) or a hub name"
+            )
+        _positive("vllm.tensor_parallel_size", self.tensor_parallel_size, "vLLM needs at least one GPU")
+        _positive("vllm.data_parallel_size", self.data_parallel_size, "the server needs at least one engine")
+        if not 0 < self.gpu_memory_utilization <= 1:
+            raise ConfigError(f"vllm.gpu_memory_utilization must be in (0, 1], got {self.gpu_memory_utilization}")
+        if self.max_model_len < 0:
+            raise ConfigError(f"vllm.max_model_len must be 0 (the model's own) or positive, got {self.max_model_len}")
+        _positive("vllm.health_timeout_s", self.health_timeout_s, "servers need time to load the model")
+        _port("vllm.port", self.port)
 
 
 @dataclass(frozen=True)
@@ -128,10 +165,10 @@ class TrainerConfig:
     """Sampling temperature."""
     seed: int = 0
     """Random seed (data order, sampling)."""
-    dtype: str = "bfloat16"
-    """Trainer dtype: bfloat16 or float32 (CPU: use float32)."""
-    fsdp: str = "hsdp"
-    """Sharding: hsdp (shard within a node, replicate across nodes; the push gather stays in the node) or fsdp (shard over all ranks)."""
+    dtype: Literal["bfloat16", "float32"] = "bfloat16"
+    """Trainer dtype (CPU: use float32)."""
+    fsdp: Literal["hsdp", "fsdp"] = "hsdp"
+    """Sharding: hsdp shards within a node and replicates across nodes (the push gather stays in the node); fsdp shards over all ranks."""
     save_steps: int = 10
     """Write a checkpoint every N steps (and at the end); 0 = only at the end."""
     final_checkpoint: bool = True
@@ -146,22 +183,22 @@ class TrainerConfig:
     """Largest gathered bucket of parameters during a push, in MB (bounds the push's extra memory)."""
     parity_tolerance: float = 0.0
     """Largest allowed |logprob(vLLM) - logprob(trainer)| after a push; 0 = by dtype (float32 1e-3, bf16 0.25)."""
-    parity_action: str = "fail"
-    """What a failed parity check does: fail or warn."""
+    parity_action: Literal["fail", "warn"] = "fail"
+    """What a failed parity check does: stop the job, or log a warning and go on."""
     rendezvous_port: int = 29500
     """torchrun c10d rendezvous port on the first node."""
     weight_transfer_port: int = 29600
     """Port of each node leader's weight-transfer store (127.0.0.1, node-local)."""
-    model_loading: str = "sharded"
-    """How ranks load the model: sharded (meta device, then each rank reads only its shard's rows from the safetensors files) or full (from_pretrained of the whole fp32 model on every rank, then shard; for checkpoints whose tensor names need renaming)."""
+    model_loading: Literal["sharded", "full"] = "sharded"
+    """How ranks load the model: sharded builds it on the meta device, then each rank reads only its shard's rows from the safetensors files; full runs from_pretrained of the whole fp32 model on every rank, then shards (for checkpoints whose tensor names need renaming)."""
     activation_checkpointing: bool = True
     """Recompute each decoder layer's activations in the backward instead of keeping them (less memory, about a third more compute); TRL's GRPOConfig default too."""
     cpu_offload: bool = False
     """Keep the sharded fp32 parameters, gradients and optimizer state in host memory (FSDP2 CPUOffloadPolicy; the optimizer step runs on the CPU): a big model on few GPUs."""
-    report_to: list[str] = field(default_factory=list)
-    """Experiment trackers: wandb and/or tensorboard ([] or [none] = none). Rank 0 reports TRL's figures and the project's (per-node push seconds, parity, tokens/s, staleness); files go to the job folder (wandb/, tensorboard/)."""
-    wandb_mode: str = "offline"
-    """offline (compute nodes seldom reach the Internet; upload later with `slurm-grpo sync JOB`), online, or disabled. One W&B run per job folder: a requeued or resumed job continues it."""
+    report_to: list[Literal["wandb", "tensorboard", "none"]] = field(default_factory=list)
+    """Experiment trackers ([] or [none] = none). Rank 0 reports TRL's figures and the project's (per-node push seconds, parity, tokens/s, staleness); files go to the job folder (wandb/, tensorboard/)."""
+    wandb_mode: Literal["offline", "online", "disabled"] = "offline"
+    """W&B mode; offline by default, as compute nodes seldom reach the Internet (upload later with `slurm-grpo sync JOB`). One W&B run per job folder: a requeued or resumed job continues it."""
     wandb_project: str = "slurm-grpo"
     """W&B project name."""
     max_staleness: int = 0
@@ -171,6 +208,38 @@ class TrainerConfig:
     grpo: dict[str, Any] = field(default_factory=dict)
     """Any other trl.GRPOConfig field, passed through as is (e.g. {loss_type: dapo})."""
 
+    MAX_STALENESS: ClassVar[int] = 4
+    """max_staleness above this is refused: the policy would learn from completions of a model that old."""
+
+    def check(self) -> None:
+        if not self.dataset:
+            raise ConfigError("trainer.dataset is required: a JSONL/Parquet file or a `datasets` folder with a 'prompt' column")
+        _check_reward_funcs(self.reward_funcs)
+        for name in ("max_steps", "per_device_train_batch_size", "num_generations", "max_completion_length", "bucket_mb"):
+            _positive(f"trainer.{name}", getattr(self, name), "it counts something that must exist")
+        for name in ("request_timeout_s", "push_timeout_s"):
+            _positive(f"trainer.{name}", getattr(self, name), "every wait needs a deadline")
+        if self.num_generations < 2:
+            raise ConfigError(
+                f"trainer.num_generations ({self.num_generations}) must be at least 2: GRPO compares completions within a group"
+            )
+        if self.learning_rate <= 0:
+            raise ConfigError(f"trainer.learning_rate must be positive, got {self.learning_rate}")
+        if self.beta < 0:
+            raise ConfigError(f"trainer.beta must be >= 0, got {self.beta}")
+        if self.temperature <= 0:
+            raise ConfigError(f"trainer.temperature must be positive, got {self.temperature}")
+        if self.save_steps < 0 or self.stall_timeout_s < 0 or self.parity_tolerance < 0:
+            raise ConfigError("trainer.save_steps, trainer.stall_timeout_s and trainer.parity_tolerance must be >= 0")
+        if not 0 <= self.max_staleness <= self.MAX_STALENESS:
+            raise ConfigError(
+                f"trainer.max_staleness must be 0 (synchronous) to {self.MAX_STALENESS} (steps off), got {self.max_staleness}; "
+                "1 already overlaps generation with training completely when generation is the shorter of the two"
+            )
+        _port("trainer.rendezvous_port", self.rendezvous_port)
+        _port("trainer.weight_transfer_port", self.weight_transfer_port)
+        _check_grpo(self.grpo)
+
 
 @dataclass(frozen=True)
 class JobSection:
@@ -178,12 +247,21 @@ class JobSection:
     """Job name (sbatch --job-name); letters, digits, '-', '_' and '.' only."""
     job_dir: str = ""
     """Job folder; empty = runs/<name>-<YYYYmmdd-HHMMSS> under the current directory."""
-    device: str = "cuda"
-    """cuda (vLLM CUDA build, NCCL) or cpu (vLLM CPU build, gloo; for tests and the smoke run)."""
+    device: Literal["cuda", "cpu"] = "cuda"
+    """What the nodes compute on: cuda runs vLLM's CUDA build and NCCL, cpu vLLM's CPU build and gloo (for tests and the smoke run)."""
     python: str = "python"
     """Python interpreter the job runs on the nodes (after the setup profile ran)."""
     node_timeout_s: int = 30
     """A node whose bootstrap shows no heartbeat (in the job folder) for this long is lost: the others stop, naming it."""
+
+    def check(self) -> None:
+        if not _NAME.match(self.name):
+            raise ConfigError(
+                f"job.name {self.name!r} may use letters, digits, '-', '_' and '.' only (1-64 characters), e.g. grpo-7b"
+            )
+        _positive("job.node_timeout_s", self.node_timeout_s, "a lost node must be declared lost at some point")
+        if not self.python:
+            raise ConfigError("job.python must be a path or name of a Python interpreter")
 
 
 @dataclass(frozen=True)
@@ -221,6 +299,52 @@ def _menu(cls: type) -> str:
 SCIENTIFIC = re.compile(r"[-+]?(\d+\.?\d*|\.\d+)[eE][-+]?\d+")
 
 
+@dataclass(frozen=True)
+class Menu:
+    """How an error names the values of a choice field; the values themselves come from the field's Literal."""
+
+    notes: dict[str, str] = field(default_factory=dict)
+    """A note after a value: hsdp (shard in a node, replicate across nodes)."""
+    one_of: bool = False
+    """"one of a, b, c" instead of "a, b or c"."""
+    example: str = ""
+
+    def say(self, choices: tuple[str, ...]) -> str:
+        """The values as the error says them; a Literal has two or more."""
+        named = [f"{c} ({self.notes[c]})" if c in self.notes else c for c in choices]
+        text = "one of " + ", ".join(named) if self.one_of else ", ".join(named[:-1]) + " or " + named[-1]
+        return text + (f", e.g. {self.example}" if self.example else "")
+
+
+MENUS = {
+    "slurm.container.runtime": Menu(notes={"pyxis": "srun --container-image"}),
+    "vllm.dtype": Menu(one_of=True),
+    "trainer.fsdp": Menu(notes={"hsdp": "shard in a node, replicate across nodes"}),
+    "trainer.model_loading": Menu(notes={"sharded": "each rank reads its shard"}),
+    "trainer.report_to": Menu(example="[wandb, tensorboard]"),
+    "trainer.wandb_mode": Menu(notes={"offline": "then `slurm-grpo sync JOB`"}),
+}
+"""The error's wording of a choice field, where it says more than "KEY 'x' must be a, b or c"."""
+
+
+def choices(annotation: Any) -> tuple[str, ...]:
+    """The values of a choice field (a Literal, or a list of one); () for any other field."""
+    if typing.get_origin(annotation) is list:
+        (annotation,) = typing.get_args(annotation)
+    return typing.get_args(annotation) if typing.get_origin(annotation) is Literal else ()
+
+
+def _choice_error(key: str, value: str, annotation: Any, entry: bool = False) -> ConfigError:
+    return ConfigError(f"{key}{' entry' if entry else ''} {value!r} must be {MENUS.get(key, Menu()).say(choices(annotation))}")
+
+
+def _text(where: str, value: Any) -> str:
+    """A choice field's value as text, refused if not text or if it holds a control character."""
+    text = _coerce(where, value, str)
+    _refuse_control_characters(where, text)
+    return text
+
+
 def _coerce(where: str, value: Any, annotation: Any) -> Any:
     """Check a YAML value against a field's type; ints are accepted for floats, nothing else is guessed."""
     origin = typing.get_origin(annotation)
@@ -248,12 +372,23 @@ def _coerce(where: str, value: Any, annotation: Any) -> Any:
         if isinstance(value, (str, int, float)) and not isinstance(value, bool):
             return str(value)
         raise ConfigError(f"{where} must be a string, got {value!r}")
+    if origin is Literal:
+        text = _text(where, value)
+        if text not in choices(annotation):
+            raise _choice_error(where, text, annotation)
+        return text
     if origin is list:
         if isinstance(value, str):
             value = [value]
         if not isinstance(value, list):
             raise ConfigError(f"{where} must be a list, got {value!r}")
         (item,) = typing.get_args(annotation)
+        if choices(item):  # a list of choices: the first wrong value in sorted order is named
+            items = [_text(f"{where}[{i}]", v) for i, v in enumerate(value)]
+            bad = sorted(set(items) - set(choices(item)))
+            if bad:
+                raise _choice_error(where, bad[0], item, entry=True)
+            return items
         return [_coerce(f"{where}[{i}]", v, item) for i, v in enumerate(value)]
     if origin is dict:
         if not isinstance(value, dict):
@@ -424,10 +559,27 @@ def to_yaml(cfg: JobConfig, redact: bool = False) -> str:
     (--hf-token X, --api-key=X) is *** as in the shown commands; the job folder's copy keeps it (resume reads it)."""
     d = to_dict(cfg)
     if redact:
-        from launcher.node.commands import redact_argv  # launcher.node.commands imports this module
-
         d["vllm"]["extra_args"] = redact_argv(d["vllm"]["extra_args"])
     return yaml.safe_dump(d, sort_keys=False, default_flow_style=False)
+
+
+def redact_argv(argv: list[str]) -> list[str]:
+    """The argv as it may be shown (dry-run, log headers): the value after a flag such as --hf-token or
+    --api-key, or in --flag=value form, is replaced by ***."""
+    from launcher.core.jobdir import is_secret  # the job folder's module imports this one
+
+    out, hide = [], False
+    for a in argv:
+        flag, eq, _ = a.partition("=")
+        if hide:
+            out.append("***")
+            hide = False
+        elif a.startswith("--") and is_secret(flag.replace("-", "_")):
+            out.append(f"{flag}=***" if eq else a)
+            hide = not eq
+        else:
+            out.append(a)
+    return out
 
 
 # ----------------------------------------------------------------------------- validation
@@ -522,128 +674,28 @@ def _refuse_control_characters(where: str, value: Any) -> None:
                 _refuse_control_characters(f"{where}.{f.name}", getattr(value, f.name))
 
 
-def validate(cfg: JobConfig) -> None:
-    # first: a newline in any value (slurm.account: "acme\necho x\n#") would end the sbatch header there and run the
-    # rest as shell on the batch host; sbatch would then drop every later #SBATCH line without a word
-    for name in SECTIONS:
-        _refuse_control_characters(name, getattr(cfg, name))
-    s, v, t, j = cfg.slurm, cfg.vllm, cfg.trainer, cfg.job
-    _positive("slurm.nodes", s.nodes, "ask for at least one node")
-    _positive("slurm.gpus_per_node", s.gpus_per_node, "every node needs GPUs (or CPU slots) for vLLM and the trainer")
-    if s.cpus_per_task < 0:
-        raise ConfigError(f"slurm.cpus_per_task must be 0 (not set) or positive, got {s.cpus_per_task}")
-    if not _TIME.match(s.time):
-        raise ConfigError(f"slurm.time {s.time!r} is not a SLURM time; use MM, HH:MM:SS or D-HH:MM:SS, e.g. 04:00:00")
-    if s.signal_seconds < 0 or s.signal_seconds > 3600:
-        raise ConfigError(f"slurm.signal_seconds must be between 0 and 3600, got {s.signal_seconds}")
-    if not _PROFILE.match(s.setup_profile):
-        raise ConfigError(
-            f"slurm.setup_profile {s.setup_profile!r} must be the name of a file in slurm_templates/ without .sh.j2"
-        )
-    for k in s.extra_sbatch:
-        if not _FLAG.match(k):
-            raise ConfigError(f"slurm.extra_sbatch key {k!r} must be an sbatch flag name without dashes, e.g. reservation")
-    c = s.container
-    if c.runtime not in ("pyxis", "apptainer"):
-        raise ConfigError(f"slurm.container.runtime {c.runtime!r} must be pyxis (srun --container-image) or apptainer")
-    for m in c.mounts:
-        if m.count(":") not in (1, 2) or "," in m or not all(m.split(":")[:2]):
-            raise ConfigError(f"slurm.container.mounts entry {m!r} must be SRC:DST or SRC:DST:ro, without commas")
-    if (c.mounts or c.workdir) and not c.image:
-        raise ConfigError("slurm.container has mounts or a workdir but no image; set slurm.container.image")
-    if not v.model:
-        raise ConfigError(
-            "vllm.model is required: a local model folder (e.g. one made by `slurm-grpo make-tiny-model DIR`) or a hub name"
-        )
-    _positive("vllm.tensor_parallel_size", v.tensor_parallel_size, "vLLM needs at least one GPU")
-    _positive("vllm.data_parallel_size", v.data_parallel_size, "the server needs at least one engine")
-    serving = v.tensor_parallel_size * v.data_parallel_size
-    if serving >= s.gpus_per_node and not (s.gpus_per_node == 1 and serving == 1):
-        raise ConfigError(
-            f"vllm.tensor_parallel_size x data_parallel_size ({v.tensor_parallel_size} x {v.data_parallel_size}) leaves "
-            f"no trainer GPU on a {s.gpus_per_node}-GPU node; lower them or ask for more GPUs per node (slurm.gpus_per_node)"
-        )
-    if not 0 < v.gpu_memory_utilization <= 1:
-        raise ConfigError(f"vllm.gpu_memory_utilization must be in (0, 1], got {v.gpu_memory_utilization}")
-    if v.max_model_len < 0:
-        raise ConfigError(f"vllm.max_model_len must be 0 (the model's own) or positive, got {v.max_model_len}")
-    if v.dtype not in ("auto", "bfloat16", "float16", "float32"):
-        raise ConfigError(f"vllm.dtype {v.dtype!r} must be one of auto, bfloat16, float16, float32")
-    _positive("vllm.health_timeout_s", v.health_timeout_s, "servers need time to load the model")
-    if v.weight_transfer_backend not in ("auto", "nccl", "gloo", "ipc"):
-        raise ConfigError(f"vllm.weight_transfer_backend {v.weight_transfer_backend!r} must be auto, nccl, gloo or ipc")
-    for port_name in ("vllm.port", "trainer.rendezvous_port", "trainer.weight_transfer_port"):
-        sec, key = port_name.split(".")
-        port = getattr(getattr(cfg, sec), key)
-        if not 1024 <= port <= 65535:
-            raise ConfigError(f"{port_name} ({port}) must be between 1024 and 65535 (ports below 1024 need root)")
-    ports = {
-        "vllm.port": v.port,
-        "trainer.rendezvous_port": t.rendezvous_port,
-        "trainer.weight_transfer_port": t.weight_transfer_port,
-    }
-    seen: dict[int, str] = {}
-    for name, port in ports.items():
-        if port in seen:
-            raise ConfigError(f"{name} and {seen[port]} are both {port}; every service on a node needs its own port")
-        seen[port] = name
-    if not t.dataset:
-        raise ConfigError("trainer.dataset is required: a JSONL/Parquet file or a `datasets` folder with a 'prompt' column")
-    if not t.reward_funcs:
+def _port(where: str, port: int) -> None:
+    if not 1024 <= port <= 65535:
+        raise ConfigError(f"{where} ({port}) must be between 1024 and 65535 (ports below 1024 need root)")
+
+
+def _check_reward_funcs(entries: list[str]) -> None:
+    if not entries:
         raise ConfigError(
             "trainer.reward_funcs is empty; name at least one reward, e.g. [letter_a_fraction] or pkg.module:function"
         )
-    for r in t.reward_funcs:
+    for r in entries:
         if ":" in r:
             mod, _, fn = r.partition(":")
             if not re.match(r"^[A-Za-z_][\w.]*$", mod) or not fn.isidentifier():
                 raise ConfigError(f"trainer.reward_funcs entry {r!r} is not a dotted path 'pkg.module:function'")
         elif not r.isidentifier():
             raise ConfigError(f"trainer.reward_funcs entry {r!r} is neither a built-in reward name nor 'pkg.module:function'")
-    for name in ("max_steps", "per_device_train_batch_size", "num_generations", "max_completion_length", "bucket_mb"):
-        _positive(f"trainer.{name}", getattr(t, name), "it counts something that must exist")
-    for name in ("request_timeout_s", "push_timeout_s"):
-        _positive(f"trainer.{name}", getattr(t, name), "every wait needs a deadline")
-    if t.num_generations < 2:
-        raise ConfigError(
-            f"trainer.num_generations ({t.num_generations}) must be at least 2: GRPO compares completions within a group"
-        )
-    if t.learning_rate <= 0:
-        raise ConfigError(f"trainer.learning_rate must be positive, got {t.learning_rate}")
-    if t.beta < 0:
-        raise ConfigError(f"trainer.beta must be >= 0, got {t.beta}")
-    if t.temperature <= 0:
-        raise ConfigError(f"trainer.temperature must be positive, got {t.temperature}")
-    if t.save_steps < 0 or t.stall_timeout_s < 0 or t.parity_tolerance < 0:
-        raise ConfigError("trainer.save_steps, trainer.stall_timeout_s and trainer.parity_tolerance must be >= 0")
-    if t.dtype not in ("bfloat16", "float32"):
-        raise ConfigError(f"trainer.dtype {t.dtype!r} must be bfloat16 or float32")
-    if t.fsdp not in ("hsdp", "fsdp"):
-        raise ConfigError(f"trainer.fsdp {t.fsdp!r} must be hsdp (shard in a node, replicate across nodes) or fsdp")
-    if t.model_loading not in ("sharded", "full"):
-        raise ConfigError(f"trainer.model_loading {t.model_loading!r} must be sharded (each rank reads its shard) or full")
-    if s.gpu_memory_gb < 0:
-        raise ConfigError(f"slurm.gpu_memory_gb must be >= 0 (0 = from the GPU name), got {s.gpu_memory_gb}")
-    bad = sorted(set(t.report_to) - {"wandb", "tensorboard", "none"})
-    if bad:
-        raise ConfigError(f"trainer.report_to entry {bad[0]!r} must be wandb, tensorboard or none, e.g. [wandb, tensorboard]")
-    if t.wandb_mode not in ("offline", "online", "disabled"):
-        raise ConfigError(f"trainer.wandb_mode {t.wandb_mode!r} must be offline (then `slurm-grpo sync JOB`), online or disabled")
-    if not 0 <= t.max_staleness <= MAX_STALENESS:
-        raise ConfigError(
-            f"trainer.max_staleness must be 0 (synchronous) to {MAX_STALENESS} (steps off), got {t.max_staleness}; "
-            "1 already overlaps generation with training completely when generation is the shorter of the two"
-        )
-    if t.max_staleness and any(
-        t.grpo.get(k, 1) != 1 for k in ("steps_per_generation", "num_iterations", "gradient_accumulation_steps")
-    ):
-        raise ConfigError(
-            f"trainer.max_staleness {t.max_staleness} generates whole batches ahead, one generation per optimizer step: remove "
-            "steps_per_generation, num_iterations and gradient_accumulation_steps from trainer.grpo (or set them to 1)"
-        )
-    if t.parity_action not in ("fail", "warn"):
-        raise ConfigError(f"trainer.parity_action {t.parity_action!r} must be fail or warn")
-    owned = sorted(set(t.grpo) & (_OWNED_GRPO | {f.name for f in dataclasses.fields(TrainerConfig)}))
+
+
+def _check_grpo(grpo: dict[str, Any]) -> None:
+    """trainer.grpo: no key the project sets itself (or a trainer.* key), and each one a trl.GRPOConfig field."""
+    owned = sorted(set(grpo) & (_OWNED_GRPO | {f.name for f in dataclasses.fields(TrainerConfig)}))
     if owned:
         ours = _GRPO_NAMED_HERE.get(owned[0], owned[0])
         raise ConfigError(
@@ -652,17 +704,40 @@ def validate(cfg: JobConfig) -> None:
         )
     known = grpo_config_fields()
     if known is not None:
-        bad = sorted(set(t.grpo) - known)
+        bad = sorted(set(grpo) - known)
         if bad:
             near = sorted(k for k in known if k.startswith(bad[0][:4]))[:8]
             raise ConfigError(
                 f"trainer.grpo.{bad[0]} is not a trl.GRPOConfig field"
                 + (f"; similar fields: {', '.join(near)}" if near else "; see trl's GRPOConfig docs")
             )
-    if not _NAME.match(j.name):
-        raise ConfigError(f"job.name {j.name!r} may use letters, digits, '-', '_' and '.' only (1-64 characters), e.g. grpo-7b")
-    if j.device not in ("cuda", "cpu"):
-        raise ConfigError(f"job.device {j.device!r} must be cuda or cpu")
+
+
+def check_job(cfg: JobConfig) -> None:
+    """The rules between keys: each section's check() has already passed."""
+    s, v, t, j = cfg.slurm, cfg.vllm, cfg.trainer, cfg.job
+    serving = v.tensor_parallel_size * v.data_parallel_size
+    if serving >= s.gpus_per_node and not (s.gpus_per_node == 1 and serving == 1):
+        raise ConfigError(
+            f"vllm.tensor_parallel_size x data_parallel_size ({v.tensor_parallel_size} x {v.data_parallel_size}) leaves "
+            f"no trainer GPU on a {s.gpus_per_node}-GPU node; lower them or ask for more GPUs per node (slurm.gpus_per_node)"
+        )
+    seen: dict[int, str] = {}
+    for name, port in (
+        ("vllm.port", v.port),
+        ("trainer.rendezvous_port", t.rendezvous_port),
+        ("trainer.weight_transfer_port", t.weight_transfer_port),
+    ):
+        if port in seen:
+            raise ConfigError(f"{name} and {seen[port]} are both {port}; every service on a node needs its own port")
+        seen[port] = name
+    if t.max_staleness and any(
+        t.grpo.get(k, 1) != 1 for k in ("steps_per_generation", "num_iterations", "gradient_accumulation_steps")
+    ):
+        raise ConfigError(
+            f"trainer.max_staleness {t.max_staleness} generates whole batches ahead, one generation per optimizer step: remove "
+            "steps_per_generation, num_iterations and gradient_accumulation_steps from trainer.grpo (or set them to 1)"
+        )
     if j.device == "cpu" and v.weight_transfer_backend in ("nccl", "ipc"):
         raise ConfigError(
             f"vllm.weight_transfer_backend {v.weight_transfer_backend} needs GPUs; with job.device cpu use gloo (or auto)"
@@ -671,26 +746,42 @@ def validate(cfg: JobConfig) -> None:
         raise ConfigError(
             "trainer.dtype must be float32 with job.device cpu (vLLM's CPU build and gloo run float32 here); set trainer.dtype: float32"
         )
-    _positive("job.node_timeout_s", j.node_timeout_s, "a lost node must be declared lost at some point")
-    if not j.python:
-        raise ConfigError("job.python must be a path or name of a Python interpreter")
+
+
+def validate(cfg: JobConfig) -> None:
+    """Every check of a config whose values have their types (and choice fields a value of their menu)."""
+    # first: a newline in any value (slurm.account: "acme\necho x\n#") would end the sbatch header there and run the
+    # rest as shell on the batch host; sbatch would then drop every later #SBATCH line without a word
+    for name in SECTIONS:
+        _refuse_control_characters(name, getattr(cfg, name))
+    for section in (cfg.slurm, cfg.vllm, cfg.trainer, cfg.job):
+        section.check()
+    check_job(cfg)
+
+
+def _choices_note(annotation: Any) -> str:
+    """The reference's words for a choice field's values, from its Literal."""
+    values = choices(annotation)
+    if not values:
+        return ""
+    return ("Any of " if typing.get_origin(annotation) is list else "One of ") + ", ".join(f"`{c}`" for c in values) + ". "
 
 
 def reference_markdown() -> str:
     """The README's config reference, generated from the dataclasses (tests check the README holds it)."""
     out = []
     for name, cls in SECTIONS.items():
-        docs = field_docs(cls)
         out.append(f"**`{name}`**\n\n| key | default | meaning |\n|---|---|---|")
-        rows = [(f.name, f, docs) for f in dataclasses.fields(cls)]
+        rows = [(f.name, f, field_docs(cls), typing.get_type_hints(cls)) for f in dataclasses.fields(cls)]
         while rows:
-            key, f, d = rows.pop(0)
-            sub = typing.get_type_hints(cls).get(f.name) if "." not in key else None
-            if isinstance(sub, type) and dataclasses.is_dataclass(sub):  # a nested group: one row per key
-                out.append(f"| `{key}` | | {d.get(f.name, '')} |")
-                rows[:0] = [(f"{key}.{g.name}", g, field_docs(sub)) for g in dataclasses.fields(sub)]
+            key, f, docs, hints = rows.pop(0)
+            ann = hints[f.name]
+            if isinstance(ann, type) and dataclasses.is_dataclass(ann):  # a nested group: one row per key
+                out.append(f"| `{key}` | | {docs.get(f.name, '')} |")
+                rows[:0] = [(f"{key}.{g.name}", g, field_docs(ann), typing.get_type_hints(ann)) for g in dataclasses.fields(ann)]
                 continue
             default = repr(_default(f)).replace("|", "\\|")
-            out.append(f"| `{key}` | `{default}` | {d.get(f.name, '').replace('|', '/')} |")
+            meaning = _choices_note(ann) + docs.get(f.name, "")
+            out.append(f"| `{key}` | `{default}` | {meaning.replace('|', '/')} |")
         out.append("")
     return "\n".join(out).strip()

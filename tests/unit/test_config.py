@@ -135,6 +135,95 @@ def test_bad_config(raw, needle):
     assert "\n" not in msg, "errors must be one line"
 
 
+CHOICE_ERRORS = [
+    ("slurm", {"container": {"image": "x.sif", "runtime": "docker"}},
+     "slurm.container.runtime 'docker' must be pyxis (srun --container-image) or apptainer"),
+    ("vllm", {"dtype": "fp8"}, "vllm.dtype 'fp8' must be one of auto, bfloat16, float16, float32"),
+    ("vllm", {"weight_transfer_backend": "rdma"}, "vllm.weight_transfer_backend 'rdma' must be auto, nccl, gloo or ipc"),
+    ("trainer", {"dtype": "int8"}, "trainer.dtype 'int8' must be bfloat16 or float32"),
+    ("trainer", {"fsdp": "ddp"}, "trainer.fsdp 'ddp' must be hsdp (shard in a node, replicate across nodes) or fsdp"),
+    ("trainer", {"model_loading": "lazy"}, "trainer.model_loading 'lazy' must be sharded (each rank reads its shard) or full"),
+    ("trainer", {"report_to": ["wandb", "mlflow", "comet"]},
+     "trainer.report_to entry 'comet' must be wandb, tensorboard or none, e.g. [wandb, tensorboard]"),
+    ("trainer", {"wandb_mode": "cloud"}, "trainer.wandb_mode 'cloud' must be offline (then `slurm-grpo sync JOB`), online or disabled"),
+    ("trainer", {"parity_action": "ignore"}, "trainer.parity_action 'ignore' must be fail or warn"),
+    ("job", {"device": "tpu"}, "job.device 'tpu' must be cuda or cpu"),
+    ("trainer", {"dtype": 16}, "trainer.dtype '16' must be bfloat16 or float32"),
+]  # fmt: skip
+
+
+@pytest.mark.parametrize("section,values,message", CHOICE_ERRORS, ids=[m.split(" ")[0] for _, _, m in CHOICE_ERRORS])
+def test_a_value_off_a_choice_fields_menu_is_refused_naming_the_menu(section, values, message):
+    with pytest.raises(ConfigError) as e:
+        C.from_dict(_with(section, **values))
+    assert str(e.value) == message
+
+
+def _choice_fields(cls: type, where: str) -> dict[str, typing.Any]:
+    out: dict[str, typing.Any] = {}
+    for name, ann in typing.get_type_hints(cls).items():
+        if isinstance(ann, type) and dataclasses.is_dataclass(ann):
+            out.update(_choice_fields(ann, f"{where}.{name}"))
+        elif C.choices(ann):
+            out[f"{where}.{name}"] = ann
+    return out
+
+
+CHOICE_FIELDS = {k: v for name, cls in C.SECTIONS.items() for k, v in _choice_fields(cls, name).items()}
+
+
+def test_every_choice_field_is_a_literal_with_its_error_pinned_and_its_menu_naming_only_its_values():
+    assert sorted(CHOICE_FIELDS) == sorted(m.split(" ")[0] for _, _, m in CHOICE_ERRORS[:-1])
+    for key, menu in C.MENUS.items():
+        assert key in CHOICE_FIELDS, f"MENUS names {key}, which is not a choice field"
+        assert set(menu.notes) <= set(C.choices(CHOICE_FIELDS[key])), f"{key}: a note for a value it does not have"
+
+
+def _value(cfg: C.JobConfig, key: str) -> typing.Any:
+    value: typing.Any = cfg
+    for part in key.split("."):
+        value = getattr(value, part)
+    return value
+
+
+# a value that another key must agree with (check_job's rules), set beside it
+NEEDS = {("vllm.weight_transfer_backend", "ipc"): ("slurm.gpus_per_node", 1), ("job.device", "cpu"): ("trainer.dtype", "float32")}
+
+
+def test_every_choice_fields_default_is_on_its_menu_and_every_value_is_accepted():
+    defaults = C.JobConfig()
+    for key, ann in CHOICE_FIELDS.items():
+        many = typing.get_origin(ann) is list
+        assert set(_value(defaults, key) if many else [_value(defaults, key)]) <= set(C.choices(ann)), key
+        for value in C.choices(ann):
+            given = [value] if many else value
+            raw = _raw_with(key, given)
+            if (key, value) in NEEDS:
+                other, v = NEEDS[key, value]
+                section, name = other.split(".")
+                raw.setdefault(section, {})[name] = v
+            assert _value(C.from_dict(raw), key) == given
+
+
+def test_the_reference_lists_each_choice_fields_values_from_its_literal():
+    tables = dict(zip(C.SECTIONS, C.reference_markdown().split("**`")[1:]))
+    for key, ann in CHOICE_FIELDS.items():
+        section, rest = key.split(".", 1)
+        row = next(line for line in tables[section].splitlines() if line.startswith(f"| `{rest}` |"))
+        lead = "Any of " if typing.get_origin(ann) is list else "One of "
+        assert f"| {lead}" + ", ".join(f"`{c}`" for c in C.choices(ann)) + ". " in row, row
+
+
+def test_max_staleness_bound_is_the_trainers():
+    assert C.TrainerConfig.MAX_STALENESS == 4
+    assert "MAX_STALENESS" not in {f.name for f in dataclasses.fields(C.TrainerConfig)}  # a bound, not a key
+    C.from_dict(_with("trainer", max_staleness=C.TrainerConfig.MAX_STALENESS))
+    with pytest.raises(ConfigError, match=r"^trainer.max_staleness must be 0 \(synchronous\) to 4 \(steps off\), got 5; "):
+        C.from_dict(_with("trainer", max_staleness=5))
+    with pytest.raises(ConfigError, match="unknown key 'trainer.MAX_STALENESS'"):
+        C.load(None, ["vllm.model=/m", "trainer.MAX_STALENESS=9"])
+
+
 def test_extra_args_as_one_string_is_a_one_item_list_that_ends_the_server_command():
     cfg = C.from_dict(_with("vllm", extra_args="--x"))
     assert cfg.vllm.extra_args == ["--x"]
@@ -174,7 +263,7 @@ def _string_fields(cls: type, where: str) -> list[tuple[str, typing.Any]]:
             continue
         if isinstance(ann, type) and dataclasses.is_dataclass(ann):
             out += _string_fields(ann, key)
-        elif ann is str or typing.get_origin(ann) in (list, dict):
+        elif ann is str or typing.get_origin(ann) in (list, dict, typing.Literal):
             out.append((key, ann))
     return out
 
@@ -204,7 +293,7 @@ def test_the_newline_table_covers_every_value_the_sbatch_text_is_made_of():
 @pytest.mark.parametrize("key,ann", STRING_FIELDS, ids=[k for k, _ in STRING_FIELDS])
 def test_a_newline_in_any_value_is_refused_naming_its_key(key, ann):
     injected = "acme\necho INJECTED-RAN\n#"
-    if ann is str:
+    if ann is str or typing.get_origin(ann) is typing.Literal:
         value, where = injected, key
     elif typing.get_origin(ann) is list:
         value, where = ["ok", injected], f"{key}[1]"
