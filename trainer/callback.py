@@ -1,15 +1,5 @@
-"""TRL's GRPOTrainer, wired for one vLLM server per node.
-
-The TRL internals this depends on (checked by tests/unit/test_pinned_internals.py, which fails with a clear
-message if a TRL upgrade moves them):
-  - trl.trainer.grpo_trainer.VLLMGeneration: the module-level name GRPOTrainer instantiates in server
-    mode; we bind it to trainer.rollout.node.NodeLocalGeneration for the trainer's construction.
-  - its use: `.generate(prompts=, images=, num_generations=, profiler=)` -> (prompt_ids, completion_ids,
-    logprobs[seq][tok][k], logprob_token_ids) and `.sync_weights()` when global_step changed;
-    `.vllm_client.get_server_info()` on the main process.
-  - transformers' Trainer honours `model._is_distributed_loading_by_transformers` (no DDP/FSDP wrap of a
-    model that shards itself).
-"""
+"""The project's TrainerCallback: resume, the per-step metrics row, periodic and preemption checkpoints. Every TRL
+internal the trainer relies on is named in trainer.trl_glue, and used only there."""
 
 from __future__ import annotations
 
@@ -17,7 +7,6 @@ import os
 import signal
 import time
 from collections.abc import Callable
-from contextlib import contextmanager
 from pathlib import Path
 from typing import Any
 
@@ -26,10 +15,15 @@ import torch.distributed as dist
 from transformers import TrainerCallback
 
 from launcher.core.config import TrainerConfig
-from trainer import checkpoint, data, tracking
+from launcher.core.jobdir import Env, JobDir
+from launcher.core.records import NodeFigures, ResumedRow, StepRow
+from trainer import checkpoint, data, tracking, trl_glue
 from trainer.metrics import MetricsWriter
 from trainer.parallel import Parallel
 from trainer.rollout.node import NodeLocalGeneration, StepClock
+from trainer.trl_glue import grpo_config
+
+__all__ = ["grpo_config"]  # re-exported: gpu/trl_colocate.py imports it from here
 
 
 class PreemptionFlag:
@@ -49,24 +43,6 @@ class PreemptionFlag:
     @property
     def requested(self) -> bool:
         return self.signal is not None
-
-
-@contextmanager
-def trl_generation_backend(make: Callable[..., NodeLocalGeneration]):
-    """Within the block, TRL's GRPOTrainer builds `make(**its kwargs)` as its vLLM generation backend."""
-    import trl.trainer.grpo_trainer as gt
-
-    if not hasattr(gt, "VLLMGeneration"):
-        raise RuntimeError(
-            "trl.trainer.grpo_trainer.VLLMGeneration is gone: this TRL is not the pinned 1.16.0; "
-            "install the version in pyproject.toml"
-        )
-    old = gt.VLLMGeneration
-    gt.VLLMGeneration = make  # type: ignore[misc,assignment]
-    try:
-        yield
-    finally:
-        gt.VLLMGeneration = old  # type: ignore[misc]
 
 
 class NodeStats:
@@ -133,13 +109,9 @@ class SlurmGrpoCallback(TrainerCallback):
                 flush=True,
             )
             self.metrics.write(
-                {
-                    "event": "resumed",
-                    "from_step": got,
-                    "checkpoint": str(path),
-                    "steps_redone": redone,
-                    "data_indices_skipped": self.cursor.base_indices,
-                }
+                ResumedRow(
+                    from_step=got, checkpoint=str(path), steps_redone=redone, data_indices_skipped=self.cursor.base_indices
+                )
             )
 
     def on_step_begin(self, args, state, control, **kw):
@@ -148,47 +120,15 @@ class SlurmGrpoCallback(TrainerCallback):
 
     # -------------------------------------------------------------- metrics
     def on_log(self, args, state, control, logs=None, **kw):
-        if self.par.rank != 0 or not logs or "reward" not in logs:
+        if self.par.rank != 0 or not logs or logs.get("reward") is None:  # TRL's step record carries the reward
             return
-        by = self.stats.by_node
-        row = {
-            "step": state.global_step,
-            "reward": logs.get("reward"),
-            "reward_std": logs.get("reward_std"),
-            "loss": logs.get("loss"),
-            "kl": logs.get("kl"),
-            "step_s": round(time.time() - self.step_t0, 3),
-            "push_s": {str(n): round(s.get("push_s", 0.0), 4) for n, s in sorted(by.items()) if "push_s" in s},
-            "gen_s": {str(n): round(s["gen_s"], 4) for n, s in sorted(by.items()) if s.get("gen_s")},
-            "gen_wait_s": {str(n): round(s["gen_wait_s"], 4) for n, s in sorted(by.items()) if "gen_wait_s" in s},
-            "parity": {str(n): s.get("parity") for n, s in sorted(by.items())},
-            "parity_stale": {str(n): s.get("parity_stale") for n, s in sorted(by.items())},
-            # with vLLM data parallelism: the parity of each engine of the node's server, checked one by one
-            "parity_engines": {str(n): s.get("parity_engines") for n, s in sorted(by.items())},
-            "parity_max": max((s["parity"] for s in by.values() if s.get("parity") is not None), default=None),
-            "gen_tokens": {str(n): s.get("gen_tokens") for n, s in sorted(by.items())},
-            "gen_tokens_per_s_node": {
-                str(n): round(s["gen_tokens"] / max(s["gen_s"], 1e-9), 1) for n, s in sorted(by.items()) if s.get("gen_s")
-            },
-            "server_requests": {str(n): s.get("server_requests") for n, s in sorted(by.items())},
-            "prompts_digest": {str(n): s.get("prompts_digest") for n, s in sorted(by.items())},
-            # asynchronous generation: how many optimizer steps old the weights were that generated this step's
-            # completions, per node; TRL's importance-sampling ratio and the vLLM-vs-trainer logprob difference
-            "staleness": {str(n): s.get("staleness") for n, s in sorted(by.items())},
-            "ahead_misses": {str(n): s.get("ahead_misses", 0) for n, s in sorted(by.items())},
-            # pushes so far that paused requests still running (max_staleness >= 2) and resumed them after
-            "pushes_paused": {str(n): s.get("pushes_paused", 0) for n, s in sorted(by.items())},
-            "pushes_paused_running": {str(n): s.get("pushes_paused_running", 0) for n, s in sorted(by.items())},
-            "is_ratio_mean": logs.get("sampling/importance_sampling_ratio/mean"),
-            "logp_mismatch_mean": logs.get("sampling/sampling_logp_difference/mean"),
-        }
-        tps = row["gen_tokens_per_s_node"]
-        row["gen_tokens_per_s"] = round(sum(tps.values()), 1) if tps else None
+        figures = {n: NodeFigures.from_dict(s) for n, s in self.stats.by_node.items()}
+        row = StepRow.build(state.global_step, logs, time.time() - self.step_t0, figures)
         self.metrics.write(row)
         logs.update(tracking.flat_figures(row))  # the same dict the trackers' callbacks get next
         print(
-            f"step {row['step']}/{state.max_steps} reward {row['reward']:.4f} push {row['push_s']} "
-            f"parity {row['parity_max']} step {row['step_s']:.2f}s",
+            f"step {row.step}/{state.max_steps} reward {row.reward:.4f} push {row.push_s} "
+            f"parity {row.parity_max} step {row.step_s:.2f}s",
             flush=True,
         )
 
@@ -215,14 +155,14 @@ class SlurmGrpoCallback(TrainerCallback):
         tr = self.trainer
         # reason "preempt" is what the bootstrap looks for before it requeues the job
         checkpoint.save(
-            self.job_dir / "checkpoints",
+            JobDir(self.job_dir).checkpoints,
             state.global_step,
             tr.model,
             tr.optimizer,
             tr.lr_scheduler,
             {
                 "reason": reason,
-                "attempt": os.environ.get("SLURM_GRPO_ATTEMPT", ""),
+                "attempt": os.environ.get(Env.ATTEMPT, ""),
                 "data_indices_consumed": self.cursor.at(state.global_step),
                 "reward_last": (tr.state.log_history[-1] if tr.state.log_history else {}).get("reward"),
             },
@@ -230,51 +170,9 @@ class SlurmGrpoCallback(TrainerCallback):
         self.last_saved = state.global_step
 
 
-def grpo_config(job_dir: Path, t: TrainerConfig, device: str, **overrides: Any):
-    """TRL's GRPOConfig for the trainer section. overrides: what gpu/trl_colocate.py changes to run TRL's own
-    colocate mode on the same work (the same function builds both, so the comparison cannot drift)."""
-    from trl import GRPOConfig
-
-    bf16 = t.dtype == "bfloat16" and device == "cuda"
-    settings: dict[str, Any] = dict(
-        output_dir=str(job_dir / "hf"),
-        max_steps=t.max_steps,
-        per_device_train_batch_size=t.per_device_train_batch_size,
-        num_generations=t.num_generations,
-        max_completion_length=t.max_completion_length,
-        learning_rate=t.learning_rate,
-        beta=t.beta,
-        temperature=t.temperature,
-        seed=t.seed,
-        logging_steps=1,
-        save_strategy="no",
-        report_to=tracking.trackers(t) or "none",
-        run_name=job_dir.name,
-        use_cpu=device == "cpu",
-        bf16=bf16,
-        use_vllm=True,
-        vllm_mode="server",
-        disable_tqdm=True,
-        dataloader_num_workers=0,
-        # TRL defaults this to True; trainer.activation_checkpointing decides (the loader applies it per layer)
-        gradient_checkpointing=t.activation_checkpointing,
-    )
-    return GRPOConfig(**{**settings, **t.grpo, **overrides})
-
-
 def build_trainer(
     model, tokenizer, dataset, rewards, args, callback: SlurmGrpoCallback, make_backend: Callable[..., NodeLocalGeneration]
 ):
-    from trl import GRPOTrainer
-
-    with trl_generation_backend(make_backend):
-        tr = GRPOTrainer(
-            model=model, reward_funcs=rewards, args=args, train_dataset=dataset, processing_class=tokenizer, callbacks=[callback]
-        )
-    if not isinstance(tr.vllm_generation, NodeLocalGeneration):
-        raise RuntimeError("GRPOTrainer did not use the node-local generation backend; TRL changed how it builds it")
-    # first in line: its on_log adds the project's figures to the record the reporting callbacks (W&B, TensorBoard) send
-    tr.callback_handler.callbacks.remove(callback)
-    tr.callback_handler.callbacks.insert(0, callback)
+    tr = trl_glue.build_trainer(model, tokenizer, dataset, rewards, args, callback, make_backend, NodeLocalGeneration)
     callback.trainer = tr
     return tr

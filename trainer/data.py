@@ -10,6 +10,8 @@ from pathlib import Path
 
 from torch.utils.data import Sampler
 
+from trainer import trl_glue
+
 
 def load_prompts(path: str):
     from datasets import Dataset, load_from_disk
@@ -62,10 +64,13 @@ def indices_per_step(trainer) -> int:
 
 
 def continue_data_order(trainer, consumed: int) -> None:
-    """Make the trainer's sampler skip the `consumed` indices of the run so far. Call before trainer.train()
-    (which builds the dataloader)."""
-    make = trainer._get_train_sampler  # TRL's RepeatSampler factory (pinned in tests/unit/test_pinned_internals.py)
-    trainer._get_train_sampler = lambda dataset=None: FastForward(make(dataset), consumed)
+    """Make the trainer's sampler skip the `consumed` indices of the run so far, and its micro-step counter count on
+    from there. Call before trainer.train() (which builds the dataloader)."""
+    trl_glue.replace_train_sampler(trainer, lambda sampler: FastForward(sampler, consumed))
+    # TRL regenerates when its micro-step counter is a multiple of steps_per_generation x num_iterations: it counts
+    # from 0, so a run resumed between two generations would regenerate at other steps than the uninterrupted one
+    per_micro_step = indices_per_step(trainer) // trainer.args.gradient_accumulation_steps
+    trl_glue.set_micro_step(trainer, consumed // per_micro_step)
 
 
 @dataclass(frozen=True)
@@ -117,20 +122,18 @@ def look_ahead(trainer, depth: int = 1) -> Callable[[], list[list[list[int]]]]:
     batches (fewer at a pass's end), tokenized the way TRL tokenizes them before it calls the generation backend
     (a difference only costs a lookahead miss)."""
     holder: dict[str, Lookahead] = {}
-    make = trainer.get_train_dataloader
 
-    def wrapped():
-        holder["it"] = Lookahead(make(), depth)
+    def wrapped(loader):
+        holder["it"] = Lookahead(loader, depth)
         return holder["it"]
 
-    trainer.get_train_dataloader = wrapped
+    trl_glue.wrap_train_dataloader(trainer, wrapped)
 
     def next_prompt_ids() -> list[list[list[int]]]:
         ahead = holder.get("it")
-        out = []
-        for batch in ahead.following if ahead is not None else []:
-            ids = trainer._tokenize_prompts([x["prompt"] for x in batch])[0]
-            out.append([list(map(int, p)) for p in ids])
-        return out
+        return [
+            trl_glue.tokenize_prompts(trainer, [x["prompt"] for x in batch])
+            for batch in (ahead.following if ahead is not None else [])
+        ]
 
     return next_prompt_ids

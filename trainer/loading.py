@@ -28,7 +28,7 @@ from typing import Any
 import torch
 from torch.distributed.tensor import DTensor
 
-from trainer import parallel
+from trainer import parallel, trl_glue
 from trainer.parallel import Parallel
 
 SAFETENSORS_DTYPES = {
@@ -183,7 +183,7 @@ def init_nonpersistent_buffers(model: torch.nn.Module, device: torch.device) -> 
             raise LoadError(f"module {mod_name} holds parameters and non-persistent buffers; set trainer.model_loading=full")
         for b in own:
             mod._buffers[b] = torch.empty_like(mod._buffers[b], device=device)  # type: ignore[arg-type]
-        model._init_weights(mod)  # type: ignore[operator,arg-type]
+        trl_glue.init_module_weights(model, mod)
 
 
 @dataclass(frozen=True)

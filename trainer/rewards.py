@@ -19,7 +19,9 @@ import traceback
 from collections.abc import Callable
 from typing import Any
 
-NODE_ENV = "SLURM_GRPO_NODE"
+from launcher.core.jobdir import Env
+
+NODE_ENV = Env.NODE
 """Set for the trainer ranks by launcher.node.commands: the node they run on."""
 
 

@@ -14,10 +14,11 @@ from typing import Any
 import torch
 import torch.distributed as dist
 
-from launcher.core.jobdir import Events
+from launcher.core.jobdir import Events, JobDir, checkpoint_meta
 from launcher.core.plan import Plan
+from launcher.core.records import Event, FinalRow, NodeFinal
 from trainer import callback as grpo
-from trainer import checkpoint, data, loading, procmem, rewards, tracking
+from trainer import checkpoint, data, loading, procmem, rewards, tracking, trl_glue
 from trainer.metrics import MetricsWriter, write_summary_and_plot
 from trainer.parallel import Parallel
 from trainer.rollout.node import GenerationSettings, NodeLocalGeneration, StepClock
@@ -39,7 +40,7 @@ class Run:
 
     @property
     def backend(self) -> NodeLocalGeneration:
-        return self.trainer.vllm_generation
+        return trl_glue.generation_backend(self.trainer)
 
     def train(self) -> Outcome:
         t0 = time.time()
@@ -68,8 +69,8 @@ class Run:
         if self.par.rank == 0:
             job_dir = Path(self.plan.job_dir)
             per_node = {str(f["node"]): f for f in finals if f is not None}
-            MetricsWriter(job_dir).write({"event": "final", "step": step, "nodes": per_node})
-            latest = checkpoint.latest(job_dir / "checkpoints")
+            MetricsWriter(job_dir).write(FinalRow(step=step, nodes={n: NodeFinal.from_dict(f) for n, f in per_node.items()}))
+            latest = checkpoint.latest(JobDir(job_dir).checkpoints)
             write_summary_and_plot(
                 job_dir,
                 {
@@ -91,7 +92,7 @@ def build(plan: Plan, par: Parallel, preemption: grpo.PreemptionFlag) -> Run:
     t, job_dir = plan.config.trainer, Path(plan.job_dir)
     set_seed(t.seed)
     node_event = Events(job_dir, par.node) if par.is_leader else (lambda *a, **k: None)
-    node_event("rendezvous_done", world=par.world)
+    node_event(Event.RENDEZVOUS_DONE, world=par.world)
     dtype = getattr(torch, t.dtype)
     tokenizer = AutoTokenizer.from_pretrained(plan.config.vllm.model)
     # fp32 master weights; FSDP2 computes in the configured dtype (bf16 on GPU)
@@ -103,7 +104,9 @@ def build(plan: Plan, par: Parallel, preemption: grpo.PreemptionFlag) -> Run:
         activation_checkpointing=t.activation_checkpointing,
         cpu_offload=t.cpu_offload,
     )
-    node_event("model_loaded", loader=report.loader, seconds=round(report.seconds, 2), read_gb=round(report.bytes_read / 1e9, 3))
+    node_event(
+        Event.MODEL_LOADED, loader=report.loader, seconds=round(report.seconds, 2), read_gb=round(report.bytes_read / 1e9, 3)
+    )
     stats, clock = grpo.NodeStats(par), StepClock()
     make_backend = functools.partial(
         NodeLocalGeneration,
@@ -113,27 +116,28 @@ def build(plan: Plan, par: Parallel, preemption: grpo.PreemptionFlag) -> Run:
         on_stats=stats.gather,
     )
     tracking.set_tracking_env(job_dir, t, plan.job_name)
-    resume = checkpoint.latest(job_dir / "checkpoints") if t.resume else None
+    resume = checkpoint.latest(JobDir(job_dir).checkpoints) if t.resume else None
     callback = grpo.SlurmGrpoCallback(
-        job_dir, par, t, stats, clock, preemption, resume=resume, on_first_step=lambda: node_event("first_step")
+        job_dir, par, t, stats, clock, preemption, resume=resume, on_first_step=lambda: node_event(Event.FIRST_STEP)
     )
     trainer = grpo.build_trainer(
         model,
         tokenizer,
         data.load_prompts(t.dataset),
         [rewards.resolve(r) for r in t.reward_funcs],
-        grpo.grpo_config(job_dir, t, plan.device),
+        trl_glue.grpo_config(job_dir, t, plan.device),
         callback,
         make_backend,
     )
     if t.max_staleness:  # the node's server generates the next steps' completions while the ranks train
-        trainer.vllm_generation.peek_next = data.look_ahead(trainer, t.max_staleness)
+        trl_glue.generation_backend(trainer).peek_next = data.look_ahead(trainer, t.max_staleness)
     per_step = data.indices_per_step(trainer)
     if resume is None:
         callback.cursor = data.DataCursor(0, 0, per_step)
     else:  # the data cursor: the prompts an uninterrupted run would see from this step on
         step = resume[0]
-        consumed = int(checkpoint.meta(resume[1]).get("data_indices_consumed", step * per_step))  # older checkpoints
+        recorded = checkpoint_meta(resume[1]).data_indices_consumed
+        consumed = step * per_step if recorded is None else int(recorded)  # older checkpoints did not record it
         data.continue_data_order(trainer, consumed)
         callback.cursor = data.DataCursor(consumed, step, per_step)
     return Run(plan=plan, par=par, trainer=trainer, callback=callback)

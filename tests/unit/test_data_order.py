@@ -47,7 +47,7 @@ GRPO = {"steps_per_generation": 4, "gradient_accumulation_steps": 2, "num_iterat
 
 
 class StartAt(TrainerCallback):
-    """What trainer.grpo.SlurmGrpoCallback does on a resume (the model and optimizer state aside): count on from the
+    """What trainer.callback.SlurmGrpoCallback does on a resume (the model and optimizer state aside): count on from the
     checkpoint's step."""
 
     def __init__(self, step: int) -> None:
@@ -67,7 +67,7 @@ def train(model_dir: str, job_dir: Path, max_steps: int, resume_step: int = 0, c
     from trl import GRPOTrainer
 
     from launcher.core import config
-    from trainer import callback as grpo
+    from trainer import trl_glue
 
     t = config.from_dict(
         {
@@ -90,7 +90,7 @@ def train(model_dir: str, job_dir: Path, max_steps: int, resume_step: int = 0, c
         generations.append((trainer[0].state.global_step, list(prompts)))
         return [0.0] * len(prompts)
 
-    args = grpo.grpo_config(job_dir, t, "cpu", use_vllm=False, max_steps=max_steps, logging_steps=1000)
+    args = trl_glue.grpo_config(job_dir, t, "cpu", use_vllm=False, max_steps=max_steps, logging_steps=1000)
     tr = GRPOTrainer(
         model=AutoModelForCausalLM.from_pretrained(model_dir),
         reward_funcs=[reward],
@@ -119,7 +119,8 @@ def small_model(tmp_path_factory) -> str:
 
 def test_a_resumed_trainer_generates_from_the_prompts_the_uninterrupted_run_would_have(small_model, tmp_path):
     """steps_per_generation, gradient accumulation and num_iterations all above 1, so the indices a step consumes
-    are none of the three alone; resumed at a generation boundary within the first pass and at the pass's end."""
+    are none of the three alone; resumed at a generation boundary within the first pass and at the pass's end, and
+    between two generations."""
     per_step, full = train(small_model, tmp_path / "full", max_steps=16)
     assert [s for s, _ in full] == [0, 4, 8, 12], full  # a generation every 4 optimizer steps (the premise)
     first_pass = [sorted(set(p)) for _, p in full[:3]]
@@ -127,6 +128,13 @@ def test_a_resumed_trainer_generates_from_the_prompts_the_uninterrupted_run_woul
     for k in (4, 12):
         _, resumed = train(small_model, tmp_path / f"resumed-{k}", max_steps=16, resume_step=k)
         assert resumed == [g for g in full if g[0] >= k], (k, resumed, full)
+    # resumed between two generations (TRL regenerates by its micro-step counter, which must count on from the
+    # checkpoint): the resumed run regenerates the covering generation's prompts at once, then generates at the
+    # uninterrupted run's steps
+    for k in (2, 7):
+        covering = [g for g in full if g[0] <= k][-1]
+        _, resumed = train(small_model, tmp_path / f"resumed-{k}", max_steps=16, resume_step=k)
+        assert resumed == [(k, covering[1])] + [g for g in full if g[0] > k], (k, resumed, full)
     # the control: a cursor that ignored steps_per_generation (skipped a quarter) trains other prompts
     _, wrong = train(small_model, tmp_path / "wrong", max_steps=8, resume_step=4, consumed=4 * per_step // STEPS_PER_GENERATION)
     assert wrong[0][1] != full[1][1], (wrong, full)

@@ -35,7 +35,7 @@ import torch
 import torch.distributed as dist
 
 from trainer.push.wire import ParamMeta, chunk_metas, loopback_gloo_group, update_info
-from trainer.rollout.server import ServerError, VllmServer
+from trainer.rollout.server import ServerError, VllmServer, server_log
 
 __all__ = ["ParamMeta", "chunk_metas", "update_info"]  # re-exported: trainer.push.gloo_engine still imports them from here
 
@@ -98,7 +98,7 @@ def call_while(
     if len(finished) < 2:
         raise ServerError(
             f"node {client.node}: {route} on {client.base_url} did not finish within {timeout_s:.0f} s "
-            f"(trainer.push_timeout_s) at step {step}; see logs/node{client.node}-vllm.log"
+            f"(trainer.push_timeout_s) at step {step}; see {server_log(client.node)}"
         )
 
 
@@ -155,7 +155,7 @@ class BroadcastSender:
                 raise ServerError(
                     f"node {self.client.node}: sending weights ({self.backend}) to the vLLM server "
                     f"{self.client.base_url} failed at step {step}: {str(e).splitlines()[0]} "
-                    f"(see logs/node{self.client.node}-vllm.log)"
+                    f"(see {server_log(self.client.node)})"
                 ) from e
 
         info = update_info(meta)

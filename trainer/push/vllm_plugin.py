@@ -12,7 +12,9 @@ from __future__ import annotations
 
 import os
 
-from launcher.node.commands import PLUGIN_ENV as PLAIN_LINEAR_ENV
+from launcher.core.jobdir import Env
+
+PLAIN_LINEAR_ENV = Env.CPU_PLAIN_LINEAR
 
 REGISTERED_MARK = "slurm-grpo vLLM plugin: registered gloo weight-transfer engine"
 
@@ -30,5 +32,5 @@ def register() -> None:
             layer.cpu_linear = torch.nn.functional.linear
 
         layer_utils.dispatch_cpu_unquantized_gemm = keep_weight
-    if os.environ.get("SLURM_GRPO_PLUGIN_QUIET") != "1":
+    if os.environ.get(Env.PLUGIN_QUIET) != "1":
         print(f"{REGISTERED_MARK} (pid {os.getpid()}, plain CPU linear: {os.environ.get(PLAIN_LINEAR_ENV) == '1'})", flush=True)

@@ -15,14 +15,22 @@ from __future__ import annotations
 
 import json
 import time
+from pathlib import Path
 from typing import Any
 
 import requests
 import urllib3
 
+from launcher.core.jobdir import JobDir
+
 
 class ServerError(RuntimeError):
     pass
+
+
+def server_log(node: int) -> str:
+    """The node's vLLM log, relative to the job folder (errors name it)."""
+    return str(JobDir(Path(".")).log(node, "vllm"))
 
 
 class VllmServer:
@@ -47,7 +55,7 @@ class VllmServer:
     def _fail(self, route: str, why: str, step: int) -> ServerError:
         return ServerError(
             f"node {self.node}: vLLM server {self.base_url}{route} failed at step {step}: {why} "
-            f"(deadline trainer.request_timeout_s={self.timeout_s:.0f} s; see logs/node{self.node}-vllm.log)"
+            f"(deadline trainer.request_timeout_s={self.timeout_s:.0f} s; see {server_log(self.node)})"
         )
 
     def request(

@@ -1,0 +1,131 @@
+"""Each TRL / transformers internal trainer/trl_glue.py names (its docstring's list, by number), pinned against the
+installed versions: an upgrade that moves one fails here, naming it and the glue function that uses it."""
+
+from __future__ import annotations
+
+import inspect
+
+import pytest
+import torch
+
+from trainer import trl_glue
+
+
+def grpo_src(name: str) -> str:
+    import trl.trainer.grpo_trainer as gt
+
+    return inspect.getsource(getattr(gt.GRPOTrainer, name))
+
+
+def test_1_the_backend_swap_is_seen_by_grpo_trainer_and_undone_after():
+    import trl.trainer.grpo_trainer as gt
+
+    old = gt.VLLMGeneration
+    made = object()
+    with trl_glue.trl_generation_backend(lambda **kw: made):
+        assert gt.VLLMGeneration(model=None) is made  # what GRPOTrainer.__init__ calls by its module-level name
+    assert gt.VLLMGeneration is old
+    with pytest.raises(ValueError), trl_glue.trl_generation_backend(lambda **kw: made):
+        raise ValueError("an error while building the trainer")
+    assert gt.VLLMGeneration is old, "the swap must be undone when the trainer's construction fails"
+    assert "VLLMGeneration(" in inspect.getsource(gt.GRPOTrainer.__init__), "GRPOTrainer builds its backend another way"
+
+
+def test_2_the_backends_methods_trl_calls():
+    import trl.trainer.grpo_trainer as gt
+
+    src = inspect.getsource(gt.GRPOTrainer)
+    for needle in ("self.vllm_generation.sync_weights()", "self.vllm_generation.generate(", "vllm_client.get_server_info()"):
+        assert needle in src, f"GRPOTrainer no longer contains {needle!r}; trainer/rollout/node.py's adapter must follow"
+    params = list(inspect.signature(gt.VLLMGeneration.generate).parameters)
+    assert params[:5] == ["self", "prompts", "images", "num_generations", "profiler"], params
+
+
+def test_3_callbacks_run_in_list_order_and_get_the_model_and_optimizer():
+    from transformers.trainer_callback import CallbackHandler
+
+    src = inspect.getsource(CallbackHandler.call_event)
+    assert "for callback in self.callbacks" in src, "CallbackHandler no longer runs callbacks in list order (put_first)"
+    for kw in ("model=self.model", "optimizer=self.optimizer", "lr_scheduler=self.lr_scheduler"):
+        assert kw in src, f"CallbackHandler.call_event no longer passes {kw} to every event (trainer/callback.py reads it)"
+
+
+def test_4_and_5_the_sampler_and_dataloader_hooks():
+    src = grpo_src("get_train_dataloader")
+    assert "sampler_fn=self._get_train_sampler" in src, "GRPOTrainer builds its train sampler another way (replace_train_sampler)"
+    assert "dataset" in inspect.signature(_grpo("_get_train_sampler")).parameters, "replace_train_sampler passes dataset"
+    assert list(inspect.signature(_grpo("get_train_dataloader")).parameters) == ["self"], "wrap_train_dataloader calls it bare"
+
+
+def _grpo(name: str):
+    import trl.trainer.grpo_trainer as gt
+
+    return getattr(gt.GRPOTrainer, name)
+
+
+def test_4_5_6_7_the_hooks_act_on_an_object_as_they_do_on_the_trainer():
+    """The glue's hooks on a stand-in with the trainer's method names: each replaces or wraps exactly its one name."""
+
+    class Stub:
+        _step = 0
+
+        def _get_train_sampler(self, dataset=None):
+            return ["sampler", dataset]
+
+        def get_train_dataloader(self):
+            return "loader"
+
+        def _tokenize_prompts(self, prompts):
+            return [torch.tensor([1, 2]), [3]], None
+
+    s = Stub()
+    trl_glue.replace_train_sampler(s, lambda inner: ("wrapped", inner))
+    assert s._get_train_sampler("ds") == ("wrapped", ["sampler", "ds"]) and s._get_train_sampler() == (
+        "wrapped",
+        ["sampler", None],
+    )
+    trl_glue.wrap_train_dataloader(s, lambda inner: ("ahead", inner))
+    assert s.get_train_dataloader() == ("ahead", "loader")
+    assert trl_glue.tokenize_prompts(s, ["p", "q"]) == [[1, 2], [3]]
+    trl_glue.set_micro_step(s, 12)
+    assert s._step == 12
+
+
+def test_6_tokenize_prompts_returns_the_ids_first():
+    src = grpo_src("_tokenize_prompts")
+    assert list(inspect.signature(_grpo("_tokenize_prompts")).parameters) == ["self", "prompts"]
+    assert "return" in src
+
+
+def test_7_trl_regenerates_by_its_micro_step_counter():
+    src = grpo_src("_prepare_inputs")
+    assert "self._step % generate_every == 0" in src, "TRL regenerates by another rule now (set_micro_step, data.py)"
+    assert "self._step += 1" in grpo_src("training_step"), "TRL counts micro-steps elsewhere now (set_micro_step)"
+    assert "generate_every = self.args.steps_per_generation * self.num_iterations" in src
+
+
+def test_8_transformers_initialises_a_module_with_init_weights():
+    from transformers import PreTrainedModel
+
+    assert list(inspect.signature(PreTrainedModel._init_weights).parameters) == ["self", "module"]
+
+
+def test_9_transformers_leaves_self_sharded_models_alone():
+    import transformers.trainer as tt
+    from transformers import PreTrainedModel
+
+    assert 'getattr(model, "is_distributed_loading_by_transformers", False)' in inspect.getsource(tt.Trainer.__init__), (
+        "transformers' Trainer no longer reads is_distributed_loading_by_transformers (trl_glue.mark_self_sharded)"
+    )
+    prop = inspect.getattr_static(PreTrainedModel, "is_distributed_loading_by_transformers")
+    assert isinstance(prop, property) and "self._is_distributed_loading_by_transformers" in inspect.getsource(prop.fget), (
+        "PreTrainedModel.is_distributed_loading_by_transformers no longer reads the flag mark_self_sharded sets"
+    )
+
+
+def test_10_the_grpo_config_options_the_project_sets_exist():
+    from trl import GRPOConfig
+
+    fields = set(GRPOConfig.__dataclass_fields__)
+    for name in ("steps_per_generation", "num_iterations", "num_generations", "max_completion_length", "vllm_mode", "use_vllm"):
+        assert name in fields, f"GRPOConfig has no {name} (trl_glue.grpo_config)"

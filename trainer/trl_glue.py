@@ -1,0 +1,145 @@
+"""The only file that touches TRL's and transformers' internals (TRL 1.16.0, pinned in pyproject.toml). Each one is
+pinned by tests/unit/test_trl_glue.py against the installed versions, so an upgrade that moves one fails there, naming
+it, instead of deep in a job:
+
+  1. trl.trainer.grpo_trainer.VLLMGeneration: the module-level name GRPOTrainer instantiates in server mode with its
+     own keyword arguments (model=, accelerator=, processing_class=, temperature=, ...); `trl_generation_backend`
+     binds it to the node-local adapter while the trainer is built.
+  2. GRPOTrainer.vllm_generation: the backend it built; TRL calls `.generate(prompts=, images=, num_generations=,
+     profiler=)` -> (prompt_ids, completion_ids, logprobs[seq][tok][k], logprob_token_ids), `.sync_weights()` when
+     global_step changed, and `.vllm_client.get_server_info()` on the main process.
+  3. Trainer.callback_handler.callbacks: the list the callbacks run in (`put_first`); CallbackHandler.call_event passes
+     model=, optimizer=, lr_scheduler= to every event (the project's callback takes them from there).
+  4. GRPOTrainer._get_train_sampler(dataset=None): replaced on the instance (`replace_train_sampler`), before
+     train() builds the dataloader with it (the resume cursor).
+  5. GRPOTrainer.get_train_dataloader(): wrapped on the instance (`wrap_train_dataloader`: the lookahead).
+  6. GRPOTrainer._tokenize_prompts(prompts) -> (prompt ids, ...): how TRL tokenizes before it calls the backend.
+  7. GRPOTrainer._step: the micro-step counter TRL regenerates by (`_step % (steps_per_generation x num_iterations)`);
+     `set_micro_step` puts a resumed run where the uninterrupted one was.
+  8. transformers' PreTrainedModel._init_weights(module): computes non-persistent buffers (rotary caches).
+  9. model._is_distributed_loading_by_transformers: transformers' Trainer leaves a model that set it unwrapped (no
+     DDP/FSDP on top of ours); `mark_self_sharded` sets it.
+ 10. GRPOConfig (`grpo_config`): public, but the options the project sets are named here only.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
+from pathlib import Path
+from typing import Any
+
+import torch
+
+from launcher.core.config import TrainerConfig
+from trainer import tracking
+
+
+@contextmanager
+def trl_generation_backend(make: Callable[..., Any]) -> Iterator[None]:
+    """(1) Within the block, TRL's GRPOTrainer builds `make(**its kwargs)` as its vLLM generation backend."""
+    import trl.trainer.grpo_trainer as gt
+
+    if not hasattr(gt, "VLLMGeneration"):
+        raise RuntimeError(
+            "trl.trainer.grpo_trainer.VLLMGeneration is gone: this TRL is not the pinned 1.16.0; "
+            "install the version in pyproject.toml"
+        )
+    old = gt.VLLMGeneration
+    gt.VLLMGeneration = make  # type: ignore[misc,assignment]
+    try:
+        yield
+    finally:
+        gt.VLLMGeneration = old  # type: ignore[misc]
+
+
+def grpo_config(job_dir: Path, t: TrainerConfig, device: str, **overrides: Any):
+    """(10) TRL's GRPOConfig for the trainer section. overrides: what gpu/trl_colocate.py changes to run TRL's own
+    colocate mode on the same work (the same function builds both, so the comparison cannot drift)."""
+    from trl import GRPOConfig
+
+    bf16 = t.dtype == "bfloat16" and device == "cuda"
+    settings: dict[str, Any] = dict(
+        output_dir=str(job_dir / "hf"),
+        max_steps=t.max_steps,
+        per_device_train_batch_size=t.per_device_train_batch_size,
+        num_generations=t.num_generations,
+        max_completion_length=t.max_completion_length,
+        learning_rate=t.learning_rate,
+        beta=t.beta,
+        temperature=t.temperature,
+        seed=t.seed,
+        logging_steps=1,
+        save_strategy="no",
+        report_to=tracking.trackers(t) or "none",
+        run_name=job_dir.name,
+        use_cpu=device == "cpu",
+        bf16=bf16,
+        use_vllm=True,
+        vllm_mode="server",
+        disable_tqdm=True,
+        dataloader_num_workers=0,
+        # TRL defaults this to True; trainer.activation_checkpointing decides (the loader applies it per layer)
+        gradient_checkpointing=t.activation_checkpointing,
+    )
+    return GRPOConfig(**{**settings, **t.grpo, **overrides})
+
+
+def build_trainer(model, tokenizer, dataset, rewards, args, callback, make_backend: Callable[..., Any], backend_type: type):
+    """TRL's GRPOTrainer with `make_backend` as its generation backend (1, 2) and `callback` first in line (3): its
+    on_log adds the project's figures to the record the reporting callbacks (W&B, TensorBoard) send next."""
+    from trl import GRPOTrainer
+
+    with trl_generation_backend(make_backend):
+        tr = GRPOTrainer(
+            model=model, reward_funcs=rewards, args=args, train_dataset=dataset, processing_class=tokenizer, callbacks=[callback]
+        )
+    if not isinstance(generation_backend(tr), backend_type):
+        raise RuntimeError("GRPOTrainer did not use the node-local generation backend; TRL changed how it builds it")
+    put_first(tr, callback)
+    return tr
+
+
+def generation_backend(trainer) -> Any:
+    """(2) The backend the trainer built (None outside vLLM mode)."""
+    return getattr(trainer, "vllm_generation", None)
+
+
+def put_first(trainer, callback) -> None:
+    """(3) `callback` runs before every other callback of the trainer."""
+    trainer.callback_handler.callbacks.remove(callback)
+    trainer.callback_handler.callbacks.insert(0, callback)
+
+
+def replace_train_sampler(trainer, wrap: Callable[[Any], Any]) -> None:
+    """(4) The trainer's train sampler becomes wrap(the sampler it would have built). Before trainer.train()."""
+    make = trainer._get_train_sampler
+    trainer._get_train_sampler = lambda dataset=None: wrap(make(dataset))
+
+
+def wrap_train_dataloader(trainer, wrap: Callable[[Any], Any]) -> None:
+    """(5) Every train dataloader the trainer builds becomes wrap(that dataloader)."""
+    make = trainer.get_train_dataloader
+    trainer.get_train_dataloader = lambda: wrap(make())
+
+
+def tokenize_prompts(trainer, prompts: list) -> list[list[int]]:
+    """(6) The prompt ids TRL hands the generation backend for these prompts."""
+    ids = trainer._tokenize_prompts(prompts)[0]
+    return [list(map(int, p)) for p in ids]
+
+
+def set_micro_step(trainer, micro_steps: int) -> None:
+    """(7) TRL's micro-step counter: a resumed run regenerates at the micro-steps the uninterrupted run did."""
+    trainer._step = micro_steps
+
+
+def init_module_weights(model: torch.nn.Module, module: torch.nn.Module) -> None:
+    """(8) transformers' own initialisation of `module` (what from_pretrained runs for what no checkpoint holds)."""
+    model._init_weights(module)  # type: ignore[operator]
+
+
+def mark_self_sharded(model: torch.nn.Module) -> None:
+    """(9) transformers' Trainer then leaves the model alone (no DDP/accelerate FSDP wrap on top of ours): the same
+    flag `from_pretrained(distributed_config=...)` sets."""
+    model._is_distributed_loading_by_transformers = True  # type: ignore[assignment]
