@@ -22,7 +22,7 @@ import json
 from dataclasses import asdict, dataclass
 from pathlib import Path
 
-from launcher.core.config import ConfigError, load
+from launcher.core.config import ConfigError, JobConfig, load
 from launcher.core.plan import plan
 from launcher.core.shape import ModelShape
 from launcher.memory import Layout, fit_table, layout
@@ -190,16 +190,8 @@ def read_calibration(path: str) -> dict[str, float]:
     return {k: float(v) for k, v in cal.items()}
 
 
-def main(a) -> int:
-    cfg = load(a.config, a.overrides)
-    nodes = parse_nodes(a.nodes)
-    figures = {**DEFAULTS, **(read_calibration(a.calibration) if a.calibration else {})}
-    if a.plot and not Path(a.plot).resolve().parent.is_dir():
-        raise ConfigError(f"--plot {a.plot}: its folder does not exist; create it or give another path")
-    shape = ModelShape.read(cfg.vllm.model)
-    params = a.params_b or (shape.params / 1e9 if shape else 7.0)
-    per = cfg.slurm.gpus_per_node - cfg.vllm.tensor_parallel_size * cfg.vllm.data_parallel_size or 1
-    rows = predict(nodes, params, per, cfg.trainer.per_device_train_batch_size, cfg.trainer.max_completion_length, figures)
+def print_scaling(rows: list[Row], params: float, per: int, cfg: JobConfig, figures: dict[str, float]) -> None:
+    """The node-count table: one server per node against one global server."""
     print(
         f"assumptions: model {params:.3g}B params (push = {figures['bytes_per_param'] * params:.3g} GB), {per} trainer ranks/node, "
         f"{cfg.trainer.per_device_train_batch_size} completions/rank x {cfg.trainer.max_completion_length} tokens; "
@@ -212,29 +204,67 @@ def main(a) -> int:
             f"{r.nodes:>6} {r.ours_gen_s:>9.2f} {r.ours_push_s:>7.3f} {r.ours_step_s:>8.2f} | {r.stock_gen_s:>9.2f} "
             f"{r.stock_push_s:>7.3f} {r.stock_step_s:>8.2f} | {r.speedup:>6.1f}x"
         )
+
+
+def print_split(cfg: JobConfig, nodes: int, params: float, per: int, figures: dict[str, float]) -> None:
+    """The split of one node's GPUs between vLLM and training, and the recommended one (nothing on a TP-wide node)."""
     g, tp = cfg.slurm.gpus_per_node, cfg.vllm.tensor_parallel_size
     f2 = {**figures, **LAYOUT_DEFAULTS}
     # the split table trains the config's own batch on every split: the node's completions per step stay fixed
     completions = cfg.trainer.per_device_train_batch_size * per
-    rows2 = split_rows(g, tp, nodes[-1], params, completions, cfg.trainer.max_completion_length, figures["train_s"] * per, f2)
-    if g > tp:
-        best_sync, best_async = recommend(rows2)
-        print()
-        print(
-            f"split of one node's {g} GPUs between vLLM (TP {tp} x DP) and training, the same {completions} completions of "
-            f"{cfg.trainer.max_completion_length} tokens per node per step (train_s {figures['train_s']:g} s with {per} ranks; "
-            + ", ".join(f"{k}={v:g}" for k, v in LAYOUT_DEFAULTS.items())
-            + "):"
-        )
-        print("\n".join(split_table(rows2)))
-        now = next((r for r in rows2 if r.vllm_gpus == tp * cfg.vllm.data_parallel_size and r.async_s), None)
-        print(
-            f"recommended: synchronous: {best_sync.vllm_gpus} of {g} GPUs serving (--set vllm.tensor_parallel_size={tp} "
-            f"vllm.data_parallel_size={best_sync.vllm_gpus // tp}); asynchronous: {best_async.vllm_gpus} serving "
-            f"(--set vllm.data_parallel_size={best_async.vllm_gpus // tp} trainer.max_staleness=1), "
-            f"{best_sync.sync_s / (best_async.async_s or best_async.sync_s):.2f}x the steps per hour of the best synchronous split"
-            + (f", {now.sync_s / (best_async.async_s or best_async.sync_s):.2f}x this config's" if now else "")
-        )
+    rows2 = split_rows(g, tp, nodes, params, completions, cfg.trainer.max_completion_length, figures["train_s"] * per, f2)
+    if g <= tp:
+        return
+    best_sync, best_async = recommend(rows2)
+    print()
+    print(
+        f"split of one node's {g} GPUs between vLLM (TP {tp} x DP) and training, the same {completions} completions of "
+        f"{cfg.trainer.max_completion_length} tokens per node per step (train_s {figures['train_s']:g} s with {per} ranks; "
+        + ", ".join(f"{k}={v:g}" for k, v in LAYOUT_DEFAULTS.items())
+        + "):"
+    )
+    print("\n".join(split_table(rows2)))
+    now = next((r for r in rows2 if r.vllm_gpus == tp * cfg.vllm.data_parallel_size and r.async_s), None)
+    print(
+        f"recommended: synchronous: {best_sync.vllm_gpus} of {g} GPUs serving (--set vllm.tensor_parallel_size={tp} "
+        f"vllm.data_parallel_size={best_sync.vllm_gpus // tp}); asynchronous: {best_async.vllm_gpus} serving "
+        f"(--set vllm.data_parallel_size={best_async.vllm_gpus // tp} trainer.max_staleness=1), "
+        f"{best_sync.sync_s / (best_async.async_s or best_async.sync_s):.2f}x the steps per hour of the best synchronous split"
+        + (f", {now.sync_s / (best_async.async_s or best_async.sync_s):.2f}x this config's" if now else "")
+    )
+
+
+def plot(path: str, nodes: list[int], rows: list[Row]) -> None:
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    fig, ax = plt.subplots(figsize=(6, 4))
+    ax.plot(nodes, [r.ours_step_s for r in rows], marker="o", label="one server per node (slurm-grpo)")
+    ax.plot(nodes, [r.stock_step_s for r in rows], marker="o", label="one global server (stock TRL)")
+    ax.set_xscale("log", base=2)
+    ax.set_yscale("log")
+    ax.set_xlabel("nodes")
+    ax.set_ylabel("predicted step seconds")
+    ax.legend()
+    fig.tight_layout()
+    fig.savefig(path, dpi=90)
+    print(f"plot: {path}")
+
+
+def main(a) -> int:
+    cfg = load(a.config, a.overrides)
+    nodes = parse_nodes(a.nodes)
+    figures = {**DEFAULTS, **(read_calibration(a.calibration) if a.calibration else {})}
+    if a.plot and not Path(a.plot).resolve().parent.is_dir():
+        raise ConfigError(f"--plot {a.plot}: its folder does not exist; create it or give another path")
+    shape = ModelShape.read(cfg.vllm.model)
+    params = a.params_b or (shape.params / 1e9 if shape else 7.0)
+    per = cfg.slurm.gpus_per_node - cfg.vllm.tensor_parallel_size * cfg.vllm.data_parallel_size or 1
+    rows = predict(nodes, params, per, cfg.trainer.per_device_train_batch_size, cfg.trainer.max_completion_length, figures)
+    print_scaling(rows, params, per, cfg, figures)
+    print_split(cfg, nodes[-1], params, per, figures)
     lay = layout(plan(cfg, ""))
     if not lay.gpu_gb:
         lay = Layout(**{**lay.__dict__, "gpu_gb": 80.0})
@@ -242,22 +272,7 @@ def main(a) -> int:
     print()
     print("\n".join(fit_table(lay)))
     if a.plot:
-        import matplotlib
-
-        matplotlib.use("Agg")
-        import matplotlib.pyplot as plt
-
-        fig, ax = plt.subplots(figsize=(6, 4))
-        ax.plot(nodes, [r.ours_step_s for r in rows], marker="o", label="one server per node (slurm-grpo)")
-        ax.plot(nodes, [r.stock_step_s for r in rows], marker="o", label="one global server (stock TRL)")
-        ax.set_xscale("log", base=2)
-        ax.set_yscale("log")
-        ax.set_xlabel("nodes")
-        ax.set_ylabel("predicted step seconds")
-        ax.legend()
-        fig.tight_layout()
-        fig.savefig(a.plot, dpi=90)
-        print(f"plot: {a.plot}")
+        plot(a.plot, nodes, rows)
     if getattr(a, "json", ""):
         open(a.json, "w").write(json.dumps([asdict(r) for r in rows], indent=1))
     return 0
