@@ -378,24 +378,29 @@ def _coerce(where: str, value: Any, annotation: Any) -> Any:
             raise _choice_error(where, text, annotation)
         return text
     if origin is list:
-        if isinstance(value, str):
-            value = [value]
-        if not isinstance(value, list):
-            raise ConfigError(f"{where} must be a list, got {value!r}")
-        (item,) = typing.get_args(annotation)
-        if choices(item):  # a list of choices: the first wrong value in sorted order is named
-            items = [_text(f"{where}[{i}]", v) for i, v in enumerate(value)]
-            bad = sorted(set(items) - set(choices(item)))
-            if bad:
-                raise _choice_error(where, bad[0], item, entry=True)
-            return items
-        return [_coerce(f"{where}[{i}]", v, item) for i, v in enumerate(value)]
+        return _coerce_list(where, value, annotation)
     if origin is dict:
         if not isinstance(value, dict):
             raise ConfigError(f"{where} must be a mapping (key: value), got {value!r}")
         _, item = typing.get_args(annotation)
         return {str(k): _coerce(f"{where}.{k}", v, item) for k, v in value.items()}
     raise AssertionError(f"unsupported annotation {annotation!r} for {where}")
+
+
+def _coerce_list(where: str, value: Any, annotation: Any) -> list[Any]:
+    """A list field: one string is a one-item list; a list of choices names its first wrong value in sorted order."""
+    if isinstance(value, str):
+        value = [value]
+    if not isinstance(value, list):
+        raise ConfigError(f"{where} must be a list, got {value!r}")
+    (item,) = typing.get_args(annotation)
+    if choices(item):
+        items = [_text(f"{where}[{i}]", v) for i, v in enumerate(value)]
+        bad = sorted(set(items) - set(choices(item)))
+        if bad:
+            raise _choice_error(where, bad[0], item, entry=True)
+        return items
+    return [_coerce(f"{where}[{i}]", v, item) for i, v in enumerate(value)]
 
 
 def _build(cls: type, section: str, raw: Any) -> Any:
