@@ -12,7 +12,8 @@ from pathlib import Path
 from launcher.core.jobdir import JobDir
 from launcher.core.plan import Plan
 from launcher.core.records import Event, FinalRow, read_events, read_rows, step_rows
-from launcher.memory import ModelShape, layout, options
+from launcher.core.shape import ModelShape
+from launcher.memory import layout, options
 from launcher.memory import estimate as memory_estimate
 from launcher.status import startup_phases
 

@@ -141,24 +141,5 @@ def trainer_command(
     return NodeCommand(name="trainer", argv=argv, env=env, log=str(IN_JOB.log(node, "trainer")))
 
 
-def redact_argv(argv: list[str]) -> list[str]:
-    """The argv as it may be shown (dry-run, log headers): the value after a flag such as --hf-token or
-    --api-key, or in --flag=value form, is replaced by ***."""
-    from launcher.core.jobdir import is_secret
-
-    out, hide = [], False
-    for a in argv:
-        flag, eq, _ = a.partition("=")
-        if hide:
-            out.append("***")
-            hide = False
-        elif a.startswith("--") and is_secret(flag.replace("-", "_")):
-            out.append(f"{flag}=***" if eq else a)
-            hide = not eq
-        else:
-            out.append(a)
-    return out
-
-
 def bootstrap_argv(plan_path: str, python: str = "python") -> list[str]:
     return [python, "-u", "-m", "launcher.node.bootstrap", plan_path]

@@ -11,7 +11,8 @@ import time
 from pathlib import Path
 from typing import IO
 
-from launcher.node.commands import NodeCommand, redact_argv
+from launcher.core.config import redact_argv
+from launcher.node.commands import NodeCommand
 
 PR_SET_CHILD_SUBREAPER = 36  # linux/prctl.h
 

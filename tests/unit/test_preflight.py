@@ -23,7 +23,7 @@ from launcher.core import config as C
 from launcher.core.jobdir import Events, write_job_dir
 from launcher.core.plan import Plan, plan
 from launcher.node.bootstrap import NodeRun, preflight
-from launcher.node.commands import redact_argv
+from launcher.core.config import redact_argv
 from launcher.node.peers import Heartbeats, JobAbort, NodeFailure
 from tests.conftest import PY, REPO
 from tests.support.fakes import clean_env, fake_vllm, free_ports
