@@ -13,8 +13,8 @@ from launcher.core.jobdir import JobDir
 from launcher.core.plan import Plan
 from launcher.core.records import Event, FinalRow, read_events, read_rows, step_rows
 from launcher.core.shape import ModelShape
-from launcher.memory import layout, options
 from launcher.memory import estimate as memory_estimate
+from launcher.memory import layout, options
 from launcher.status import startup_phases
 
 job, out = Path(sys.argv[1]), Path(sys.argv[2])

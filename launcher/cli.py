@@ -22,12 +22,11 @@ import time
 from pathlib import Path
 
 from launcher.core import config as config_mod
-from launcher.core.config import ConfigError, JobConfig
+from launcher.core.config import ConfigError, JobConfig, redact_argv
 from launcher.core.jobdir import JobDir
 from launcher.core.plan import Plan
 from launcher.core.records import format_summary, read_rows, step_rows, summarize
 from launcher.memory import plan_report
-from launcher.core.config import redact_argv
 from launcher.node.commands import trainer_command, vllm_command
 from launcher.status import cancel, find_job_dir, log_files, q, status
 

@@ -20,10 +20,10 @@ from pathlib import Path
 import pytest
 
 from launcher.core import config as C
+from launcher.core.config import redact_argv
 from launcher.core.jobdir import Events, write_job_dir
 from launcher.core.plan import Plan, plan
 from launcher.node.bootstrap import NodeRun, preflight
-from launcher.core.config import redact_argv
 from launcher.node.peers import Heartbeats, JobAbort, NodeFailure
 from tests.conftest import PY, REPO
 from tests.support.fakes import clean_env, fake_vllm, free_ports
