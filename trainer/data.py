@@ -55,12 +55,15 @@ class FastForward(Sampler):
 
 
 def indices_per_step(trainer) -> int:
-    """Sampler indices one optimizer step consumes over the whole world: each of the gradient-accumulation
-    micro-steps takes one dataloader batch (per_device x steps_per_generation indices) on every process."""
-    a = trainer.args
-    return (
-        a.gradient_accumulation_steps * trainer.accelerator.num_processes * a.per_device_train_batch_size * a.steps_per_generation
-    )
+    """Sampler indices one optimizer step consumes over the whole world (`step_indices` of the trainer's own)."""
+    return step_indices(trainer.args, trainer.accelerator.num_processes)
+
+
+def step_indices(args, world: int) -> int:
+    """Sampler indices one optimizer step consumes over `world` processes, from GRPOConfig alone (known before the
+    trainer is built): each of the gradient-accumulation micro-steps takes one dataloader batch
+    (per_device x steps_per_generation indices) on every process."""
+    return args.gradient_accumulation_steps * world * args.per_device_train_batch_size * args.steps_per_generation
 
 
 def continue_data_order(trainer, consumed: int) -> None:
@@ -117,23 +120,26 @@ class Lookahead:
         self.following = []
 
 
-def look_ahead(trainer, depth: int = 1) -> Callable[[], list[list[list[int]]]]:
-    """Wrap the trainer's train dataloader in a Lookahead; returns what gives this rank's prompt ids of the next `depth`
-    batches (fewer at a pass's end), tokenized the way TRL tokenizes them before it calls the generation backend
-    (a difference only costs a lookahead miss)."""
-    holder: dict[str, Lookahead] = {}
+class LookaheadPrompts:
+    """This rank's prompt ids of the next `depth` batches (fewer at a pass's end), tokenized the way TRL tokenizes them
+    before it calls the generation backend (a difference only costs a lookahead miss). Made before the trainer and
+    handed to the rollout (trainer.rollout.node.NodeRollout); `attach(trainer)` then wraps the trainer's train
+    dataloader in a Lookahead (trainer.trl_glue hook 5: the dataloader exists only inside train())."""
 
-    def wrapped(loader):
-        holder["it"] = Lookahead(loader, depth)
-        return holder["it"]
+    def __init__(self, depth: int = 1) -> None:
+        self.depth = depth
+        self.loader: Lookahead | None = None
+        self.tokenize: Callable[[list], list[list[int]]] | None = None
 
-    trl_glue.wrap_train_dataloader(trainer, wrapped)
+    def attach(self, trainer) -> None:
+        trl_glue.wrap_train_dataloader(trainer, self._wrap)
+        self.tokenize = lambda prompts: trl_glue.tokenize_prompts(trainer, prompts)
 
-    def next_prompt_ids() -> list[list[list[int]]]:
-        ahead = holder.get("it")
-        return [
-            trl_glue.tokenize_prompts(trainer, [x["prompt"] for x in batch])
-            for batch in (ahead.following if ahead is not None else [])
-        ]
+    def _wrap(self, loader) -> Lookahead:
+        self.loader = Lookahead(loader, self.depth)
+        return self.loader
 
-    return next_prompt_ids
+    def __call__(self) -> list[list[list[int]]]:
+        if self.loader is None or self.tokenize is None:
+            return []
+        return [self.tokenize([x["prompt"] for x in batch]) for batch in self.loader.following]

@@ -21,7 +21,7 @@ from trainer import callback as grpo
 from trainer import checkpoint, data, loading, procmem, rewards, tracking, trl_glue
 from trainer.metrics import MetricsWriter, write_summary_and_plot
 from trainer.parallel import Parallel
-from trainer.rollout.node import GenerationSettings, NodeLocalGeneration, StepClock
+from trainer.rollout.node import GenerationSettings, NodeRollout, TrlAdapter
 
 
 class Outcome(enum.Enum):
@@ -36,11 +36,8 @@ class Run:
     trainer: Any
     """trl.GRPOTrainer"""
     callback: grpo.SlurmGrpoCallback
+    rollout: NodeRollout
     train_s: float = 0.0
-
-    @property
-    def backend(self) -> NodeLocalGeneration:
-        return trl_glue.generation_backend(self.trainer)
 
     def train(self) -> Outcome:
         t0 = time.time()
@@ -59,17 +56,18 @@ class Run:
         params = list(self.trainer.model.parameters())
         # the trained parameters must still be FSDP2 shards (DTensors), not a silent DDP fallback
         dtensor_params = {"dtensor": sum(isinstance(p, DTensor) for p in params), "total": len(params)}
-        mine = self.backend.finish(step)
+        mine = self.rollout.finish(step)
         finals: list[Any] = [None] * self.par.world
         dist.all_gather_object(finals, mine)
         peaks: list[Any] = [None] * self.par.world
         dist.all_gather_object(peaks, procmem.peaks_gb())
         if self.plan.config.trainer.final_checkpoint:
-            self.callback.save(self.trainer.state)
+            tr = self.trainer
+            self.callback.save(tr.state, tr.model, tr.optimizer, tr.lr_scheduler)
         if self.par.rank == 0:
             job_dir = Path(self.plan.job_dir)
-            per_node = {str(f["node"]): f for f in finals if f is not None}
-            MetricsWriter(job_dir).write(FinalRow(step=step, nodes={n: NodeFinal.from_dict(f) for n, f in per_node.items()}))
+            per_node: dict[str, NodeFinal] = {str(f.node): f for f in finals if f is not None}
+            MetricsWriter(job_dir).write(FinalRow(step=step, nodes=per_node))
             latest = checkpoint.latest(JobDir(job_dir).checkpoints)
             write_summary_and_plot(
                 job_dir,
@@ -77,7 +75,7 @@ class Run:
                     "train_s": round(self.train_s, 2),
                     "final_step": step,
                     "resumed_from": self.callback.resumed_from,
-                    "nodes": per_node,
+                    "nodes": {n: f.to_dict() for n, f in per_node.items()},
                     "allreduce_check": self.par.allreduce_check,
                     "dtensor_params": dtensor_params,
                     "peak_memory_per_rank": {str(r): p for r, p in enumerate(peaks)},
@@ -107,37 +105,34 @@ def build(plan: Plan, par: Parallel, preemption: grpo.PreemptionFlag) -> Run:
     node_event(
         Event.MODEL_LOADED, loader=report.loader, seconds=round(report.seconds, 2), read_gb=round(report.bytes_read / 1e9, 3)
     )
-    stats, clock = grpo.NodeStats(par), StepClock()
-    make_backend = functools.partial(
-        NodeLocalGeneration,
-        par=par,
-        settings=GenerationSettings.from_plan(plan, par.node, dtype),
-        clock=clock,
-        on_stats=stats.gather,
-    )
+    # max_staleness >= 1: the node's server generates the next steps' completions while the ranks train
+    lookahead = data.LookaheadPrompts(t.max_staleness) if t.max_staleness else None
+    rollout = NodeRollout(model, tokenizer, par, GenerationSettings.from_plan(plan, par.node, dtype), lookahead)
     tracking.set_tracking_env(job_dir, t, plan.job_name)
+    args = trl_glue.grpo_config(job_dir, t, plan.device)
     resume = checkpoint.latest(JobDir(job_dir).checkpoints) if t.resume else None
+    per_step = data.step_indices(args, par.world)
+    if resume is None:
+        cursor = data.DataCursor(0, 0, per_step)
+    else:  # the data cursor: the prompts an uninterrupted run would see from this step on
+        recorded = checkpoint_meta(resume[1]).data_indices_consumed
+        consumed = resume[0] * per_step if recorded is None else int(recorded)  # older checkpoints did not record it
+        cursor = data.DataCursor(consumed, resume[0], per_step)
     callback = grpo.SlurmGrpoCallback(
-        job_dir, par, t, stats, clock, preemption, resume=resume, on_first_step=lambda: node_event(Event.FIRST_STEP)
+        job_dir, par, t, rollout, preemption, cursor, resume=resume, on_first_step=lambda: node_event(Event.FIRST_STEP)
     )
-    trainer = grpo.build_trainer(
+    trainer = trl_glue.build_trainer(
         model,
         tokenizer,
         data.load_prompts(t.dataset),
         [rewards.resolve(r) for r in t.reward_funcs],
-        trl_glue.grpo_config(job_dir, t, plan.device),
+        args,
         callback,
-        make_backend,
+        functools.partial(TrlAdapter, rollout),
+        TrlAdapter,
     )
-    if t.max_staleness:  # the node's server generates the next steps' completions while the ranks train
-        trl_glue.generation_backend(trainer).peek_next = data.look_ahead(trainer, t.max_staleness)
-    per_step = data.indices_per_step(trainer)
-    if resume is None:
-        callback.cursor = data.DataCursor(0, 0, per_step)
-    else:  # the data cursor: the prompts an uninterrupted run would see from this step on
-        step = resume[0]
-        recorded = checkpoint_meta(resume[1]).data_indices_consumed
-        consumed = step * per_step if recorded is None else int(recorded)  # older checkpoints did not record it
-        data.continue_data_order(trainer, consumed)
-        callback.cursor = data.DataCursor(consumed, step, per_step)
-    return Run(plan=plan, par=par, trainer=trainer, callback=callback)
+    if lookahead is not None:
+        lookahead.attach(trainer)
+    if resume is not None:
+        data.continue_data_order(trainer, cursor.base_indices)
+    return Run(plan=plan, par=par, trainer=trainer, callback=callback, rollout=rollout)

@@ -9,10 +9,14 @@ it, instead of deep in a job:
      profiler=)` -> (prompt_ids, completion_ids, logprobs[seq][tok][k], logprob_token_ids), `.sync_weights()` when
      global_step changed, and `.vllm_client.get_server_info()` on the main process.
   3. Trainer.callback_handler.callbacks: the list the callbacks run in (`put_first`); CallbackHandler.call_event passes
-     model=, optimizer=, lr_scheduler= to every event (the project's callback takes them from there).
+     model=, optimizer=, lr_scheduler= to every event, and Trainer's training loop points the handler at its own
+     model, optimizer and scheduler before on_train_begin (the project's callback takes them from there for resume
+     and for every checkpoint it writes at on_step_end).
   4. GRPOTrainer._get_train_sampler(dataset=None): replaced on the instance (`replace_train_sampler`), before
      train() builds the dataloader with it (the resume cursor).
-  5. GRPOTrainer.get_train_dataloader(): wrapped on the instance (`wrap_train_dataloader`: the lookahead).
+  5. GRPOTrainer.get_train_dataloader(): wrapped on the instance (`wrap_train_dataloader`: the lookahead). This one
+     binding stays after construction: TRL builds the dataloader inside train(), and only this hook reaches it
+     (trainer.data.LookaheadPrompts.attach; the rollout holds the LookaheadPrompts from before the trainer).
   6. GRPOTrainer._tokenize_prompts(prompts) -> (prompt ids, ...): how TRL tokenizes before it calls the backend.
   7. GRPOTrainer._step: the micro-step counter TRL regenerates by (`_step % (steps_per_generation x num_iterations)`);
      `set_micro_step` puts a resumed run where the uninterrupted one was.
@@ -96,6 +100,8 @@ def build_trainer(model, tokenizer, dataset, rewards, args, callback, make_backe
         )
     if not isinstance(generation_backend(tr), backend_type):
         raise RuntimeError("GRPOTrainer did not use the node-local generation backend; TRL changed how it builds it")
+    if tr.model is not model:  # the rollout, built before the trainer, pushes and checks parity on `model`
+        raise RuntimeError("GRPOTrainer wrapped or replaced the model it was given; the rollout would push another object")
     put_first(tr, callback)
     return tr
 

@@ -48,6 +48,14 @@ def test_3_callbacks_run_in_list_order_and_get_the_model_and_optimizer():
     assert "for callback in self.callbacks" in src, "CallbackHandler no longer runs callbacks in list order (put_first)"
     for kw in ("model=self.model", "optimizer=self.optimizer", "lr_scheduler=self.lr_scheduler"):
         assert kw in src, f"CallbackHandler.call_event no longer passes {kw} to every event (trainer/callback.py reads it)"
+    import transformers.trainer as tt
+
+    loop = inspect.getsource(tt.Trainer)
+    assert 'for attr in ("model", "optimizer", "lr_scheduler"):' in loop, "the training loop no longer updates the handler"
+    assert "setattr(self.callback_handler, attr, getattr(self, attr))" in loop, (
+        "Trainer no longer points the CallbackHandler at its model/optimizer/scheduler before on_train_begin: "
+        "the callback's checkpoints (on_step_end) would save None"
+    )
 
 
 def test_4_and_5_the_sampler_and_dataloader_hooks():
