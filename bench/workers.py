@@ -12,7 +12,7 @@
               ours, one node: node 0's half of the batch while node 1 idles (as for the push)
 
 The same code the trainer runs (trainer.parallel.shard_model, trainer.push.pusher.NodePusher,
-trainer.rollout.node.node_generate, trainer.rollout.server.ServerClient). Writes one JSON to argv[1].
+trainer.rollout.node.node_generate, trainer.rollout.server.VllmServer). Writes one JSON to argv[1].
 """
 
 from __future__ import annotations
@@ -30,9 +30,10 @@ import torch.distributed as dist
 from torch.distributed.device_mesh import init_device_mesh
 
 from trainer.parallel import Parallel, shard_model
-from trainer.push.pusher import NodePusher, PushSettings, iter_full_params
+from trainer.push.gather import iter_full_params
+from trainer.push.pusher import NodePusher, PushSettings
 from trainer.rollout.node import node_generate
-from trainer.rollout.server import ServerClient
+from trainer.rollout.server import VllmServer
 
 RANKS_PER_NODE = 2
 
@@ -122,7 +123,7 @@ def main(out_path: str, cfg_path: str) -> None:
     params = sum(p.numel() for p in m_ours.parameters())
     nbytes = params * 4
     urls, model, R = cfg["server_urls"], cfg["model"], cfg["repeats"]
-    client = ServerClient(urls[node], model, node, 600) if ours.is_leader else None
+    client = VllmServer(urls[node], model, node, 600) if ours.is_leader else None
 
     def settings(port: int, bucket_bytes: int) -> PushSettings:
         return PushSettings(

@@ -20,7 +20,7 @@ from trl import GRPOTrainer
 
 from launcher.core import config as C
 from trainer import data, rewards
-from trainer.callback import grpo_config
+from trainer.trl_glue import grpo_config
 
 
 class StepTimes(TrainerCallback):

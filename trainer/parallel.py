@@ -14,6 +14,7 @@ from torch.distributed.fsdp import CPUOffloadPolicy, MixedPrecisionPolicy, Offlo
 
 from launcher.core.jobdir import Env
 from launcher.core.plan import Plan
+from trainer import trl_glue
 
 
 @dataclass
@@ -121,7 +122,5 @@ def shard_model(model: torch.nn.Module, par: Parallel, param_dtype: torch.dtype,
     for layer in layers:
         fully_shard(layer, mesh=par.mesh, mp_policy=mp, offload_policy=offload)
     fully_shard(model, mesh=par.mesh, mp_policy=mp, offload_policy=offload)
-    # transformers' Trainer then leaves the model alone (no DDP/accelerate FSDP wrap on top of ours):
-    # the same flag `from_pretrained(distributed_config=...)` sets. Pinned in tests/unit/test_pinned_internals.py.
-    model._is_distributed_loading_by_transformers = True  # type: ignore[assignment]
+    trl_glue.mark_self_sharded(model)  # transformers' Trainer then wraps nothing around our FSDP2
     return model

@@ -98,7 +98,7 @@ def sharded_mlp(world: int, param_dtype: torch.dtype) -> tuple[torch.nn.Module, 
 def gather_peak(rank: int, world: int, _port: int) -> dict:
     from torch.distributed.tensor import DTensor
 
-    from trainer.push.pusher import iter_full_params, iter_unsharded_params
+    from trainer.push.gather import iter_full_params, iter_unsharded_params
 
     out = {}
     for param_dtype in (torch.float32, torch.bfloat16):
@@ -143,9 +143,10 @@ def packed_push(rank: int, world: int, port: int) -> dict:
 
     from vllm.distributed.weight_transfer.packed_tensor import pack_tensors
 
+    from trainer.push.gather import param_metadata
     from trainer.push.gloo_engine import loopback_gloo_group, receive_packed
-    from trainer.push.pusher import param_metadata
-    from trainer.push.senders import broadcast_packed, chunk_metas, loopback_store
+    from trainer.push.senders import broadcast_packed, loopback_store
+    from trainer.push.wire import chunk_metas
 
     torch.manual_seed(0)  # the same model on both ranks: the receiver checks what it got against it
     model = torch.nn.Sequential(
