@@ -63,7 +63,7 @@ class Run:
         peaks: list[Any] = [None] * self.par.world
         dist.all_gather_object(peaks, procmem.peaks_gb())
         if self.plan.config.trainer.final_checkpoint:
-            self.callback.save(self.trainer.state)
+            self.callback.save(self.trainer.state, reason="final")
         if self.par.rank == 0:
             job_dir = Path(self.plan.job_dir)
             per_node = {str(f["node"]): f for f in finals if f is not None}
@@ -113,6 +113,8 @@ def build(plan: Plan, par: Parallel, preemption: grpo.PreemptionFlag) -> Run:
     )
     tracking.set_tracking_env(job_dir, t, plan.job_name)
     resume = checkpoint.latest(job_dir / "checkpoints") if t.resume else None
+    if not t.resume:  # a new start: earlier checkpoints would outrank this run's (retention, a later resume or requeue)
+        checkpoint.set_aside(job_dir / "checkpoints")
     callback = grpo.SlurmGrpoCallback(
         job_dir, par, t, stats, clock, preemption, resume=resume, on_first_step=lambda: node_event("first_step")
     )
