@@ -16,8 +16,11 @@
 #   --mem MB          [SLC_MEM_MB]   RealMemory per node (default 4096)
 #   --base DIR        [SLC_BASE]     state/log/config dir (default /tmp/slurm-local/cluster)
 #   --no-install                     fail instead of apt-get installing missing packages
-# Prints `export SLURM_CONF=...` etc. and writes the same to $BASE/env.sh.
-# Stop with stop_cluster.sh (same --base / SLC_BASE).
+#   --restart-node NODE              on the running cluster of --base: start NODE's slurmd again (in the node's
+#                                    namespaces, as at start-up) unless it is alive, and wait until NODE is idle
+#                                    (a test that killed a whole node puts the cluster back with this)
+# Prints `export SLURM_CONF=...` etc. and writes the same to $BASE/env.sh (with every node's address and, in netns
+# mode, its network namespace: SLC_NODE_ADDRS, SLC_NODE_NETNS). Stop with stop_cluster.sh (same --base / SLC_BASE).
 set -euo pipefail
 
 T0=$(date +%s%N)
@@ -28,6 +31,7 @@ CPUS=${SLC_CPUS:-4}
 MEM=${SLC_MEM_MB:-4096}
 BASE=${SLC_BASE:-/tmp/slurm-local/cluster}
 INSTALL=1
+RESTART_NODE=""
 while [ $# -gt 0 ]; do
   case "$1" in
     --mode) MODE=$2; shift 2;;
@@ -39,7 +43,9 @@ while [ $# -gt 0 ]; do
     --base) BASE=$2; shift 2;;
     --base=*) BASE=${1#*=}; shift;;
     --no-install) INSTALL=0; shift;;
-    -h|--help) sed -n '2,22p' "$0"; exit 0;;
+    --restart-node) RESTART_NODE=$2; shift 2;;
+    --restart-node=*) RESTART_NODE=${1#*=}; shift;;
+    -h|--help) sed -n '2,23p' "$0"; exit 0;;
     -*) echo "unknown option $1" >&2; exit 2;;
     *) if [ -z "$NODES" ]; then NODES=$1; elif [ -z "$GPUS" ]; then GPUS=$1; else echo "extra arg $1" >&2; exit 2; fi; shift;;
   esac
@@ -60,6 +66,57 @@ DBD_PORT=16819
 MYSQL_PORT=16806
 elapsed() { local d=$(( ($(date +%s%N) - T0) / 1000000 )); printf '%d.%03d' $((d / 1000)) $((d % 1000)); }
 log() { echo "[start_cluster $(elapsed)s] $*" >&2; }
+addr_of() { if [ "$MODE" = netns ]; then echo "10.200.0.$((10 + $1))"; else echo "127.0.2.$1"; fi; }
+
+# start_slurmd I: node nI's slurmd, in a new UTS namespace (hostname = node name) and a private mount namespace in
+# which $BASE/etc/hosts (node names -> node addresses) is bind-mounted over /etc/hosts; the host's /etc/hosts is
+# untouched. netns mode: also the node's network namespace (entered with nsenter, not `ip netns exec`, which would
+# remount /sys and hide the cgroup mounts slurmd wants to see).
+start_slurmd() {
+  local node=n$1 enter=()
+  local inner="echo $node > /proc/sys/kernel/hostname && mount --bind $BASE/etc/hosts /etc/hosts && exec slurmd -f $SLURM_CONF -N $node"
+  [ "$MODE" = netns ] && enter=(nsenter "--net=/run/netns/$PFX-$node" --)
+  "${enter[@]}" unshare --uts --mount --propagation private -- sh -c "$inner"
+}
+# record_slurmd I: wait for nI's slurmd pid file, and remember the node's private UTS namespace
+# (stop_cluster.sh kills leftovers found in it)
+record_slurmd() {
+  local i=$1 uts
+  for _ in $(seq 100); do [ -s "$BASE/pids/slurmd-n$i.pid" ] && break; sleep 0.1; done
+  [ -s "$BASE/pids/slurmd-n$i.pid" ] || { echo "slurmd n$i did not start, see $BASE/log/slurmd-n$i.log" >&2; return 1; }
+  uts=$(readlink "/proc/$(cat "$BASE/pids/slurmd-n$i.pid")/ns/uts" || true)
+  if [ -n "$uts" ] && [ "$uts" != "$(readlink /proc/self/ns/uts)" ]; then echo "$uts" > "$BASE/nodes/n$i/utsns"; fi
+}
+
+# ---------------------------------------------------------------- --restart-node: one node of a running cluster
+if [ -n "$RESTART_NODE" ]; then
+  BASE=${BASE%/}
+  [ -f "$BASE/.slurm-local-cluster" ] && [ -f "$BASE/etc/slurm.conf" ] || { echo "no cluster in $BASE (start_cluster.sh makes one)" >&2; exit 1; }
+  MODE=$(cat "$BASE/mode"); export SLURM_CONF=$BASE/etc/slurm.conf
+  i=${RESTART_NODE#n}
+  case "$i" in ''|*[!0-9]*) echo "--restart-node $RESTART_NODE: give a node name n1..n$(cat "$BASE/nodecount")" >&2; exit 2;; esac
+  [ "$i" -ge 1 ] && [ "$i" -le "$(cat "$BASE/nodecount")" ] || { echo "--restart-node $RESTART_NODE: the cluster has n1..n$(cat "$BASE/nodecount")" >&2; exit 2; }
+  scontrol ping 2>/dev/null | grep -q UP || { echo "slurmctld of $BASE is not answering; restart the whole cluster" >&2; exit 1; }
+  pid=$(cat "$BASE/pids/slurmd-n$i.pid" 2>/dev/null || true)
+  if [ -n "$pid" ] && [ "$(cat "/proc/$pid/comm" 2>/dev/null)" = slurmd ]; then
+    log "slurmd n$i is running (pid $pid)"
+  else
+    rm -f "$BASE/pids/slurmd-n$i.pid"
+    start_slurmd "$i"
+    record_slurmd "$i"
+    log "slurmd n$i started (pid $(cat "$BASE/pids/slurmd-n$i.pid"))"
+  fi
+  # the controller returns a node that answers again to service (ReturnToService=2); a node drained for a job
+  # that could not be killed (its slurmd was gone) is resumed by hand
+  for t in $(seq 1200); do
+    st=$(sinfo -h -n "n$i" -N -o '%T' 2>/dev/null | head -n1 || true)
+    [ "$st" = idle ] && { log "n$i idle"; exit 0; }
+    case "$st" in drain*|drained*|down) [ $((t % 20)) = 0 ] && { scontrol update NodeName="n$i" State=RESUME 2>/dev/null || true; };; esac
+    sleep 0.1
+  done
+  echo "n$i did not become idle in 120 s (state: ${st:-unknown}); see $BASE/log/slurmd-n$i.log and slurmctld.log" >&2
+  exit 1
+fi
 
 # ---------------------------------------------------------------- refuse double start / clean stale state
 case "$BASE" in /*/*) ;; *) echo "--base must be an absolute path below a top-level dir" >&2; exit 2;; esac
@@ -142,7 +199,6 @@ munge -S "$MSOCK" -n | unmunge -S "$MSOCK" >/dev/null
 log "munged up (pid $(cat "$BASE/pids/munged.pid"))"
 
 # ---------------------------------------------------------------- network / namespaces
-addr_of() { if [ "$MODE" = netns ]; then echo "10.200.0.$((10 + $1))"; else echo "127.0.2.$1"; fi; }
 if [ "$MODE" = netns ]; then
   [ "$NODES" -le 240 ] || { echo "netns mode supports <=240 nodes" >&2; exit 2; }
   CTLD_ADDR=$BR_ADDR
@@ -320,26 +376,8 @@ scontrol ping | grep -q UP || { echo "slurmctld not answering, see $BASE/log/slu
 log "slurmctld up (pid $(cat "$BASE/pids/slurmctld.pid"))"
 
 # ---------------------------------------------------------------- slurmd per node
-for i in $(seq "$NODES"); do
-  node=n$i
-  # Each slurmd (and so every job step on that node) gets a new UTS namespace (hostname = node
-  # name) and a private mount namespace in which $BASE/etc/hosts (node names -> node addresses) is
-  # bind-mounted over /etc/hosts; the host's /etc/hosts is untouched. netns mode: also the node's
-  # network namespace (entered with nsenter, not `ip netns exec`, which would remount /sys and hide
-  # the cgroup mounts slurmd wants to see).
-  inner="echo $node > /proc/sys/kernel/hostname && mount --bind $BASE/etc/hosts /etc/hosts && exec slurmd -f $SLURM_CONF -N $node"
-  enter=()
-  [ "$MODE" = netns ] && enter=(nsenter "--net=/run/netns/$PFX-$node" --)
-  "${enter[@]}" unshare --uts --mount --propagation private -- sh -c "$inner"
-done
-HOST_UTS=$(readlink /proc/self/ns/uts)
-for i in $(seq "$NODES"); do
-  for _ in $(seq 100); do [ -s "$BASE/pids/slurmd-n$i.pid" ] && break; sleep 0.1; done
-  [ -s "$BASE/pids/slurmd-n$i.pid" ] || { echo "slurmd n$i did not start, see $BASE/log/slurmd-n$i.log" >&2; exit 1; }
-  # remember the node's private UTS namespace: stop_cluster.sh kills leftovers found in it
-  uts=$(readlink "/proc/$(cat "$BASE/pids/slurmd-n$i.pid")/ns/uts" || true)
-  [ -n "$uts" ] && [ "$uts" != "$HOST_UTS" ] && echo "$uts" > "$BASE/nodes/n$i/utsns"
-done
+for i in $(seq "$NODES"); do start_slurmd "$i"; done
+for i in $(seq "$NODES"); do record_slurmd "$i"; done
 log "slurmd started for $NODELIST"
 
 # ---------------------------------------------------------------- wait for idle
@@ -361,6 +399,8 @@ export SLC_GPUS_PER_NODE=$GPUS
 export SLC_NODELIST='$NODELIST'
 export SLC_PARTITION=debug
 export SLC_ACCOUNTING=$ACCOUNTING
+export SLC_NODE_ADDRS='$(for i in $(seq "$NODES"); do printf 'n%s=%s ' "$i" "$(addr_of "$i")"; done | sed 's/ $//')'
+export SLC_NODE_NETNS='$([ "$MODE" = netns ] && for i in $(seq "$NODES"); do printf 'n%s=/run/netns/%s ' "$i" "$PFX-n$i"; done | sed 's/ $//')'
 # MASTER_ADDR inside a job: the first node name, e.g. \$(scontrol show hostnames "\$SLURM_JOB_NODELIST" | head -n1)
 # resolves (node-local /etc/hosts) to $(addr_of 1) and is reachable from every node.
 EOF

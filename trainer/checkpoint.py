@@ -1,12 +1,13 @@
 """Checkpoints in the job folder, written atomically: every rank writes its shards into
-checkpoints/step-N.tmp (torch.distributed.checkpoint), rank 0 adds meta.json last and renames the
-folder to step-N. A write interrupted half way leaves only a .tmp folder, which resume ignores, so the
-previous good checkpoint is never replaced by a broken one."""
+checkpoints/step-N.tmp (torch.distributed.checkpoint) and its own RNG states (rng-rankR.pt), rank 0 adds
+meta.json last and renames the folder to step-N. A write interrupted half way leaves only a .tmp folder, which
+resume ignores, so the previous good checkpoint is never replaced by a broken one."""
 
 from __future__ import annotations
 
 import json
 import os
+import random
 import shutil
 import time
 from pathlib import Path
@@ -19,6 +20,12 @@ from torch.distributed.checkpoint.state_dict import get_state_dict, set_state_di
 from launcher.core.jobdir import complete_checkpoints as step_dirs
 
 KEEP = 2
+
+HOLD_ENV = "SLURM_GRPO_TEST_HOLD_CHECKPOINT"
+"""Test-only fault point (tests/test_integration.py): set to a step, rank 0 stops in that step's write after the
+shards and before meta.json, and writes HOLD_MARKER into the .tmp folder, so a test kills it mid-checkpoint for sure."""
+HOLD_MARKER = "held-for-test"
+HOLD_MAX_S = 300.0
 
 
 def latest(root: Path) -> tuple[int, Path] | None:
@@ -40,13 +47,14 @@ def save(root: Path, step: int, model, optimizer, scheduler, extra: dict) -> Pat
             shutil.rmtree(stale, ignore_errors=True)
         tmp.mkdir(parents=True)
     dist.barrier()
+    # each rank's own RNG states, written before the collective save (rank 0 passes it only once every rank is in it)
+    torch.save(rng_state(), tmp / f"rng-rank{dist.get_rank()}.pt")
     msd, osd = get_state_dict(model, optimizer)
     dcp.save({"model": msd, "optim": osd}, checkpoint_id=str(tmp))
     if dist.get_rank() == 0:
-        torch.save(
-            {"scheduler": scheduler.state_dict() if scheduler is not None else None, "rng": torch.get_rng_state()},
-            tmp / "trainer_state.pt",
-        )
+        torch.save({"scheduler": scheduler.state_dict() if scheduler is not None else None}, tmp / "trainer_state.pt")
+        if os.environ.get(HOLD_ENV) == str(step):
+            hold_for_test(tmp)
         with open(tmp / "meta.json", "w") as f:  # written last: its presence marks a complete checkpoint
             json.dump({"step": step, "time": time.time(), "world_size": dist.get_world_size(), **extra}, f)
             f.flush()
@@ -60,8 +68,56 @@ def save(root: Path, step: int, model, optimizer, scheduler, extra: dict) -> Pat
     return final
 
 
+def hold_for_test(tmp: Path) -> None:
+    (tmp / HOLD_MARKER).write_text(str(os.getpid()))
+    print(f"{HOLD_ENV}: holding the write of {tmp.name} before meta.json", flush=True)
+    deadline = time.time() + HOLD_MAX_S  # bounded: a test that never kills us still ends
+    while time.time() < deadline:
+        time.sleep(0.5)
+
+
+def rng_state() -> dict:
+    """This rank's random number generators: torch (CPU and CUDA), NumPy and Python's (what TRL and the Trainer draw from)."""
+    import numpy as np
+
+    return {
+        "torch": torch.get_rng_state(),
+        "cuda": torch.cuda.get_rng_state_all() if torch.cuda.is_available() and torch.cuda.is_initialized() else None,
+        "numpy": np.random.get_state(),
+        "python": random.getstate(),
+    }
+
+
+def set_rng_state(state: dict) -> None:
+    import numpy as np
+
+    torch.set_rng_state(state["torch"])
+    if state.get("cuda") is not None and torch.cuda.is_available():
+        torch.cuda.set_rng_state_all(state["cuda"])
+    np.random.set_state(state["numpy"])
+    random.setstate(state["python"])
+
+
+def set_aside(root: Path) -> Path | None:
+    """Collective. For a run that starts over (trainer.resume: false) in a folder with checkpoints: rank 0 moves them
+    (complete or not) into root/set-aside-<time>-<pid>/, where neither resume nor retention looks, so this run's own
+    checkpoints are the ones that count. Returns that folder (rank 0, when there was something to move), else None."""
+    aside = None
+    if dist.get_rank() == 0:
+        found = sorted(root.glob("step-*"))
+        if found:
+            aside = root / f"set-aside-{time.strftime('%Y%m%d-%H%M%S')}-{os.getpid()}"
+            aside.mkdir()
+            for d in found:
+                os.rename(d, aside / d.name)
+            print(f"trainer.resume is false: moved the earlier checkpoints of {root} to {aside.name}/ ({len(found)})", flush=True)
+    dist.barrier()
+    return aside
+
+
 def load(path: Path, model, optimizer, scheduler) -> int:
-    """Collective. Restores model and optimizer shards, the LR schedule and the step; returns the step."""
+    """Collective. Restores model and optimizer shards, the LR schedule, this rank's RNG states and the step;
+    returns the step."""
     info = meta(path)
     if info["world_size"] != dist.get_world_size() and dist.get_rank() == 0:
         # DCP stores each tensor with its global shape and reads back whatever slice this rank's DTensor owns
@@ -76,4 +132,13 @@ def load(path: Path, model, optimizer, scheduler) -> int:
     ts = torch.load(path / "trainer_state.pt", weights_only=False)
     if scheduler is not None and ts["scheduler"] is not None:
         scheduler.load_state_dict(ts["scheduler"])
+    rng = path / f"rng-rank{dist.get_rank()}.pt"
+    if rng.exists():
+        set_rng_state(torch.load(rng, weights_only=False))
+    else:  # written by fewer ranks (or before RNG states were saved): this rank goes on from the seed
+        print(
+            f"rank {dist.get_rank()}: checkpoint {path.name} has no RNG state for this rank "
+            f"(written by {info['world_size']} ranks); its random draws continue from trainer.seed",
+            flush=True,
+        )
     return int(info["step"])

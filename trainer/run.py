@@ -63,7 +63,7 @@ class Run:
         dist.all_gather_object(peaks, procmem.peaks_gb())
         if self.plan.config.trainer.final_checkpoint:
             tr = self.trainer
-            self.callback.save(tr.state, tr.model, tr.optimizer, tr.lr_scheduler)
+            self.callback.save(tr.state, tr.model, tr.optimizer, tr.lr_scheduler, reason="final")
         if self.par.rank == 0:
             job_dir = Path(self.plan.job_dir)
             per_node: dict[str, NodeFinal] = {str(f.node): f for f in finals if f is not None}
@@ -111,6 +111,8 @@ def build(plan: Plan, par: Parallel, preemption: grpo.PreemptionFlag) -> Run:
     tracking.set_tracking_env(job_dir, t, plan.job_name)
     args = trl_glue.grpo_config(job_dir, t, plan.device)
     resume = checkpoint.latest(JobDir(job_dir).checkpoints) if t.resume else None
+    if not t.resume:  # a new start: earlier checkpoints would outrank this run's (retention, a later resume or requeue)
+        checkpoint.set_aside(JobDir(job_dir).checkpoints)
     per_step = data.step_indices(args, par.world)
     if resume is None:
         cursor = data.DataCursor(0, 0, per_step)

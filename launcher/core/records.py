@@ -459,7 +459,7 @@ def format_summary(s: Summary | None) -> str:
 
 # ---------------------------------------------------------------------------------------------------- checkpoints
 
-CheckpointReason = Literal["periodic", "preempt"]
+CheckpointReason = Literal["periodic", "preempt", "final"]
 """Why a checkpoint was written: every save_steps (and the final one), or on a preemption signal (then the node's
 bootstrap requeues the job, `launcher.node.bootstrap.preempt_checkpoint`)."""
 

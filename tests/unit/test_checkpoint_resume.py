@@ -1,0 +1,115 @@
+"""trainer.checkpoint on two spawned gloo ranks with a real FSDP2 model, AdamW and transformers' linear schedule: a run
+resumed from a checkpoint continues exactly as the uninterrupted run (the LR schedule, every rank's own torch,
+NumPy and Python random draws, the weights), retention keeps the newest two, and a run that starts over sets the
+earlier checkpoints aside."""
+
+from __future__ import annotations
+
+import functools
+import random
+from pathlib import Path
+
+import numpy as np
+import pytest
+import torch
+
+from tests.support.ranks import run_ranks
+
+STEPS, SAVE_AT = 6, 3
+
+
+def setup(world: int, init_seed: int):
+    from torch.distributed.device_mesh import init_device_mesh
+    from torch.distributed.fsdp import fully_shard
+    from transformers import get_scheduler
+
+    torch.manual_seed(init_seed)
+    model = torch.nn.Sequential(torch.nn.Linear(16, 16), torch.nn.Linear(16, 4))
+    mesh = init_device_mesh("cpu", (world,))
+    for layer in model:
+        fully_shard(layer, mesh=mesh)
+    fully_shard(model, mesh=mesh)
+    opt = torch.optim.AdamW(model.parameters(), lr=0.01)
+    sched = get_scheduler("linear", opt, num_warmup_steps=0, num_training_steps=STEPS)
+    return model, opt, sched
+
+
+def step(model, opt, sched) -> dict:
+    """One optimizer step on a batch drawn from the global torch RNG; the draws of every generator and the LR after."""
+    x = torch.randn(8, 16)
+    model(x).pow(2).mean().backward()
+    opt.step()
+    sched.step()
+    opt.zero_grad()
+    return {
+        "lr": sched.get_last_lr()[0],
+        "torch": torch.rand(1).item(),
+        "numpy": float(np.random.rand()),
+        "python": random.random(),
+    }
+
+
+def full(model) -> dict[str, torch.Tensor]:
+    return {n: p.full_tensor().clone() for n, p in model.named_parameters()}
+
+
+def resume_continues(rank: int, world: int, _port: int, root: str) -> dict:
+    import torch.distributed as dist
+
+    from trainer import checkpoint
+
+    ck = Path(root)
+    torch.manual_seed(100 + rank)  # each rank its own stream, as the trainer's ranks have
+    np.random.seed(200 + rank)
+    random.seed(300 + rank)
+    model, opt, sched = setup(world, init_seed=0)
+    straight = []
+    for s in range(1, STEPS + 1):
+        straight.append(step(model, opt, sched))
+        if s in (SAVE_AT - 1, SAVE_AT):
+            checkpoint.save(ck, s, model, opt, sched, {"reason": "periodic"})
+    want = full(model)
+
+    # another process's start: other weights, other random state; then the checkpoint of step SAVE_AT
+    torch.manual_seed(999)
+    np.random.seed(999)
+    random.seed(999)
+    model, opt, sched = setup(world, init_seed=1)
+    got_step = checkpoint.load(ck / f"step-{SAVE_AT:06d}", model, opt, sched)
+    resumed = [step(model, opt, sched) for _ in range(got_step + 1, STEPS + 1)]
+    got = full(model)
+    checkpoint.save(ck, STEPS, model, opt, sched, {"reason": "final"})
+    kept = [d.name for _, d in checkpoint.step_dirs(ck)]
+    files = sorted(p.name for p in (ck / f"step-{STEPS:06d}").glob("rng-rank*.pt"))
+    aside = checkpoint.set_aside(ck)
+    dist.barrier()
+    return {
+        "step": got_step,
+        "straight": straight[SAVE_AT:],
+        "resumed": resumed,
+        "weights_equal": all(torch.equal(want[n], got[n]) for n in want),
+        "kept": kept,
+        "rng_files": files,
+        "after_set_aside": [d.name for _, d in checkpoint.step_dirs(ck)],
+        "aside": sorted(p.name for p in aside.iterdir()) if aside else None,
+    }
+
+
+def test_a_resumed_run_continues_the_schedule_the_random_draws_and_the_weights(tmp_path):
+    res = run_ranks(2, functools.partial(resume_continues, root=str(tmp_path / "checkpoints")))
+    for rank, r in res.items():
+        assert r["step"] == SAVE_AT
+        # the LR schedule continues at step SAVE_AT + 1 (not from its start), and every generator of this rank draws
+        # what it drew in the uninterrupted run
+        assert r["resumed"] == r["straight"], (rank, r["resumed"], r["straight"])
+        assert [x["lr"] for x in r["resumed"]] == pytest.approx(
+            [0.01 * (STEPS - s) / STEPS for s in range(SAVE_AT + 1, STEPS + 1)]
+        )
+        assert r["weights_equal"], f"rank {rank}: the resumed run's weights differ from the uninterrupted run's"
+    assert res[0]["straight"] != res[1]["straight"]  # each rank's own stream was restored, not one rank's for all
+    # retention: the newest two; every rank's RNG states in each
+    assert res[0]["kept"] == [f"step-{SAVE_AT:06d}", f"step-{STEPS:06d}"]
+    assert res[0]["rng_files"] == ["rng-rank0.pt", "rng-rank1.pt"]
+    # starting over (trainer.resume: false): nothing left to resume from or to prune, everything kept aside
+    assert res[0]["after_set_aside"] == [] and res[1]["after_set_aside"] == []
+    assert res[0]["aside"] == [f"step-{SAVE_AT:06d}", f"step-{STEPS:06d}"] and res[1]["aside"] is None
