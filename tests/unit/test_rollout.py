@@ -1,0 +1,323 @@
+"""trainer.rollout.node.NodeRollout on one rank (a world-1 gloo group in this process) against a fake vLLM at the HTTP
+boundary: what a step's push and generation ask the server, in order, what generation hands back and the node's figures,
+at max_staleness 0 (every batch generated at its own step, no pause) and 2 (batches generated ahead; a push with a later
+batch on the server pauses it: pause keep, the weight routes, reset with running requests, resume).
+
+The fake is faithful where it matters: it joins the trainer's gloo weight-transfer group as vLLM's worker does
+(trainer.push.gloo_engine's receiving side), loads what it receives into its own copy of the tiny Qwen2 (which starts
+with other weights) and answers the parity probe's prompt_logprobs from that copy, so parity runs as configured
+(action fail, tolerance by dtype): a push that did not land would fail the step. Its sampled completions are
+[prompt's first token, prompt's last token, weight updates the server had finished when the request arrived], so a
+completion shows which weights generated it. Answers the test holds are released by events, never by timing.
+"""
+
+from __future__ import annotations
+
+import json
+import threading
+from datetime import timedelta
+from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+from pathlib import Path
+
+import pytest
+import torch
+import torch.distributed as dist
+from transformers import AutoModelForCausalLM, AutoTokenizer
+
+from launcher.core.records import NodeFigures
+from tests.support.ranks import cpu_parallel, free_port
+from trainer.parallel import Parallel
+from trainer.push.gloo_engine import receive_packed  # imports vLLM: not inside a request's deadline
+from trainer.push.pusher import PushSettings
+from trainer.push.wire import ParamMeta, loopback_gloo_group
+from trainer.rollout.node import GenerationSettings, NodeRollout, TrlAdapter
+from trainer.tiny_model import make_tiny_model
+
+pytestmark = pytest.mark.filterwarnings("ignore:Tensor .* exceeds buffer_size_bytes")  # vLLM's, for our small bucket
+
+TIMEOUT_S = 60.0  # a deadline only a hang reaches
+SAMPLING = dict(max_tokens=3, temperature=1.0)
+LOGPROBS = [-1.0, -2.0, -3.0]
+
+# the weight routes of one push (the first push of a sender also sends /init_weight_transfer_engine before them)
+WEIGHTS = ["/start_weight_update", "/update_weights", "/finish_weight_update"]
+
+
+def batch(step: int) -> list[list[int]]:
+    """This rank's prompt ids of a step; the first token names the step (100 + step)."""
+    return [[100 + step, 5, 6], [100 + step, 7]]
+
+
+class FakeVllm(ThreadingHTTPServer):
+    """vLLM 0.32's routes as NodeRollout uses them. calls: each request in arrival order: its path, or for
+    /v1/completions "plp" (a parity probe) or "gen <step>" (a sampling request, by its prompts' first token).
+    hold[step]: a sampling request for that step waits until the event is set; arrived[step] is set when it arrives."""
+
+    daemon_threads = True
+
+    def __init__(self, model: torch.nn.Module, hold: tuple[int, ...] = ()) -> None:
+        super().__init__(("127.0.0.1", 0), Handler)
+        self.model = model
+        self.lock = threading.Lock()
+        self.calls: list[str] = []
+        self.bodies: list[dict] = []
+        self.version = 0
+        """Weight updates finished so far."""
+        self.hold = {s: threading.Event() for s in hold}
+        self.arrived: dict[int, threading.Event] = {s: threading.Event() for s in range(16)}
+        self.group: dist.ProcessGroupGloo | None = None
+        self.bucket_bytes = 0
+        threading.Thread(target=self.serve_forever, daemon=True).start()
+
+    @property
+    def url(self) -> str:
+        return f"http://127.0.0.1:{self.server_address[1]}"
+
+    def close(self) -> None:
+        for e in self.hold.values():
+            e.set()
+        self.shutdown()
+        self.server_close()
+
+    def prompt_logprobs(self, ids: list[int]) -> list[dict[str, dict[str, float]] | None]:
+        with torch.no_grad():
+            logits = self.model(input_ids=torch.tensor([ids])).logits[0, :-1].float()
+        lp = torch.log_softmax(logits, -1)
+        return [None] + [{str(tok): {"logprob": float(lp[i, tok])}} for i, tok in enumerate(ids[1:])]
+
+    def load(self, received: dict[str, torch.Tensor]) -> None:
+        params = dict(self.model.named_parameters())
+        assert set(received) == set(params), sorted(set(received) ^ set(params))
+        with torch.no_grad():
+            for name, t in received.items():
+                params[name].copy_(t)
+
+
+class Handler(BaseHTTPRequestHandler):
+    server: FakeVllm
+
+    def log_message(self, *args) -> None:
+        pass
+
+    def do_POST(self) -> None:
+        srv = self.server
+        body = json.loads(self.rfile.read(int(self.headers.get("Content-Length", 0))) or b"{}")
+        answer: dict = {"success": True}
+        if self.path == "/v1/completions" and "prompt_logprobs" in body:
+            srv.calls.append("plp")
+            (ids,) = body["prompt"]
+            with srv.lock:
+                answer = {"choices": [{"index": 0, "token_ids": [0], "prompt_logprobs": srv.prompt_logprobs(ids)}]}
+        elif self.path == "/v1/completions":
+            step = body["prompt"][0][0] - 100
+            srv.calls.append(f"gen {step}")
+            srv.bodies.append(body)
+            version = srv.version
+            srv.arrived[step].set()
+            if step in srv.hold:
+                srv.hold[step].wait()
+            answer = {
+                "choices": [
+                    {"index": i, "token_ids": [p[0], p[-1], version], "logprobs": {"token_logprobs": LOGPROBS}}
+                    for i, p in enumerate(body["prompt"])
+                ]
+            }
+        else:
+            srv.calls.append(self.path)
+        if self.path == "/init_weight_transfer_engine":  # the worker joins the trainer's group, as vLLM's engine does
+            info = body["init_info"]
+            timeout = timedelta(seconds=info["timeout_s"])
+            store = dist.TCPStore("127.0.0.1", info["master_port"], info["world_size"], is_master=False, timeout=timeout)
+            srv.group = loopback_gloo_group(store, info["rank_offset"], info["world_size"], timeout)
+            srv.bucket_bytes = info["packed_buffer_size_bytes"]
+        elif self.path == "/update_weights":
+            u = body["update_info"]
+            meta = [ParamMeta(n, d, s) for n, d, s in zip(u["names"], u["dtype_names"], u["shapes"])]
+            assert srv.group is not None
+            received: dict[str, torch.Tensor] = {}
+            for chunk in receive_packed(srv.group, meta, srv.bucket_bytes):
+                received.update({n: t.clone() for n, t in chunk})
+            with srv.lock:
+                srv.load(received)
+        elif self.path == "/finish_weight_update":
+            srv.version += 1
+        out = json.dumps(answer).encode()
+        try:
+            self.send_response(200)
+            self.send_header("Content-Type", "application/json")
+            self.send_header("Content-Length", str(len(out)))
+            self.end_headers()
+            self.wfile.write(out)
+        except OSError:  # released at teardown: the client gave up on it
+            pass
+
+
+@pytest.fixture(scope="module")
+def tiny(tmp_path_factory) -> Path:
+    path = tmp_path_factory.mktemp("tiny")
+    make_tiny_model(path)
+    return path
+
+
+@pytest.fixture(scope="module")
+def par():
+    """One rank, one node: a world-1 gloo group in this process."""
+    dist.init_process_group("gloo", init_method=f"tcp://127.0.0.1:{free_port()}", rank=0, world_size=1)
+    yield cpu_parallel(0, 1)
+    dist.destroy_process_group()
+
+
+def load(tiny: Path, noise_seed: int | None = None) -> torch.nn.Module:
+    model = AutoModelForCausalLM.from_pretrained(tiny, dtype=torch.float32)
+    if noise_seed is not None:
+        train_step(model, noise_seed)
+    return model
+
+
+def train_step(model: torch.nn.Module, seed: int) -> None:
+    """What an optimizer step does to the trainer's weights, as far as the server can tell: they change."""
+    g = torch.Generator().manual_seed(seed)
+    with torch.no_grad():
+        for p in model.parameters():
+            p.add_(0.05 * torch.randn(p.shape, generator=g))
+
+
+def rollout_for(tiny: Path, par: Parallel, server: FakeVllm, max_staleness: int) -> NodeRollout:
+    settings = GenerationSettings(
+        server_url=server.url,
+        model="tiny",
+        node=0,
+        request_timeout_s=TIMEOUT_S,
+        push=PushSettings(
+            backend="gloo",
+            transfer_port=free_port(),
+            server_world=1,
+            timeout_s=TIMEOUT_S,
+            dtype=torch.float32,
+            bucket_bytes=1 << 16,
+        ),
+        parity_tolerance=0.0,  # by dtype: 1e-3 in float32
+        parity_action="fail",
+        max_staleness=max_staleness,
+        max_steps=10,
+    )
+    rollout: NodeRollout
+    rollout = NodeRollout(
+        load(tiny),
+        AutoTokenizer.from_pretrained(tiny),
+        par,
+        settings,
+        next_prompts=lambda: [batch(rollout.step + j) for j in range(1, max_staleness + 1)],
+    )
+    return rollout
+
+
+@pytest.fixture
+def server(tiny):
+    srv = FakeVllm(load(tiny, noise_seed=1), hold=(2, 3))  # the server starts with other weights than the trainer
+    yield srv
+    srv.close()
+
+
+def comps(step: int, version: int) -> list[tuple[list[int], list[float]]]:
+    """The fake's completions of batch(step) for a request that arrived after `version` finished weight updates."""
+    return [([p[0], p[-1], version], LOGPROBS) for p in batch(step)]
+
+
+def test_at_max_staleness_0_each_step_pushes_then_generates_its_own_batch_without_pausing(tiny, par, server):
+    """Through TrlAdapter, as TRL drives it: sync_weights (the push, parity before and after), then generate. Each
+    batch is generated at its own step with the weights just pushed; nothing is sent ahead, nothing is paused."""
+    rollout = rollout_for(tiny, par, server, max_staleness=0)
+    adapter = TrlAdapter(rollout, max_completion_length=3, temperature=0.7)
+    assert rollout.ahead is None
+    got = []
+    for step in (0, 1):
+        rollout.begin_step(step)  # the callback's on_step_begin
+        if step:
+            train_step(rollout.pusher.model, seed=10 + step)
+        adapter.sync_weights()
+        got.append(adapter.generate(batch(step), None, num_generations=2))
+        if step == 0:
+            figures_0 = rollout.figures
+    assert server.calls == [
+        "/init_weight_transfer_engine",
+        *WEIGHTS,
+        "/reset_prefix_cache",
+        "plp",  # after the push
+        "gen 0",
+        "plp",  # before the push: how stale the server was
+        *WEIGHTS,
+        "/reset_prefix_cache",
+        "plp",
+        "gen 1",
+    ], server.calls
+    for step, (prompts, ids, logprobs, extra) in enumerate(got):
+        assert prompts == batch(step) and extra is None
+        assert ids == [c for c, _ in comps(step, version=step + 1)], "generated with the weights of this step's push"
+        assert logprobs == [[[lp] for lp in LOGPROBS]] * 2
+    assert all(b["max_tokens"] == 3 and b["temperature"] == 0.7 and b["n"] == 1 for b in server.bodies), server.bodies
+    f = rollout.figures
+    assert figures_0.staleness == 0 and figures_0.parity_stale is None and figures_0.server_requests == 7
+    assert f.staleness == 0 and f.pushes_paused == 0 and f.pushes_paused_running == 0
+    assert f.ahead_hits == 0 and f.ahead_misses == 0
+    assert f.server_requests == len(server.calls) == 14, "every request was the main client's"
+    assert f.gen_tokens == 6
+    assert f.parity is not None and f.parity < 1e-3, "the push landed: the server's logprobs are the trainer's"
+    assert f.parity_stale is not None and f.parity_stale > 1e-3, "before the push the server had step 0's weights"
+    assert f.prompts_digest is not None and f.prompts_digest != figures_0.prompts_digest
+    assert rollout.by_node == {0: f}
+    assert rollout.pusher.pushes == 2
+
+
+def test_at_max_staleness_2_a_push_with_a_later_batch_outstanding_pauses_it(tiny, par, server):
+    """k = 2: step 0's generation sends the batches of steps 1 and 2 ahead (step 2's held on the server, still
+    running). Step 1's push waits for step 1's batch, then pauses step 2's: pause keep, the weight routes, reset with
+    running requests, resume; its generation takes the batch sent ahead (staleness 1, no request) and sends step 3's.
+    Step 2 the same with step 3's held: its batch was generated with step 0's weights (staleness 2)."""
+    rollout = rollout_for(tiny, par, server, max_staleness=2)
+    assert rollout.ahead is not None
+    try:
+        rollout.begin_step(0)
+        rollout.push(0)
+        out0 = rollout.generate(batch(0), SAMPLING)
+        f0 = rollout.figures
+        assert server.arrived[2].wait(TIMEOUT_S), "step 2's batch never reached the server"
+
+        rollout.begin_step(1)
+        train_step(rollout.pusher.model, seed=11)
+        rollout.push(1)
+        out1 = rollout.generate(batch(1), SAMPLING)
+        f1 = rollout.figures
+        server.hold[2].set()  # step 2's batch finishes; step 3's (sent at step 1) reaches the server and is held
+        assert server.arrived[3].wait(TIMEOUT_S), "step 3's batch never reached the server"
+
+        rollout.begin_step(2)
+        train_step(rollout.pusher.model, seed=12)
+        rollout.push(2)
+        out2 = rollout.generate(batch(2), SAMPLING)
+        f2 = rollout.figures
+    finally:
+        rollout.ahead.close()
+    paused_push = ["plp", "/pause?mode=keep", *WEIGHTS, "/reset_prefix_cache?reset_running_requests=true", "/resume", "plp"]
+    assert server.calls == [
+        "/init_weight_transfer_engine",
+        *WEIGHTS,
+        "/reset_prefix_cache",  # nothing sent ahead yet: no pause, nothing running to reset
+        "plp",
+        "gen 0",
+        "gen 1",  # sent ahead (the queue's own client), with step 0's weights
+        "gen 2",
+        *paused_push,  # step 1's push, step 2's batch held on the server
+        "gen 3",  # sent at step 1, once step 2's answer freed the queue's thread
+        *paused_push,  # step 2's push, step 3's batch held
+    ], server.calls
+    assert out0 == comps(0, version=1)
+    assert out1 == comps(1, version=1) and out2 == comps(2, version=1), "generated ahead with step 0's weights"
+    assert (f0.staleness, f1.staleness, f2.staleness) == (0, 1, 2)
+    assert (f0.ahead_hits, f1.ahead_hits, f2.ahead_hits) == (0, 1, 2) and f2.ahead_misses == 0
+    assert (f0.pushes_paused, f1.pushes_paused, f2.pushes_paused) == (0, 1, 2)
+    assert (f1.pushes_paused_running, f2.pushes_paused_running) == (1, 2), "the paused batch was still generating"
+    # the main client's requests only: not the batches the queue sent ahead on its own client
+    assert (f0.server_requests, f1.server_requests, f2.server_requests) == (7, 15, 23)
+    assert f2.parity is not None and f2.parity < 1e-3 and f2.parity_stale is not None and f2.parity_stale > 1e-3
+    assert rollout.by_node == {0: f2} and isinstance(f2, NodeFigures)
