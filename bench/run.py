@@ -134,8 +134,8 @@ def bench_push_and_generation(work: Path, repeats: int) -> dict:
 
 
 def bench_dry_run() -> dict:
-    from launcher.cli import render_dry_run
     from launcher.core.jobdir import make_plan
+    from launcher.dryrun import render_dry_run
 
     out = {}
     for n in (1, 16, 256):

@@ -15,19 +15,18 @@ from __future__ import annotations
 
 import argparse
 import json
-import shlex
 import sys
 import threading
 import time
 from pathlib import Path
 
 from launcher.core import config as config_mod
-from launcher.core.config import ConfigError, JobConfig, redact_argv
+from launcher.core.config import ConfigError, JobConfig
 from launcher.core.jobdir import JobDir
 from launcher.core.plan import Plan
 from launcher.core.records import format_summary, read_rows, step_rows, summarize
+from launcher.dryrun import node_table, render_dry_run
 from launcher.memory import plan_report
-from launcher.node.commands import trainer_command, vllm_command
 from launcher.status import cancel, find_job_dir, log_files, q, status
 
 
@@ -60,58 +59,6 @@ def _load(a: argparse.Namespace, **force: object) -> JobConfig:
     overrides = list(a.overrides) + [f"{k}={json.dumps(v)}" for k, v in force.items()]
     cfg = config_mod.load(a.config, overrides)
     return resolve_hub_model(cfg, download=a.command in ("submit", "local", "sweep") and not getattr(a, "dry_run", False))
-
-
-def node_table(p: Plan) -> str:
-    rows = [("node", "vLLM GPUs", "trainer GPUs", "global ranks", "server", "weight port")]
-    for n in p.nodes:
-        ranks = [r.global_rank for r in n.ranks]
-        rows.append(
-            (
-                str(n.node),
-                ",".join(map(str, n.vllm_gpus)),
-                ",".join(map(str, n.trainer_gpus)),
-                f"{ranks[0]}-{ranks[-1]}" if len(ranks) > 1 else str(ranks[0]),
-                n.server_url,
-                str(n.weight_transfer_port),
-            )
-        )
-    if len(rows) > 12:  # 256 nodes: show the pattern, not a wall
-        rows = rows[:6] + [("...",) * 6] + rows[-3:]
-    widths = [max(len(r[i]) for r in rows) for i in range(6)]
-    return "\n".join("  ".join(c.ljust(w) for c, w in zip(r, widths)).rstrip() for r in rows)
-
-
-def _env_prefix(env: dict[str, str]) -> str:
-    return " ".join(f"{k}={shlex.quote(v)}" for k, v in sorted(env.items()))
-
-
-def render_dry_run(cfg: JobConfig, p: Plan) -> str:
-    from launcher.submit import sbatch_text
-
-    out = ["# resolved config", config_mod.to_yaml(cfg, redact=True).rstrip(), "", "# plan"]
-    out += [f"  {d}" for d in p.derivation]
-    out += [
-        "",
-        node_table(p),
-        "",
-        "# memory estimate (launcher/memory.py; from the model's config.json)",
-        *[f"  {ln}" for ln in plan_report(p) or ["model config.json not readable here: no estimate"]],
-        "",
-        "# sbatch text (what `submit` hands to sbatch)",
-        sbatch_text(cfg, p).rstrip(),
-        "",
-        "# per-node commands (run by launcher.node.bootstrap on each node)",
-    ]
-    shown = list(range(p.num_nodes)) if p.num_nodes <= 4 else [0, 1, p.num_nodes - 1]
-    for n in shown:
-        host = "$FIRST_NODE" if p.num_nodes > 1 else "127.0.0.1"
-        for cmd in (vllm_command(p, n, cfg.job.python), trainer_command(p, n, host, cfg.job.python)):
-            out.append(f"node {n} {cmd.name} (log {cmd.log}):")
-            out.append(f"  {_env_prefix(cmd.env)} {shlex.join(redact_argv(cmd.argv))}")
-    if len(shown) < p.num_nodes:
-        out.append(f"(nodes 2..{p.num_nodes - 2} differ only in --node-rank)")
-    return "\n".join(out)
 
 
 def cmd_dry_run(a: argparse.Namespace) -> int:

@@ -85,7 +85,7 @@ def test_gpu_indices_map_through_the_allocation_slurm_gave_the_node():
 def test_vllm_data_parallelism_takes_tp_x_dp_gpus_and_every_engine_joins_the_push(tp, dp):
     """vllm.data_parallel_size: the node's one server runs dp engines of tp GPUs each on the first tp x dp GPUs, the
     trainer ranks get the rest, the weight push's world is 1 sender + tp x dp workers, and the command says so."""
-    from launcher.cli import render_dry_run
+    from launcher.dryrun import render_dry_run
     from launcher.node.commands import vllm_command
 
     cfg = C.from_dict(

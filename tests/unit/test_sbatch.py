@@ -15,9 +15,9 @@ from pathlib import Path
 
 import pytest
 
-from launcher.cli import render_dry_run
 from launcher.core import config as C
 from launcher.core.plan import plan
+from launcher.dryrun import render_dry_run
 from launcher.submit import sbatch_text
 from tests.conftest import REPO, cli
 
