@@ -50,8 +50,8 @@ def render_setup(cfg: JobConfig) -> list[str]:
 def executor_parameters(cfg: JobConfig, p: Plan, array: ArraySpec | None = None) -> dict:
     s = cfg.slurm
     extra: dict[str, object] = {"time": s.time}
-    if s.requeue:
-        extra["requeue"] = True
+    # off means off: without --no-requeue SLURM's own JobRequeue default (1) could still requeue it after a node failure
+    extra["requeue" if s.requeue else "no_requeue"] = True
     for k, v in sorted(s.extra_sbatch.items()):
         extra[k] = v
     params: dict[str, object] = dict(

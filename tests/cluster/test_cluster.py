@@ -620,11 +620,10 @@ def no_requeue_job_preempted_ends_and_stays_ended(cluster: Cluster, job: Path, t
     assert ck and ck[-1]["reason"] == "preempt", ck
     said = "".join(f.read_text(errors="replace") for f in (job / "submitit").rglob("*.out"))
     assert "slurm.requeue is off" in said, said[-3000:]
-    # the controller's record (kept MinJobAge, 300 s, after the end): never restarted; FAILED is the bootstrap's
-    # "preempted" exit code. (Its Requeue flag is still 1: without --requeue a batch job takes the cluster's
-    # JobRequeue, 1 by default; only --no-requeue would turn it off.)
+    # the controller's record (kept MinJobAge, 300 s, after the end): never restarted, not requeueable (--no-requeue
+    # overrides the cluster's JobRequeue default of 1); FAILED is the bootstrap's "preempted" exit code
     sj = scontrol_job(job_id, env)
-    assert (sj["Restarts"], sj["JobState"]) == ("0", "FAILED"), sj
+    assert (sj["Restarts"], sj["JobState"], sj["Requeue"]) == ("0", "FAILED", "0"), sj
     assert sacct_state(job_id, env) == "FAILED"
     st = subprocess.run([PY, "-m", "launcher", "status", str(job)], capture_output=True, text=True, env=env, cwd=REPO)
     assert "next: slurm-grpo resume" in st.stdout, st.stdout

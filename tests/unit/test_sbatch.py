@@ -189,7 +189,7 @@ def test_the_header_sbatch_reads_holds_every_directive_the_config_asks_for(name)
         assert header[flag] == value, (flag, header[flag], value)
     assert header["--output"].startswith(f"{JOB_DIR}/submitit/")  # type: ignore[union-attr]
     if not cfg.slurm.requeue:
-        assert "--requeue" not in header
+        assert "--requeue" not in header and "--no-requeue" in header
     # no directive after the header's end, where sbatch would ignore it
     assert sum(ln.startswith("#SBATCH") for ln in text.splitlines()) == len(header)
 
