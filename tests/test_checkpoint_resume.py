@@ -76,6 +76,7 @@ def resume_continues(rank: int, world: int, _port: int, root: str) -> dict:
     random.seed(999)
     model, opt, sched = setup(world, init_seed=1)
     got_step = checkpoint.load(ck / f"step-{SAVE_AT:06d}", model, opt, sched)
+    assert checkpoint.restore_rng(ck / f"step-{SAVE_AT:06d}", rank)
     resumed = [step(model, opt, sched) for _ in range(got_step + 1, STEPS + 1)]
     got = full(model)
     checkpoint.save(ck, STEPS, model, opt, sched, {"reason": "final"})

@@ -116,8 +116,8 @@ def set_aside(root: Path) -> Path | None:
 
 
 def load(path: Path, model, optimizer, scheduler) -> int:
-    """Collective. Restores model and optimizer shards, the LR schedule, this rank's RNG states and the step;
-    returns the step."""
+    """Collective. Restores model and optimizer shards, the LR schedule and the step; returns the step. The RNG
+    states are restore_rng's, called later: right before the first step, as an uninterrupted run would be."""
     info = meta(path)
     if info["world_size"] != dist.get_world_size() and dist.get_rank() == 0:
         # DCP stores each tensor with its global shape and reads back whatever slice this rank's DTensor owns
@@ -132,13 +132,20 @@ def load(path: Path, model, optimizer, scheduler) -> int:
     ts = torch.load(path / "trainer_state.pt", weights_only=False)
     if scheduler is not None and ts["scheduler"] is not None:
         scheduler.load_state_dict(ts["scheduler"])
-    rng = path / f"rng-rank{dist.get_rank()}.pt"
-    if rng.exists():
-        set_rng_state(torch.load(rng, weights_only=False))
-    else:  # written by fewer ranks (or before RNG states were saved): this rank goes on from the seed
+    return int(info["step"])
+
+
+def restore_rng(path: Path, rank: int) -> bool:
+    """This rank's RNG states as the checkpoint saved them (at the end of its step). Call it at the start of the
+    first step after a resume, after the dataloader's iterator exists (creating one draws a seed from the global
+    generator, as the Trainer's own resume does), so the step draws what it drew in the uninterrupted run. False
+    when the checkpoint has none for this rank (written by fewer ranks): its draws go on from trainer.seed."""
+    rng = path / f"rng-rank{rank}.pt"
+    if not rng.exists():
         print(
-            f"rank {dist.get_rank()}: checkpoint {path.name} has no RNG state for this rank "
-            f"(written by {info['world_size']} ranks); its random draws continue from trainer.seed",
+            f"rank {rank}: checkpoint {path.name} has no RNG state for this rank; its draws continue from trainer.seed",
             flush=True,
         )
-    return int(info["step"])
+        return False
+    set_rng_state(torch.load(rng, weights_only=False))
+    return True

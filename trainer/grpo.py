@@ -13,6 +13,7 @@ message if a TRL upgrade moves them):
 
 from __future__ import annotations
 
+import hashlib
 import os
 import signal
 import time
@@ -109,6 +110,8 @@ class SlurmGrpoCallback(TrainerCallback):
         self.trainer: Any = None  # the GRPOTrainer, bound by build_trainer (it takes the callback as an argument)
         self.step_t0 = time.time()
         self.resumed_from: int | None = None
+        self.rng_from: Path | None = None
+        """The checkpoint whose RNG states the next step starts with (set on resume)."""
         self.cursor = data.DataCursor(0, 0, 0)  # set by trainer.run.build, which knows the sampler's rate
         self.last_saved = -1
         self.preempted = False
@@ -121,6 +124,7 @@ class SlurmGrpoCallback(TrainerCallback):
         got = checkpoint.load(path, self.trainer.model, optimizer, lr_scheduler)
         state.global_step = got
         self.resumed_from = self.last_saved = got
+        self.rng_from = path  # restored at the first step's start (on_step_begin)
         if self.par.rank == 0:
             redone = self.metrics.set_aside_after(got)
             print(
@@ -137,12 +141,17 @@ class SlurmGrpoCallback(TrainerCallback):
                     "event": "resumed",
                     "from_step": got,
                     "checkpoint": str(path),
+                    # why it was written: periodic, final or preempt (a requeue after preemption resumes from "preempt")
+                    "reason": checkpoint.meta(path).get("reason"),
                     "steps_redone": redone,
                     "data_indices_skipped": self.cursor.base_indices,
                 }
             )
 
     def on_step_begin(self, args, state, control, **kw):
+        if self.rng_from is not None:
+            checkpoint.restore_rng(self.rng_from, self.par.rank)
+            self.rng_from = None
         self.step_t0 = time.time()
         self.clock.step = state.global_step
 
@@ -157,6 +166,9 @@ class SlurmGrpoCallback(TrainerCallback):
             "reward_std": logs.get("reward_std"),
             "loss": logs.get("loss"),
             "kl": logs.get("kl"),
+            "lr": logs.get("learning_rate"),
+            # rank 0's torch RNG state after the step: a resumed run continues it (checkpoint.load restores it)
+            "rng_digest": hashlib.sha1(torch.get_rng_state().numpy().tobytes()).hexdigest()[:12],
             "step_s": round(time.time() - self.step_t0, 3),
             "push_s": {str(n): round(s.get("push_s", 0.0), 4) for n, s in sorted(by.items()) if "push_s" in s},
             "gen_s": {str(n): round(s["gen_s"], 4) for n, s in sorted(by.items()) if s.get("gen_s")},
@@ -185,7 +197,8 @@ class SlurmGrpoCallback(TrainerCallback):
         tps = row["gen_tokens_per_s_node"]
         row["gen_tokens_per_s"] = round(sum(tps.values()), 1) if tps else None
         self.metrics.write(row)
-        logs.update(tracking.flat_figures(row))  # the same dict the trackers' callbacks get next
+        # the same dict the trackers' callbacks get next (lr: TRL's own learning_rate figure is in it already)
+        logs.update(tracking.flat_figures({k: v for k, v in row.items() if k != "lr"}))
         print(
             f"step {row['step']}/{state.max_steps} reward {row['reward']:.4f} push {row['push_s']} "
             f"parity {row['parity_max']} step {row['step_s']:.2f}s",
