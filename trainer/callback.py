@@ -6,6 +6,7 @@ there."""
 
 from __future__ import annotations
 
+import hashlib
 import os
 import signal
 import time
@@ -17,15 +18,12 @@ import torch.distributed as dist
 from transformers import TrainerCallback
 
 from launcher.core.config import TrainerConfig
-from launcher.core.jobdir import Env, JobDir
-from launcher.core.records import CheckpointReason, ResumedRow, StepRow
+from launcher.core.jobdir import Env, JobDir, checkpoint_meta
+from launcher.core.records import CheckpointMeta, CheckpointReason, ResumedRow, StepRow
 from trainer import checkpoint, data, tracking
 from trainer.metrics import MetricsWriter
 from trainer.parallel import Parallel
 from trainer.rollout.node import NodeRollout
-from trainer.trl_glue import grpo_config
-
-__all__ = ["grpo_config"]  # re-exported: gpu/trl_colocate.py imports it from here
 
 
 class PreemptionFlag:
@@ -71,6 +69,8 @@ class SlurmGrpoCallback(TrainerCallback):
         self.metrics = MetricsWriter(job_dir)
         self.step_t0 = time.time()
         self.resumed_from: int | None = None
+        self.rng_from: Path | None = None
+        """The checkpoint whose RNG states the next step starts with (set on resume)."""
         self.last_saved = -1
         self.preempted = False
 
@@ -82,6 +82,7 @@ class SlurmGrpoCallback(TrainerCallback):
         got = checkpoint.load(path, model, optimizer, lr_scheduler)
         state.global_step = got
         self.resumed_from = self.last_saved = got
+        self.rng_from = path  # restored at the first step's start (on_step_begin), after the dataloader's seed draw
         if self.par.rank == 0:
             redone = self.metrics.set_aside_after(got)
             print(
@@ -95,11 +96,19 @@ class SlurmGrpoCallback(TrainerCallback):
             )
             self.metrics.write(
                 ResumedRow(
-                    from_step=got, checkpoint=str(path), steps_redone=redone, data_indices_skipped=self.cursor.base_indices
+                    from_step=got,
+                    checkpoint=str(path),
+                    # why it was written: a requeue after preemption resumes from "preempt"
+                    reason=checkpoint_meta(path).reason,
+                    steps_redone=redone,
+                    data_indices_skipped=self.cursor.base_indices,
                 )
             )
 
     def on_step_begin(self, args, state, control, **kw):
+        if self.rng_from is not None:
+            checkpoint.restore_rng(self.rng_from, self.par.rank)
+            self.rng_from = None
         self.step_t0 = time.time()
         self.rollout.begin_step(state.global_step)
 
@@ -107,7 +116,9 @@ class SlurmGrpoCallback(TrainerCallback):
     def on_log(self, args, state, control, logs=None, **kw):
         if self.par.rank != 0 or not logs or logs.get("reward") is None:  # TRL's step record carries the reward
             return
-        row = StepRow.build(state.global_step, logs, time.time() - self.step_t0, self.rollout.by_node)
+        # rank 0's torch RNG state after the step: a resumed run continues it (checkpoint.restore_rng)
+        rng_digest = hashlib.sha1(torch.get_rng_state().numpy().tobytes()).hexdigest()[:12]
+        row = StepRow.build(state.global_step, logs, time.time() - self.step_t0, self.rollout.by_node, rng_digest)
         self.metrics.write(row)
         logs.update(tracking.flat_figures(row))  # the same dict the trackers' callbacks get next
         print(
@@ -137,17 +148,14 @@ class SlurmGrpoCallback(TrainerCallback):
         if self.last_saved == state.global_step:
             return
         # reason "preempt" is what the bootstrap looks for before it requeues the job
-        checkpoint.save(
-            JobDir(self.job_dir).checkpoints,
-            state.global_step,
-            model,
-            optimizer,
-            lr_scheduler,
-            {
-                "reason": reason,
-                "attempt": os.environ.get(Env.ATTEMPT, ""),
-                "data_indices_consumed": self.cursor.at(state.global_step),
-                "reward_last": (state.log_history[-1] if state.log_history else {}).get("reward"),
-            },
+        meta = CheckpointMeta(
+            step=state.global_step,
+            world_size=self.par.world,
+            reason=reason,
+            attempt=os.environ.get(Env.ATTEMPT, ""),
+            data_indices_consumed=self.cursor.at(state.global_step),
+            reward_last=(state.log_history[-1] if state.log_history else {}).get("reward"),
+            time=time.time(),
         )
+        checkpoint.save(JobDir(self.job_dir).checkpoints, model, optimizer, lr_scheduler, meta)
         self.last_saved = state.global_step

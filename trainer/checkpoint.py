@@ -5,7 +5,6 @@ resume ignores, so the previous good checkpoint is never replaced by a broken on
 
 from __future__ import annotations
 
-import json
 import os
 import random
 import shutil
@@ -17,7 +16,9 @@ import torch.distributed as dist
 import torch.distributed.checkpoint as dcp
 from torch.distributed.checkpoint.state_dict import get_state_dict, set_state_dict
 
+from launcher.core.jobdir import checkpoint_meta, meta_file
 from launcher.core.jobdir import complete_checkpoints as step_dirs
+from launcher.core.records import CheckpointMeta
 
 KEEP = 2
 
@@ -33,13 +34,9 @@ def latest(root: Path) -> tuple[int, Path] | None:
     return dirs[-1] if dirs else None
 
 
-def meta(path: Path) -> dict:
-    """A complete checkpoint's meta.json: step, world size, reason, and what the run recorded with it."""
-    return json.loads((path / "meta.json").read_text())
-
-
-def save(root: Path, step: int, model, optimizer, scheduler, extra: dict) -> Path:
-    """Collective: every rank calls it."""
+def save(root: Path, model, optimizer, scheduler, meta: CheckpointMeta) -> Path:
+    """Collective: every rank calls it. `meta` (step, reason, ...) is written last, by rank 0."""
+    step = meta.step
     final = root / f"step-{step:06d}"
     tmp = root / f"step-{step:06d}.tmp"
     if dist.get_rank() == 0:
@@ -55,10 +52,7 @@ def save(root: Path, step: int, model, optimizer, scheduler, extra: dict) -> Pat
         torch.save({"scheduler": scheduler.state_dict() if scheduler is not None else None}, tmp / "trainer_state.pt")
         if os.environ.get(HOLD_ENV) == str(step):
             hold_for_test(tmp)
-        with open(tmp / "meta.json", "w") as f:  # written last: its presence marks a complete checkpoint
-            json.dump({"step": step, "time": time.time(), "world_size": dist.get_world_size(), **extra}, f)
-            f.flush()
-            os.fsync(f.fileno())
+        meta.write(meta_file(tmp))  # written last: its presence marks a complete checkpoint
         if final.exists():
             shutil.rmtree(final)
         os.rename(tmp, final)
@@ -116,13 +110,13 @@ def set_aside(root: Path) -> Path | None:
 
 
 def load(path: Path, model, optimizer, scheduler) -> int:
-    """Collective. Restores model and optimizer shards, the LR schedule, this rank's RNG states and the step;
-    returns the step."""
-    info = meta(path)
-    if info["world_size"] != dist.get_world_size() and dist.get_rank() == 0:
+    """Collective. Restores model and optimizer shards, the LR schedule and the step; returns the step. The RNG
+    states are restore_rng's, called later: right before the first step, as an uninterrupted run would be."""
+    info = checkpoint_meta(path)
+    if info.world_size != dist.get_world_size() and dist.get_rank() == 0:
         # DCP stores each tensor with its global shape and reads back whatever slice this rank's DTensor owns
         print(
-            f"resharding checkpoint {path.name}: written by {info['world_size']} ranks, loaded by {dist.get_world_size()}",
+            f"resharding checkpoint {path.name}: written by {info.world_size} ranks, loaded by {dist.get_world_size()}",
             flush=True,
         )
     msd, osd = get_state_dict(model, optimizer)
@@ -132,13 +126,20 @@ def load(path: Path, model, optimizer, scheduler) -> int:
     ts = torch.load(path / "trainer_state.pt", weights_only=False)
     if scheduler is not None and ts["scheduler"] is not None:
         scheduler.load_state_dict(ts["scheduler"])
-    rng = path / f"rng-rank{dist.get_rank()}.pt"
-    if rng.exists():
-        set_rng_state(torch.load(rng, weights_only=False))
-    else:  # written by fewer ranks (or before RNG states were saved): this rank goes on from the seed
+    return info.step
+
+
+def restore_rng(path: Path, rank: int) -> bool:
+    """This rank's RNG states as the checkpoint saved them (at the end of its step). Call it at the start of the
+    first step after a resume, after the dataloader's iterator exists (creating one draws a seed from the global
+    generator, as the Trainer's own resume does), so the step draws what it drew in the uninterrupted run. False
+    when the checkpoint has none for this rank (written by fewer ranks): its draws go on from trainer.seed."""
+    rng = path / f"rng-rank{rank}.pt"
+    if not rng.exists():
         print(
-            f"rank {dist.get_rank()}: checkpoint {path.name} has no RNG state for this rank "
-            f"(written by {info['world_size']} ranks); its random draws continue from trainer.seed",
+            f"rank {rank}: checkpoint {path.name} has no RNG state for this rank; its draws continue from trainer.seed",
             flush=True,
         )
-    return int(info["step"])
+        return False
+    set_rng_state(torch.load(rng, weights_only=False))
+    return True

@@ -46,6 +46,8 @@ def set_tracking_env(job_dir: Path, t: TrainerConfig, job_name: str) -> None:
 
 
 NOT_TRACKED = {
+    "lr",  # TRL logs it as learning_rate already
+    "rng_digest",
     "step",
     "reward",
     "reward_std",

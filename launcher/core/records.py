@@ -183,6 +183,10 @@ class StepRow:
     reward_std: float | None = None
     loss: float | None = None
     kl: float | None = None
+    lr: float | None = None
+    """The learning rate of the step (TRL's learning_rate): a resumed run continues the schedule."""
+    rng_digest: str | None = None
+    """Rank 0's torch RNG state after the step, hashed: a resumed run continues the same draws."""
     step_s: float | None = None
     push_s: dict[str, float] = field(default_factory=dict)
     gen_s: dict[str, float] = field(default_factory=dict)
@@ -233,6 +237,7 @@ class StepRow:
         logs: Mapping[str, Any],
         step_s: float,
         by_node: Mapping[int, NodeFigures],
+        rng_digest: str | None = None,
     ) -> StepRow:
         """The row of one step from TRL's log record of it (`logs`, TRL's own keys) and each node's figures."""
         nodes = sorted(by_node.items())
@@ -243,6 +248,8 @@ class StepRow:
             reward_std=logs.get("reward_std"),
             loss=logs.get("loss"),
             kl=logs.get("kl"),
+            lr=logs.get("learning_rate"),
+            rng_digest=rng_digest,
             step_s=round(step_s, 3),
             push_s={str(n): round(f.push_s, 4) for n, f in nodes if f.push_s is not None},
             gen_s={str(n): round(f.gen_s, 4) for n, f in nodes if f.gen_s},
@@ -336,6 +343,8 @@ class ResumedRow:
 
     from_step: int
     checkpoint: str
+    reason: str | None = None
+    """The checkpoint's CheckpointMeta.reason (periodic, preempt, final)."""
     steps_redone: int = 0
     data_indices_skipped: int = 0
     time: float | None = None

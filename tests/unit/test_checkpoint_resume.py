@@ -56,6 +56,7 @@ def full(model) -> dict[str, torch.Tensor]:
 def resume_continues(rank: int, world: int, _port: int, root: str) -> dict:
     import torch.distributed as dist
 
+    from launcher.core.records import CheckpointMeta
     from trainer import checkpoint
 
     ck = Path(root)
@@ -67,7 +68,7 @@ def resume_continues(rank: int, world: int, _port: int, root: str) -> dict:
     for s in range(1, STEPS + 1):
         straight.append(step(model, opt, sched))
         if s in (SAVE_AT - 1, SAVE_AT):
-            checkpoint.save(ck, s, model, opt, sched, {"reason": "periodic"})
+            checkpoint.save(ck, model, opt, sched, CheckpointMeta(step=s, world_size=dist.get_world_size()))
     want = full(model)
 
     # another process's start: other weights, other random state; then the checkpoint of step SAVE_AT
@@ -76,9 +77,10 @@ def resume_continues(rank: int, world: int, _port: int, root: str) -> dict:
     random.seed(999)
     model, opt, sched = setup(world, init_seed=1)
     got_step = checkpoint.load(ck / f"step-{SAVE_AT:06d}", model, opt, sched)
+    assert checkpoint.restore_rng(ck / f"step-{SAVE_AT:06d}", rank)
     resumed = [step(model, opt, sched) for _ in range(got_step + 1, STEPS + 1)]
     got = full(model)
-    checkpoint.save(ck, STEPS, model, opt, sched, {"reason": "final"})
+    checkpoint.save(ck, model, opt, sched, CheckpointMeta(step=STEPS, world_size=dist.get_world_size(), reason="final"))
     kept = [d.name for _, d in checkpoint.step_dirs(ck)]
     files = sorted(p.name for p in (ck / f"step-{STEPS:06d}").glob("rng-rank*.pt"))
     aside = checkpoint.set_aside(ck)

@@ -144,9 +144,9 @@ def packed_push(rank: int, world: int, port: int) -> dict:
     from vllm.distributed.weight_transfer.packed_tensor import pack_tensors
 
     from trainer.push.gather import param_metadata
-    from trainer.push.gloo_engine import loopback_gloo_group, receive_packed
+    from trainer.push.gloo_engine import receive_packed
     from trainer.push.senders import broadcast_packed, loopback_store
-    from trainer.push.wire import chunk_metas
+    from trainer.push.wire import chunk_metas, loopback_gloo_group
 
     torch.manual_seed(0)  # the same model on both ranks: the receiver checks what it got against it
     model = torch.nn.Sequential(
@@ -212,6 +212,7 @@ def _full_state(model, opt) -> dict:
 
 
 def save_trained(rank: int, world: int, _port: int, root: str) -> None:
+    from launcher.core.records import CheckpointMeta
     from trainer import checkpoint
 
     model, opt = _sharded_adam(world, zeroed=False)
@@ -220,7 +221,7 @@ def save_trained(rank: int, world: int, _port: int, root: str) -> None:
         loss.backward()
         opt.step()
         opt.zero_grad()
-    checkpoint.save(Path(root), 2, model, opt, None, {"reason": "test"})
+    checkpoint.save(Path(root), model, opt, None, CheckpointMeta(step=2, world_size=dist.get_world_size()))
     full = _full_state(model, opt)
     if rank == 0:
         torch.save(full, Path(root) / "reference.pt")

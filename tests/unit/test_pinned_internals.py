@@ -4,6 +4,8 @@ this fails with a message naming it, instead of the trainer failing somewhere de
 from __future__ import annotations
 
 import inspect
+import subprocess
+import sys
 
 import pytest
 
@@ -11,7 +13,7 @@ import pytest
 def test_trl_generation_injection_point():
     import trl.trainer.grpo_trainer as gt
 
-    assert hasattr(gt, "VLLMGeneration"), "trl.trainer.grpo_trainer.VLLMGeneration is gone (trainer/callback.py swaps it)"
+    assert hasattr(gt, "VLLMGeneration"), "trl.trainer.grpo_trainer.VLLMGeneration is gone (trainer/trl_glue.py swaps it)"
     src = inspect.getsource(gt.GRPOTrainer)
     for needle in (
         "VLLMGeneration(",
@@ -44,7 +46,7 @@ def test_transformers_leaves_self_sharded_models_alone():
 
 
 def test_vllm_weight_transfer_hooks():
-    vllm = pytest.importorskip("vllm")
+    import vllm
     import vllm.model_executor.layers.utils as lu
     from vllm.distributed.weight_transfer.factory import WeightTransferEngineFactory
     from vllm.distributed.weight_transfer.nccl_engine import NCCLWeightTransferEngine
@@ -64,22 +66,51 @@ def test_submitit_internals():
 
 WORKER = """
 import os, signal, sys, time
-rank = int(os.environ["RANK"])
-if sys.argv[1] == "peer-first":  # the survivor exits just before the kill: both land in one torchrun poll
-    time.sleep(0.5 if rank == 0 else 0.7)
+rank, how = int(os.environ["RANK"]), sys.argv[1]
+# the two ranks order their ends by handshakes (files in the cwd, each rank's pid), not by sleeps
+with open(f"pid{rank}.tmp", "w") as f:
+    f.write(str(os.getpid()))
+os.rename(f"pid{rank}.tmp", f"pid{rank}")
+
+def wait_for(cond, what):
+    deadline = time.time() + 60
+    while not cond():
+        if time.time() > deadline:
+            sys.exit(f"rank {rank}: no {what} within 60 s")
+        time.sleep(0.001)
+
+def ended(r):  # the peer's process is gone or a zombie (torchrun has not reaped it yet)
+    if not os.path.exists(f"pid{r}"):
+        return False
+    try:
+        stat = open(f"/proc/{open(f'pid{r}').read()}/stat").read()
+    except OSError:
+        return True
+    return stat[stat.rindex(")") + 2] in "ZX"
+
+def survivor_line():
+    print("RuntimeError: [pair.cc:537] Read error: Connection reset by peer. remote worker", file=sys.stderr, flush=True)
+
+if how == "peer-first":  # the survivor exits just before the kill: both land in one torchrun poll
     if rank == 0:
-        print("RuntimeError: [pair.cc:537] Read error: Connection reset by peer. remote worker", file=sys.stderr, flush=True)
+        wait_for(lambda: os.path.exists("pid1"), "rank 1")
+        survivor_line()
         sys.exit(1)
+    wait_for(lambda: ended(0), "exit of rank 0")
     os.kill(os.getpid(), signal.SIGKILL)
+if how == "kill":  # rank 0's line comes first in the log (the worst case), then rank 1 is killed
+    if rank == 0:
+        wait_for(lambda: os.path.exists("pid1"), "rank 1")
+        survivor_line()
+        open("said", "w").close()
+        time.sleep(60)  # torchrun's SIGTERM ends it
+    wait_for(lambda: os.path.exists("said"), "rank 0's line")
+    os.kill(os.getpid(), signal.SIGKILL)  # what the OOM killer does
+# raise: rank 1 raises; rank 0 reports its peer lost after that, as survivors do, and waits for torchrun's SIGTERM
 if rank == 1:
-    time.sleep(0.5)
-    if sys.argv[1] == "kill":
-        os.kill(os.getpid(), signal.SIGKILL)  # what the OOM killer does
     raise ValueError("boom in rank 1")
-# rank 0 reports what a survivor reports when its peer vanished, then waits for torchrun's SIGTERM: before
-# the kill (the worst case: its line comes first in the log), after the exception (as survivors do)
-time.sleep(0.2 if sys.argv[1] == "kill" else 1.5)
-print("RuntimeError: [pair.cc:537] Read error: Connection reset by peer. remote worker", file=sys.stderr, flush=True)
+wait_for(lambda: ended(1), "exit of rank 1")
+survivor_line()
 time.sleep(60)
 """
 
@@ -96,10 +127,8 @@ def test_torchrun_failure_summary_names_the_killed_rank(tmp_path, how, needles):
     """launcher.node.bootstrap.root_cause reads torchrun's failure summary (its format is torch's): a rank killed
     by a signal is the node's own cause, not the survivor's "reset by peer" (which would make the node wait
     for another node's abort, and name the wrong cause); an exception in a rank is named as it was raised."""
-    import subprocess
-    import sys
-
     from launcher.node.diagnose import PEER_LOST, root_cause
+    from tests.support.ranks import free_port
 
     (tmp_path / "w.py").write_text(WORKER)
     log = tmp_path / "trainer.log"
@@ -116,7 +145,7 @@ def test_torchrun_failure_summary_names_the_killed_rank(tmp_path, how, needles):
                 "--max-restarts",
                 "0",
                 "--master-port",
-                "29561",
+                str(free_port()),
                 "--monitor-interval",
                 "3",
                 str(tmp_path / "w.py"),
@@ -144,16 +173,19 @@ def test_every_payload_the_senders_post_is_accepted_by_vllms_own_dataclasses(mon
     from vllm.distributed.weight_transfer.nccl_engine import NCCLWeightTransferInitInfo, NCCLWeightTransferUpdateInfo
 
     from trainer.push.gloo_engine import GlooWeightTransferEngine, GlooWeightTransferInitInfo
-    from trainer.push.senders import BroadcastSender, ParamMeta, update_info
+    from trainer.push.senders import BroadcastSender
+    from trainer.push.wire import ParamMeta, update_info
+    from trainer.rollout.server import VllmServer
 
     meta = [ParamMeta("model.embed_tokens.weight", "bfloat16", [10, 4]), ParamMeta("lm_head.weight", "bfloat16", [10, 4])]
     # the init info BroadcastSender posts (captured at the HTTP boundary), for nccl and for gloo
     posted: list[dict] = []
 
-    class Client:
-        node, base_url = 0, "http://127.0.0.1:1"
+    class Client(VllmServer):  # the real route methods; only the HTTP call is recorded
+        def __init__(self):
+            super().__init__("http://127.0.0.1:1", "m", node=0, timeout_s=5.0)
 
-        def post(self, route, body, timeout_s=None, step=0):
+        def post(self, route, body=None, timeout_s=None, step=0, engine=None):
             posted.append(body)
 
     monkeypatch.setattr(BroadcastSender, "join", lambda self, port, world: None)
@@ -193,11 +225,90 @@ def test_the_vllm_names_the_senders_use_exist():
     assert "self.disabled" in src and "self.available" in src, "PyNcclCommunicator no longer says when it is disabled"
 
 
-def test_the_ipc_sender_runs_no_collective():
-    """vLLM's own stateful ipc engine all-gathers on the default group, which here spans every node: ours must not."""
-    import inspect as ins
+COLLECTIVES = (
+    "all_gather",
+    "all_gather_into_tensor",
+    "all_gather_object",
+    "all_reduce",
+    "all_to_all",
+    "all_to_all_single",
+    "barrier",
+    "batch_isend_irecv",
+    "broadcast",
+    "broadcast_object_list",
+    "gather",
+    "gather_object",
+    "init_process_group",
+    "irecv",
+    "isend",
+    "monitored_barrier",
+    "new_group",
+    "new_subgroups",
+    "recv",
+    "recv_object_list",
+    "reduce",
+    "reduce_scatter",
+    "reduce_scatter_tensor",
+    "scatter",
+    "scatter_object_list",
+    "send",
+    "send_object_list",
+)
+
+
+def test_the_ipc_sender_runs_no_collective(monkeypatch):
+    """vLLM's own stateful ipc engine all-gathers on the default group, which here spans every node: ours must not.
+    IpcSender's whole path (init, a push of three packed chunks) runs with every torch.distributed collective (and
+    group creation) raising, and the process group reported as initialized, so a collective anywhere below it fails
+    here. The CUDA calls are answered on the CPU (the library boundary: no GPU here), the server at the HTTP one."""
+    import torch
+    import torch.distributed as dist
+    import torch.distributed.distributed_c10d as c10d
 
     from trainer.push.senders import IpcSender
+    from trainer.push.wire import ParamMeta
+    from trainer.rollout.server import VllmServer
 
-    src = ins.getsource(IpcSender)
-    assert "dist." not in src and "torch.distributed" not in src
+    called: list[str] = []
+
+    def forbidden(name: str):
+        def fn(*a, **k):
+            called.append(name)
+            raise AssertionError(f"IpcSender ran torch.distributed.{name}")
+
+        return fn
+
+    names = [n for n in COLLECTIVES if hasattr(c10d, n)]
+    assert {"all_gather", "all_reduce", "broadcast", "barrier", "all_gather_object", "new_group"} <= set(names), names
+    for mod in (dist, c10d):
+        for n in names:
+            if hasattr(mod, n):
+                monkeypatch.setattr(mod, n, forbidden(n))
+        monkeypatch.setattr(mod, "is_initialized", lambda: True)
+    real_empty = torch.empty
+    monkeypatch.setattr(torch, "empty", lambda *a, device=None, **k: real_empty(*a, **k))  # the CUDA buffer, on the CPU
+    monkeypatch.setattr(torch.cuda, "current_device", lambda: 0)
+    monkeypatch.setattr(torch.cuda, "get_device_properties", lambda i: type("P", (), {"uuid": "GPU-test"})())
+    monkeypatch.setattr(torch.cuda, "current_stream", lambda: type("S", (), {"synchronize": lambda self: None})())
+    monkeypatch.setattr(torch.cuda, "ipc_collect", lambda: None)
+
+    posted: list[tuple[str, dict]] = []
+
+    class Client(VllmServer):  # the real route methods; only the HTTP call is recorded
+        def __init__(self):
+            super().__init__("http://127.0.0.1:1", "m", node=0, timeout_s=5.0)
+
+        def post(self, route, body=None, timeout_s=None, step=0, engine=None):
+            posted.append((route, body))
+
+    meta = [ParamMeta(f"p{i}", "float32", [4, 4]) for i in range(5)]  # 64 bytes each
+    params = [(m.name, torch.full((4, 4), float(i))) for i, m in enumerate(meta)]
+    sender = IpcSender(Client(), 30.0, 128, meta)  # type: ignore[arg-type]  # two tensors per 128-byte chunk
+    sender.push(iter(params), meta, step=7)
+    assert not called, called
+    routes = [r for r, _ in posted]
+    assert routes == ["/init_weight_transfer_engine", "/start_weight_update"] + ["/update_weights"] * 3 + [
+        "/finish_weight_update"
+    ]
+    chunks = [b["update_info"]["names"] for r, b in posted if r == "/update_weights"]
+    assert chunks == [["p0", "p1"], ["p2", "p3"], ["p4"]], chunks

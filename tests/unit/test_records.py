@@ -49,14 +49,15 @@ TODAYS_STEP_KEYS = {
     "step", "reward", "reward_std", "loss", "kl", "step_s", "push_s", "gen_s", "gen_wait_s", "parity", "parity_stale",
     "parity_engines", "parity_max", "gen_tokens", "gen_tokens_per_s_node", "server_requests", "prompts_digest",
     "staleness", "ahead_misses", "pushes_paused", "pushes_paused_running", "is_ratio_mean", "logp_mismatch_mean",
-    "gen_tokens_per_s",
+    "gen_tokens_per_s", "lr", "rng_digest",
 }  # fmt: skip
 """The keys trainer/callback.py on_log wrote before the rows were typed (readers of old folders rely on them)."""
 
 
 def test_a_step_row_is_built_from_the_nodes_figures_with_todays_keys_and_values():
-    row = StepRow.build(7, TRL_LOGS, 3.14159, FIGURES)
+    row = StepRow.build(7, {**TRL_LOGS, "learning_rate": 3e-4}, 3.14159, FIGURES, rng_digest="0123456789ab")
     d = row.to_dict()
+    assert d["lr"] == 3e-4 and d["rng_digest"] == "0123456789ab"
     assert set(d) == TODAYS_STEP_KEYS | {"kind"} and d["kind"] == "step"
     assert d["push_s"] == {"0": 0.1235, "1": 0.2} and d["step_s"] == 3.142
     assert d["gen_tokens_per_s_node"] == {"0": 200.0, "1": 50.0} and d["gen_tokens_per_s"] == 250.0

@@ -4,10 +4,16 @@ swapped for a gloo process group, so the native protocol (init / start / update 
 The trainer side is trainer.push.senders.GlooSender: it hosts the TCPStore as rank 0 and broadcasts packed chunks
 cut by vLLM's own rule (trainer.push.senders.chunk_metas, the rule of vLLM's packed NCCL consumer), so the CPU
 tests run the packing the GPU path uses. Both sides bind 127.0.0.1: the push never leaves the node.
+
+Test-only fault points (tests/test_integration.py), set in the server's environment: SLURM_GRPO_TEST_PUSH_FAULT=stop@N
+stops the server's whole process group (SIGSTOP) as the N-th push's chunks are due, as a hung server would;
+skip@N receives the N-th push but loads none of it, as a push that did not land.
 """
 
 from __future__ import annotations
 
+import os
+import signal
 from collections.abc import Iterator
 from dataclasses import dataclass
 from datetime import timedelta
@@ -17,7 +23,7 @@ import torch.distributed as dist
 from vllm.distributed.weight_transfer.nccl_engine import NCCLWeightTransferEngine, NCCLWeightTransferInitInfo
 from vllm.distributed.weight_transfer.packed_tensor import unpack_tensor
 
-from trainer.push.senders import ParamMeta, chunk_metas
+from trainer.push.wire import ParamMeta, chunk_metas, loopback_gloo_group
 
 
 @dataclass(kw_only=True)
@@ -26,15 +32,23 @@ class GlooWeightTransferInitInfo(NCCLWeightTransferInitInfo):
     """The trainer's push deadline: the worker's side of the group waits exactly as long."""
 
 
-def loopback_gloo_group(store: dist.Store, rank: int, world_size: int, timeout: timedelta) -> dist.ProcessGroupGloo:
-    opts = dist.ProcessGroupGloo._Options()  # type: ignore[attr-defined]
-    opts._devices = [dist.ProcessGroupGloo.create_device(hostname="127.0.0.1")]
-    opts._timeout = timeout
-    return dist.ProcessGroupGloo(store, rank, world_size, opts)
+PUSH_FAULT_ENV = "SLURM_GRPO_TEST_PUSH_FAULT"
+
+
+def push_fault() -> tuple[str, int] | None:
+    """(stop or skip, the push it hits, counted from 1) from PUSH_FAULT_ENV; None when unset."""
+    value = os.environ.get(PUSH_FAULT_ENV, "")
+    if not value:
+        return None
+    what, _, n = value.partition("@")
+    if what not in ("stop", "skip") or not n.isdigit():
+        raise ValueError(f"{PUSH_FAULT_ENV}={value!r}: expected stop@N or skip@N (N: the push, from 1)")
+    return what, int(n)
 
 
 class GlooWeightTransferEngine(NCCLWeightTransferEngine):
     init_info_cls = GlooWeightTransferInitInfo  # type: ignore[assignment]
+    pushes_received = 0
 
     def init_transfer_engine(self, init_info: GlooWeightTransferInitInfo) -> None:  # type: ignore[override]
         pc = self.parallel_config
@@ -58,8 +72,14 @@ class GlooWeightTransferEngine(NCCLWeightTransferEngine):
             ParamMeta(n, d, list(s))
             for n, d, s in zip(update_info.names, update_info.dtype_names, update_info.shapes, strict=True)
         ]
+        self.pushes_received += 1
+        fault = push_fault()
+        action = fault[0] if fault is not None and fault[1] == self.pushes_received else None
+        if action == "stop":  # the API server and every engine process of this server with it
+            os.killpg(os.getpgrp(), signal.SIGSTOP)
         for weights in receive_packed(self.model_update_group, meta, self.packed_buffer_size_bytes):  # type: ignore[arg-type]
-            self.model.load_weights(weights)  # type: ignore[operator]
+            if action != "skip":  # skip: every chunk is received (the sender must finish), none is loaded
+                self.model.load_weights(weights)  # type: ignore[operator]
 
     def shutdown(self) -> None:
         self.model_update_group = None

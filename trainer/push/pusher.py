@@ -12,12 +12,10 @@ from dataclasses import dataclass
 
 import torch
 
-from trainer.push.gather import iter_full_params, iter_unsharded_params, param_metadata
+from trainer.push.gather import iter_unsharded_params, param_metadata
 from trainer.push.senders import GlooSender, IpcSender, NcclSender, Sender
 from trainer.push.wire import ParamMeta
 from trainer.rollout.server import VllmServer
-
-__all__ = ["iter_full_params", "iter_unsharded_params", "param_metadata"]  # re-exported: bench/ and older tests import them here
 
 
 @dataclass(frozen=True)

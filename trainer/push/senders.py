@@ -34,10 +34,8 @@ from typing import Any, Protocol
 import torch
 import torch.distributed as dist
 
-from trainer.push.wire import ParamMeta, chunk_metas, loopback_gloo_group, update_info
+from trainer.push.wire import ParamMeta, loopback_gloo_group, update_info
 from trainer.rollout.server import ServerError, VllmServer, server_log
-
-__all__ = ["ParamMeta", "chunk_metas", "update_info"]  # re-exported: trainer.push.gloo_engine still imports them from here
 
 Params = Iterator[tuple[str, torch.Tensor]]
 

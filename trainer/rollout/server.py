@@ -232,7 +232,3 @@ class VllmServer:
 
     def finish_weight_update(self, step: int = 0, timeout_s: float | None = None) -> None:
         self.post(self.FINISH_WEIGHTS, {}, timeout_s=timeout_s, step=step)
-
-
-ServerClient = VllmServer
-"""The old name, still imported by bench/workers.py (not a file of the rollout wing)."""
