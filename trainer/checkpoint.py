@@ -126,7 +126,21 @@ def load(path: Path, model, optimizer, scheduler) -> int:
     ts = torch.load(path / "trainer_state.pt", weights_only=False)
     if scheduler is not None and ts["scheduler"] is not None:
         scheduler.load_state_dict(ts["scheduler"])
+        continue_schedule(scheduler, optimizer)
     return info.step
+
+
+def continue_schedule(scheduler, optimizer) -> None:
+    """The LR the next step trains with: this run's schedule at the restored step. The optimizer's restored LR is
+    the written run's, which differs when max_steps changed (a run resumed to go on longer: at the end of a linear
+    schedule it is 0, and the first resumed step would not train). The Trainer's schedules are LambdaLRs, whose
+    lambdas are this run's (a state dict does not carry them)."""
+    lambdas = getattr(scheduler, "lr_lambdas", None)
+    if lambdas is None:
+        return
+    for group, base, fn in zip(optimizer.param_groups, scheduler.base_lrs, lambdas, strict=True):
+        group["lr"] = base * fn(scheduler.last_epoch)
+    scheduler._last_lr = [group["lr"] for group in optimizer.param_groups]
 
 
 def restore_rng(path: Path, rank: int) -> bool:

@@ -18,7 +18,7 @@ from tests.support.ranks import run_ranks
 STEPS, SAVE_AT = 6, 3
 
 
-def setup(world: int, init_seed: int):
+def setup(world: int, init_seed: int, steps: int = STEPS):
     from torch.distributed.device_mesh import init_device_mesh
     from torch.distributed.fsdp import fully_shard
     from transformers import get_scheduler
@@ -30,19 +30,20 @@ def setup(world: int, init_seed: int):
         fully_shard(layer, mesh=mesh)
     fully_shard(model, mesh=mesh)
     opt = torch.optim.AdamW(model.parameters(), lr=0.01)
-    sched = get_scheduler("linear", opt, num_warmup_steps=0, num_training_steps=STEPS)
+    sched = get_scheduler("linear", opt, num_warmup_steps=0, num_training_steps=steps)
     return model, opt, sched
 
 
 def step(model, opt, sched) -> dict:
     """One optimizer step on a batch drawn from the global torch RNG; the draws of every generator and the LR after."""
     x = torch.randn(8, 16)
+    lr = opt.param_groups[0]["lr"]  # what this step trains with
     model(x).pow(2).mean().backward()
     opt.step()
     sched.step()
     opt.zero_grad()
     return {
-        "lr": sched.get_last_lr()[0],
+        "lr": lr,
         "torch": torch.rand(1).item(),
         "numpy": float(np.random.rand()),
         "python": random.random(),
@@ -80,6 +81,10 @@ def resume_continues(rank: int, world: int, _port: int, root: str) -> dict:
     assert checkpoint.restore_rng(ck / f"step-{SAVE_AT:06d}", rank)
     resumed = [step(model, opt, sched) for _ in range(got_step + 1, STEPS + 1)]
     got = full(model)
+    # resumed to go on longer (max_steps 6 -> 12): its first step trains with the 12-step schedule's LR at step 4
+    longer = setup(world, init_seed=1, steps=2 * STEPS)
+    checkpoint.load(ck / f"step-{SAVE_AT:06d}", *longer)
+    first_lr_longer = step(*longer)["lr"]
     checkpoint.save(ck, model, opt, sched, CheckpointMeta(step=STEPS, world_size=dist.get_world_size(), reason="final"))
     kept = [d.name for _, d in checkpoint.step_dirs(ck)]
     files = sorted(p.name for p in (ck / f"step-{STEPS:06d}").glob("rng-rank*.pt"))
@@ -90,6 +95,7 @@ def resume_continues(rank: int, world: int, _port: int, root: str) -> dict:
         "straight": straight[SAVE_AT:],
         "resumed": resumed,
         "weights_equal": all(torch.equal(want[n], got[n]) for n in want),
+        "first_lr_longer": first_lr_longer,
         "kept": kept,
         "rng_files": files,
         "after_set_aside": [d.name for _, d in checkpoint.step_dirs(ck)],
@@ -105,8 +111,10 @@ def test_a_resumed_run_continues_the_schedule_the_random_draws_and_the_weights(t
         # what it drew in the uninterrupted run
         assert r["resumed"] == r["straight"], (rank, r["resumed"], r["straight"])
         assert [x["lr"] for x in r["resumed"]] == pytest.approx(
-            [0.01 * (STEPS - s) / STEPS for s in range(SAVE_AT + 1, STEPS + 1)]
+            [0.01 * (STEPS - s + 1) / STEPS for s in range(SAVE_AT + 1, STEPS + 1)]
         )
+        # the written run's LR at step SAVE_AT (0.005) is not what a 12-step schedule trains step SAVE_AT + 1 with
+        assert r["first_lr_longer"] == pytest.approx(0.01 * (2 * STEPS - SAVE_AT) / (2 * STEPS)), r["first_lr_longer"]
         assert r["weights_equal"], f"rank {rank}: the resumed run's weights differ from the uninterrupted run's"
     assert res[0]["straight"] != res[1]["straight"]  # each rank's own stream was restored, not one rank's for all
     # retention: the newest two; every rank's RNG states in each
