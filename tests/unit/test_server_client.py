@@ -179,3 +179,12 @@ def test_a_prefix_cache_reset_that_answers_false_is_retried_then_an_error(fake_v
     with pytest.raises(ServerError, match=r"node 2: .*reset_prefix_cache answered success=false 20 times at step 3"):
         client.reset_prefix_cache(step=3, running=True)
     assert [p for p, _, _ in srv.seen] == ["/reset_prefix_cache?reset_running_requests=true"] * 20
+
+
+def test_a_call_with_its_own_deadline_names_that_deadline(misbehaving):
+    """The push gives its own deadline (trainer.push_timeout_s): the error says which limit ran out."""
+    client = VllmServer(f"http://127.0.0.1:{misbehaving(b'', False)}", "m", node=0, timeout_s=60)
+    error, took = call(lambda: client.post("/update_weights", {}, timeout_s=1, step=3))
+    assert isinstance(error, ServerError), error
+    assert "no answer within 1 s" in str(error) and "(deadline 1 s given for this call;" in str(error), error
+    assert "request_timeout_s" not in str(error) and took < 60

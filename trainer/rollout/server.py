@@ -52,10 +52,16 @@ class VllmServer:
         self.session = requests.Session()
         self.requests_sent = 0
 
-    def _fail(self, route: str, why: str, step: int) -> ServerError:
+    def _fail(self, route: str, why: str, step: int, timeout_s: float | None = None) -> ServerError:
+        """timeout_s: the deadline this call had, when the caller gave its own (the push's trainer.push_timeout_s)."""
+        deadline = (
+            f"trainer.request_timeout_s={self.timeout_s:.0f} s"
+            if timeout_s is None or timeout_s == self.timeout_s
+            else f"{timeout_s:.0f} s given for this call"
+        )
         return ServerError(
             f"node {self.node}: vLLM server {self.base_url}{route} failed at step {step}: {why} "
-            f"(deadline trainer.request_timeout_s={self.timeout_s:.0f} s; see {server_log(self.node)})"
+            f"(deadline {deadline}; see {server_log(self.node)})"
         )
 
     def request(
@@ -82,22 +88,28 @@ class VllmServer:
                 stream=True,  # the body is read below, against the deadline
             )
         except requests.Timeout:
-            raise self._fail(route, f"no answer within {timeout:.0f} s", step) from None
+            raise self._fail(route, f"no answer within {timeout:.0f} s", step, timeout) from None
         except requests.ConnectionError as e:
             if "timed out" in str(e):  # the answer began, then stopped: requests wraps that read timeout as this
-                raise self._fail(route, f"no answer within {timeout:.0f} s (the answer stopped part way)", step) from None
-            raise self._fail(route, f"connection failed ({e.__class__.__name__}); is the server still running?", step) from None
+                raise self._fail(
+                    route, f"no answer within {timeout:.0f} s (the answer stopped part way)", step, timeout
+                ) from None
+            raise self._fail(
+                route, f"connection failed ({e.__class__.__name__}); is the server still running?", step, timeout
+            ) from None
         try:
             data = self._read_body(r, deadline, timeout)
         except TimeoutError as e:  # urllib3's ReadTimeoutError, or ours
-            raise self._fail(route, f"no answer within {timeout:.0f} s ({e})", step) from None
+            raise self._fail(route, f"no answer within {timeout:.0f} s ({e})", step, timeout) from None
         except (urllib3.exceptions.HTTPError, OSError) as e:
-            raise self._fail(route, f"connection failed ({e.__class__.__name__}); is the server still running?", step) from None
+            raise self._fail(
+                route, f"connection failed ({e.__class__.__name__}); is the server still running?", step, timeout
+            ) from None
         finally:
             r.close()
         self.requests_sent += 1
         if r.status_code != 200:
-            raise self._fail(route, f"HTTP {r.status_code}: {data.decode(r.encoding or 'utf-8', 'replace')[:500]}", step)
+            raise self._fail(route, f"HTTP {r.status_code}: {data.decode(r.encoding or 'utf-8', 'replace')[:500]}", step, timeout)
         try:
             return json.loads(data)
         except ValueError:
