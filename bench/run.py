@@ -250,14 +250,19 @@ def ratio(a: float, b: float) -> float:
     return round(a / b, 2) if b else float("nan")
 
 
-def markdown(res: dict) -> str:
+def _md_header(res: dict) -> list[str]:
     p = res["push_gen"]
-    mb = p["bytes"] / 1e6
-    lines = [
+    return [
         f"# Benchmark results ({res['date']}, {res['machine']})",
         "",
         f"Command: `{res['command']}`; medians of {p['repeats']} repeats; total {res['total_s']:.0f} s.",
-        "",
+    ]
+
+
+def _md_push(res: dict) -> list[str]:
+    p = res["push_gen"]
+    mb = p["bytes"] / 1e6
+    lines = [
         f"## Weight push: {p['params'] / 1e6:.1f} M parameters, {mb:.0f} MB float32, gloo over loopback",
         "",
         "| path | median s | GB/s | rank 0 peak extra memory |",
@@ -283,14 +288,19 @@ def markdown(res: dict) -> str:
         )
         lines.append(f"| {name} | {x['median_s']} | {x['gb_per_s']} | {extra} |")
     r = res["ratios"]
-    lines += [
+    return lines + [
         "",
         f"Ratios: stock over ours, one node: {r['push_stock_over_ours_one_node']}x; stock over ours, both nodes at "
         f"once on these shared CPUs: {r['push_stock_over_ours']}x (ours delivers {2 * mb:.0f} MB, a full copy to each "
         f"server: {r['push_delivered_gbs_ours']} GB/s delivered vs {r['push_delivered_gbs_stock']} GB/s for stock); "
         f"ours (one node) over the gloo floor {r['push_ours_over_gloo_floor']}x, over the memcpy floor "
         f"{r['push_ours_over_memcpy']}x.",
-        "",
+    ]
+
+
+def _md_generation(res: dict) -> list[str]:
+    p, r = res["push_gen"], res["ratios"]
+    lines = [
         f"## Generation path: {p['generation']['ranks']} ranks x {p['generation']['prompts_per_rank']} prompts x "
         f"{p['generation']['max_tokens']} tokens ({p['generation']['tokens_per_batch']} tokens per batch)",
         "",
@@ -304,7 +314,7 @@ def markdown(res: dict) -> str:
         ("gen_ours_one_node", "ours, one node (the other idle): half the batch on its own server"),
     ):
         lines.append(f"| {name} | {p[k]['median_s']} | {p[k]['tokens_per_s']} |")
-    lines += [
+    return lines + [
         "",
         f"Ours over direct: {r['gen_ours_over_direct']}x (the gather/scatter overhead); stock over ours, one node: "
         f"{r['gen_stock_over_ours_one_node']}x; stock over ours, both nodes at once on these shared CPUs: "
@@ -312,7 +322,11 @@ def markdown(res: dict) -> str:
         "",
         "Both emulated nodes run on the same cores here, so 'both at once' cannot be faster than one server doing "
         "all the work; 'one node' is what each node takes when it has its own hardware, as on a cluster.",
-        "",
+    ]
+
+
+def _md_launcher(res: dict) -> list[str]:
+    lines = [
         "## Launcher",
         "",
         "| nodes | render s (median) | CLI wall s |",
@@ -330,8 +344,11 @@ def markdown(res: dict) -> str:
     ]
     for n, ph in (res.get("cluster_run") or {}).get("phases", {}).items():
         lines.append(f"| cluster node {n} | " + " | ".join(str(ph.get(k, "")) for k in res["local_run"]["phases"]) + " |")
-    lines += [
-        "",
+    return lines
+
+
+def _md_scaling(res: dict) -> list[str]:
+    lines = [
         "## Scaling model (`slurm-grpo simulate`)",
         "",
         "Defaults: `configs/gpu_7b_4nodes.yaml` (7B, 8 GPUs per node) with public H100/H200 figures. Calibrated: this "
@@ -347,7 +364,7 @@ def markdown(res: dict) -> str:
             f"{c['ours_step_s']:.3g} | {c['stock_step_s']:.3g} | {c['speedup']:.1f}x |"
         )
     mc = res["model_check"]
-    lines += [
+    return lines + [
         "",
         "Calibration from this run: " + ", ".join(f"{k}={v}" for k, v in res["calibration"].items()),
         "",
@@ -357,7 +374,12 @@ def markdown(res: dict) -> str:
         "",
         "Assumptions: `simulate-default.txt` and `simulate-calibrated.txt` (printed by the simulate command).",
     ]
-    return "\n".join(lines) + "\n"
+
+
+def markdown(res: dict) -> str:
+    """RESULTS.md: one section per measurement, separated by blank lines."""
+    sections = (_md_header, _md_push, _md_generation, _md_launcher, _md_scaling)
+    return "\n\n".join("\n".join(section(res)) for section in sections) + "\n"
 
 
 def main(argv: list[str] | None = None) -> int:

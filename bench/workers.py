@@ -78,11 +78,9 @@ def summary(xs: list[float], nbytes: int | None = None) -> dict:
     return d
 
 
-def main(out_path: str, cfg_path: str) -> None:
-    cfg = json.loads(open(cfg_path).read())
-    rank, world = int(os.environ["RANK"]), int(os.environ["WORLD_SIZE"])
-    assert world == 2 * RANKS_PER_NODE, world
-    dist.init_process_group("gloo", rank=rank, world_size=world, timeout=timedelta(seconds=600))
+def parallels(rank: int, world: int) -> tuple[Parallel, Parallel]:
+    """The two worlds on the same 4 ranks: ours (HSDP, 2 nodes of RANKS_PER_NODE, each node its own group and
+    leader) and stock (FSDP over all ranks, one "node", rank 0 the leader). Every rank makes these collectives."""
     node = rank // RANKS_PER_NODE
     groups = [dist.new_group([n * RANKS_PER_NODE + i for i in range(RANKS_PER_NODE)], backend="gloo") for n in range(2)]
     node_ranks = [node * RANKS_PER_NODE + i for i in range(RANKS_PER_NODE)]
@@ -113,28 +111,33 @@ def main(out_path: str, cfg_path: str) -> None:
         device=cpu,
         allreduce_check={},
     )
+    return ours, stock
+
+
+def load(model: str, par: Parallel) -> torch.nn.Module:
+    """The benchmark model, the same initial weights on every rank, sharded for par."""
     from transformers import AutoModelForCausalLM
 
-    def load(par: Parallel):
-        torch.manual_seed(0)
-        return shard_model(AutoModelForCausalLM.from_pretrained(cfg["model"], dtype=torch.float32), par, torch.float32)
+    torch.manual_seed(0)
+    return shard_model(AutoModelForCausalLM.from_pretrained(model, dtype=torch.float32), par, torch.float32)
 
-    m_ours, m_stock = load(ours), load(stock)
-    params = sum(p.numel() for p in m_ours.parameters())
-    nbytes = params * 4
-    urls, model, R = cfg["server_urls"], cfg["model"], cfg["repeats"]
-    client = VllmServer(urls[node], model, node, 600) if ours.is_leader else None
 
-    def settings(port: int, bucket_bytes: int) -> PushSettings:
-        return PushSettings(
-            backend="gloo", transfer_port=port, server_world=1, timeout_s=600, dtype=torch.float32, bucket_bytes=bucket_bytes
-        )
+def settings(port: int, bucket_bytes: int) -> PushSettings:
+    return PushSettings(
+        backend="gloo", transfer_port=port, server_world=1, timeout_s=600, dtype=torch.float32, bucket_bytes=bucket_bytes
+    )
 
+
+def measure_push(cfg: dict, ours: Parallel, m_ours: torch.nn.Module, m_stock: torch.nn.Module, client, params: int) -> dict:
+    """push_ours, push_stock (both with rank 0's peak extra memory), the one-node pushes packed and unpacked,
+    the node-local gather alone, then the floors."""
+    rank, node, cpu = ours.rank, ours.node, ours.device
+    nbytes, R = params * 4, cfg["repeats"]
     bucket = cfg["bucket_mb"] * 2**20
     push_ours = NodePusher(m_ours, client, settings(cfg["transfer_ports"][node], bucket), cpu)
     stock_client = client if rank == 0 else None
     push_stock = NodePusher(m_stock, stock_client, settings(cfg["transfer_ports"][0], bucket), cpu)
-    res: dict = {"params": params, "bytes": nbytes, "ranks": world, "nodes": 2, "repeats": R, "bucket_mb": cfg["bucket_mb"]}
+    res: dict = {}
 
     # ---------------------------------------------------------------- push
     push_ours.push(0)  # warm-up, and sets up the transfer groups
@@ -163,6 +166,14 @@ def main(out_path: str, cfg_path: str) -> None:
     res["gather_one_node"] = summary(
         timed(lambda: [None for _ in iter_full_params(m_ours, torch.float32)] if node == 0 else None, R), nbytes
     )
+    res.update(measure_floors(rank, params, R))
+    return res
+
+
+def measure_floors(rank: int, params: int, R: int) -> dict:
+    """floor_memcpy and floor_gloo_broadcast (only rank 0 fills the dict; every rank takes part)."""
+    nbytes = params * 4
+    res: dict = {}
     # floors, measured here in the same run: memcpy of the same bytes; a raw gloo broadcast rank 0 -> rank 1
     pair = dist.new_group([0, 1], backend="gloo")
     buf = torch.ones(params, dtype=torch.float32)
@@ -184,6 +195,13 @@ def main(out_path: str, cfg_path: str) -> None:
         bcast.append(time.perf_counter() - t0)
     if rank == 0:
         res["floor_gloo_broadcast"] = summary(bcast, nbytes)
+    return res
+
+
+def measure_generation(cfg: dict, ours: Parallel, client) -> dict:
+    """gen_direct, gen_ours, gen_stock, gen_ours_one_node (median and tokens/s), and the batch's shape."""
+    rank, world, node, R = ours.rank, ours.world, ours.node, cfg["repeats"]
+    res: dict = {}
 
     # ---------------------------------------------------------------- generation
     g = cfg["generation"]
@@ -229,6 +247,23 @@ def main(out_path: str, cfg_path: str) -> None:
         res[name] = summary(timed(fn, R))
         res[name]["tokens_per_s"] = round(tokens / share / res[name]["median_s"], 1)
     res["generation"] = {**g, "ranks": world, "tokens_per_batch": tokens}
+    return res
+
+
+def main(out_path: str, cfg_path: str) -> None:
+    cfg = json.loads(open(cfg_path).read())
+    rank, world = int(os.environ["RANK"]), int(os.environ["WORLD_SIZE"])
+    assert world == 2 * RANKS_PER_NODE, world
+    dist.init_process_group("gloo", rank=rank, world_size=world, timeout=timedelta(seconds=600))
+    ours, stock = parallels(rank, world)
+    m_ours, m_stock = load(cfg["model"], ours), load(cfg["model"], stock)
+    params = sum(p.numel() for p in m_ours.parameters())
+    nbytes = params * 4
+    urls, model, R = cfg["server_urls"], cfg["model"], cfg["repeats"]
+    client = VllmServer(urls[ours.node], model, ours.node, 600) if ours.is_leader else None
+    res: dict = {"params": params, "bytes": nbytes, "ranks": world, "nodes": 2, "repeats": R, "bucket_mb": cfg["bucket_mb"]}
+    res.update(measure_push(cfg, ours, m_ours, m_stock, client, params))
+    res.update(measure_generation(cfg, ours, client))
     if rank == 0:
         with open(out_path, "w") as f:
             json.dump(res, f, indent=1)
