@@ -98,6 +98,16 @@ class SlurmConfig:
         for k in self.extra_sbatch:
             if not _FLAG.match(k):
                 raise ConfigError(f"slurm.extra_sbatch key {k!r} must be an sbatch flag name without dashes, e.g. reservation")
+        # sbatch's own parser of #SBATCH lines takes a backslash as an escape even inside single quotes, so such a
+        # value would reach SLURM changed (the shell quoting that protects it elsewhere does not hold there)
+        header = {"partition": self.partition, "account": self.account, "qos": self.qos, "mem": self.mem}
+        header |= {"constraint": self.constraint, **{f"extra_sbatch.{k}": str(v) for k, v in self.extra_sbatch.items()}}
+        for key, value in header.items():
+            if "\\" in value:
+                raise ConfigError(
+                    f"slurm.{key} {value!r} contains a backslash; #SBATCH lines are read by sbatch's own parser, "
+                    "which would drop it: remove it"
+                )
         if self.gpu_memory_gb < 0:
             raise ConfigError(f"slurm.gpu_memory_gb must be >= 0 (0 = from the GPU name), got {self.gpu_memory_gb}")
         self.container.check()

@@ -539,3 +539,11 @@ def test_the_shipped_configs_that_use_a_base_resolve_to_their_full_settings():
     cpu = C.load(REPO / "configs/cluster_cpu.yaml")
     smoke = C.load(REPO / "configs/smoke_cpu.yaml")
     assert cpu.vllm == smoke.vllm and cpu.trainer.dataset == smoke.trainer.dataset and cpu.slurm.nodes == 2
+
+
+@pytest.mark.parametrize("key", ["partition", "account", "qos", "mem", "constraint", "extra_sbatch.reservation"])
+def test_a_backslash_in_an_sbatch_header_value_is_refused_naming_the_key(key):
+    """sbatch's parser of #SBATCH lines unescapes a backslash even inside single quotes: the value would change."""
+    with pytest.raises(C.ConfigError) as e:
+        C.load(REPO / "configs/smoke_cpu.yaml", [f"slurm.{key}=" + '"a\\\\b"'])
+    assert str(e.value).startswith(f"slurm.{key} 'a\\\\b' contains a backslash; #SBATCH lines are read by sbatch"), e.value
