@@ -94,8 +94,27 @@ def check_dataset(path: str) -> None:
         raise PreflightError(f"trainer.dataset {path!r}: unknown format; use .jsonl, .parquet or a `datasets` folder")
 
 
+def check_context_length(config: JobConfig) -> None:
+    """vLLM refuses to start with a max_model_len above the model's own context (found only after its imports, minutes
+    in on a GPU): compared here with config.json's max_position_embeddings, for a model folder on this host."""
+    want, model = config.vllm.max_model_len, config.vllm.model
+    cfg_file = Path(model).expanduser() / "config.json"
+    if not want or not looks_local(model) or not cfg_file.is_file():
+        return
+    try:
+        own = json.loads(cfg_file.read_text()).get("max_position_embeddings")
+    except (OSError, ValueError):
+        return  # check_model names an unreadable config.json
+    if isinstance(own, int) and want > own:
+        raise PreflightError(
+            f"vllm.max_model_len ({want}) is above the model's max_position_embeddings ({own}) in {cfg_file}; vLLM would "
+            f"refuse to start: set vllm.max_model_len={own} or lower (0 = the model's own)"
+        )
+
+
 def check_node_inputs(config: JobConfig) -> None:
     check_model(config.vllm.model)
+    check_context_length(config)
     check_dataset(config.trainer.dataset)
 
 
@@ -123,7 +142,12 @@ def reward_module_problem(entry: str) -> str | None:
 def input_problems(config: JobConfig) -> list[str]:
     """The nodes' own checks (model folder, dataset), run on this host: each a one-line error."""
     problems = []
-    for check in (lambda: check_model(config.vllm.model), lambda: check_dataset(config.trainer.dataset)):
+    checks = (
+        lambda: check_model(config.vllm.model),
+        lambda: check_context_length(config),
+        lambda: check_dataset(config.trainer.dataset),
+    )
+    for check in checks:
         try:
             check()
         except PreflightError as e:

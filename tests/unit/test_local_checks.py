@@ -64,6 +64,8 @@ CASES = [
     ("model missing", ["vllm.model={tmp}/no-model"], "no such folder on this host"),
     ("model without tokenizer", ["vllm.model={tmp}/m-no tokenizer"], "missing a tokenizer"),
     ("model config.json unreadable", ["vllm.model={tmp}/m-bad config.json"], "config.json is unreadable"),
+    # GPU-AUDIT N5: the first multi-GPU recipe asked 2048 of the tiny model's 512 (vLLM refuses, minutes in on a GPU)
+    ("context above the model's", ["vllm.max_model_len=2048"], "is above the model's max_position_embeddings (512)"),
 ]
 
 
