@@ -281,8 +281,9 @@ def test_the_fresh_machine_wrapper_hides_a_slurm_command_found_on_path(tmp_path)
     assert got["env"] == ["SLURM_GRPO_KEEP"] and got["hf_home"] == [], got
     if "no mount namespace" not in r.stderr:  # as root: even its own path runs nothing; /tmp and /dev/shm are empty
         assert got["by_path"] == "PermissionError", got
-        kept = [tmp_path.relative_to("/tmp").parts[0]] if tmp_path.is_relative_to("/tmp") else []  # the current folder
-        assert got["tmp"] == kept and got["shm"] == [], got
+        # kept: the current folder and the checkout itself, when they live under /tmp (mounted back at their paths)
+        kept = sorted({p.relative_to("/tmp").parts[0] for p in (tmp_path, REPO) if p.is_relative_to("/tmp")})
+        assert sorted(got["tmp"]) == kept and got["shm"] == [], got
     assert subprocess.run(["srun"], capture_output=True, text=True, env=env).stdout == "REAL-SRUN-RAN\n"  # untouched outside
 
 
