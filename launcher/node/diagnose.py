@@ -46,8 +46,15 @@ def root_cause(path: Path) -> str:
             f"rank {rank} (local rank {local}, pid {pid}) was killed by {sig} (exit code {code}); "
             f"if nobody sent it, look for the OOM killer in the node's kernel log"
         )
-    for line in text.splitlines():
+    lines = text.splitlines()
+    for i, line in enumerate(lines):
         m = CAUSE_RE.match(line.strip())
-        if m and not m.group(1).endswith(NOT_CAUSES):
+        if m and not m.group(1).endswith(NOT_CAUSES) and not wrapped(lines[i + 1 : i + 4]):
             return f"{m.group(1).rsplit('.', 1)[-1]}: {m.group(2)}"[:600]
     return ""
+
+
+def wrapped(following: list[str]) -> bool:
+    """An exception re-raised `from` it by our own code follows it ("direct cause"): that outer one says what was
+    being done (the push at step N of node K) and names the inner cause itself, so it is the line to report."""
+    return any("The above exception was the direct cause of the following exception" in ln for ln in following)
