@@ -184,7 +184,7 @@ class TrainerConfig:
     final_checkpoint: bool = True
     """Write a checkpoint when the run ends (off for benchmark runs whose optimizer state would not fit the disk)."""
     resume: bool = True
-    """Resume from the newest complete checkpoint in the job folder if there is one."""
+    """Resume from the newest complete checkpoint in the job folder if there is one (model, optimizer, LR schedule, every rank's RNG states, the data cursor); false starts over and sets earlier checkpoints aside in checkpoints/set-aside-*/."""
     request_timeout_s: float = 300.0
     """Deadline for every HTTP request to the node's vLLM server (generation, weight routes)."""
     push_timeout_s: float = 600.0
