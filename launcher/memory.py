@@ -71,6 +71,9 @@ class Options:
     activation_checkpointing: bool = False
     cpu_offload: bool = False
     sharded_loading: bool = True
+    reference_model: bool = False
+    """trainer.beta > 0: TRL builds a reference model on every rank, a whole unsharded copy in the policy's dtype
+    (fp32 here: the FSDP2 master weights); not an option to turn on for memory, so settings() leaves it out."""
 
     def settings(self) -> list[str]:
         """The trainer.* settings that make these options."""
@@ -88,6 +91,8 @@ class Estimate:
     gathered_gb: float
     activations_gb: float
     logits_gb: float
+    reference_gb: float
+    """TRL's reference model (trainer.beta > 0), whole on every rank."""
     gpu_gb: float
     """Peak per trainer rank on its GPU while training."""
     host_gb_per_node: float
@@ -114,8 +119,9 @@ def estimate(shape: ModelShape, lay: Layout, opt: Options) -> Estimate:
     per_layer = t * (16 * shape.hidden + 8 * shape.intermediate)
     acts = (2 * t * shape.hidden * shape.layers + per_layer) if opt.activation_checkpointing else per_layer * shape.layers
     logits = 6 * t * shape.vocab
+    reference = 4 * p if opt.reference_model else 0
     on_gpu_state = 0 if opt.cpu_offload else state
-    gpu = (on_gpu_state + gathered + acts + logits) / GB + OVERHEAD_GB
+    gpu = (on_gpu_state + gathered + acts + logits + reference) / GB + OVERHEAD_GB
     if opt.sharded_loading:  # a rank's read buffer: its rows of one tensor, stored in bf16
         load_gpu = (0 if opt.cpu_offload else 4 * p / s) / GB + OVERHEAD_GB
         load_host = lay.ranks_per_node * ((4 * p / s if opt.cpu_offload else 0) + 2 * shape.largest_tensor / s) / GB
@@ -132,6 +138,7 @@ def estimate(shape: ModelShape, lay: Layout, opt: Options) -> Estimate:
         gathered_gb=gathered / GB,
         activations_gb=acts / GB,
         logits_gb=logits / GB,
+        reference_gb=reference / GB,
         gpu_gb=gpu,
         host_gb_per_node=lay.ranks_per_node * state / GB if opt.cpu_offload else 0.0,
         load_gpu_gb=load_gpu,
@@ -155,9 +162,15 @@ def gpu_memory_gb(explicit: float, *names: str) -> float:
     return 0.0
 
 
-def cheapest_fit(shape: ModelShape, lay: Layout) -> Options | None:
-    """The first option set that fits, from the fastest: none, activation checkpointing, both."""
-    for opt in (Options(), Options(activation_checkpointing=True), Options(activation_checkpointing=True, cpu_offload=True)):
+def cheapest_fit(shape: ModelShape, lay: Layout, reference_model: bool = False) -> Options | None:
+    """The first option set that fits, from the fastest: none, activation checkpointing, both (a reference model,
+    trainer.beta > 0, stays in every one)."""
+    ref = reference_model
+    for opt in (
+        Options(reference_model=ref),
+        Options(activation_checkpointing=True, reference_model=ref),
+        Options(activation_checkpointing=True, cpu_offload=True, reference_model=ref),
+    ):
         if estimate(shape, lay, opt).fits:
             return opt
     return None
@@ -172,7 +185,8 @@ def report(shape: ModelShape, lay: Layout, opt: Options) -> list[str]:
         f"T = {lay.completions_per_rank} completions x ({PROMPT_TOKENS} prompt + {lay.completion_tokens}) tokens per rank",
         f"per trainer rank: state {e.state_gb:.1f} GB on the {where} (fp32 params + grads + AdamW), gathered units "
         f"{e.gathered_gb:.1f}, activations {e.activations_gb:.1f}, logits {e.logits_gb:.1f}, overhead {OVERHEAD_GB:.0f}"
-        f" -> GPU peak ~{e.gpu_gb:.1f} GB",
+        + (f", reference model {e.reference_gb:.1f} (trainer.beta > 0: TRL's unsharded fp32 copy)" if e.reference_gb else "")
+        + f" -> GPU peak ~{e.gpu_gb:.1f} GB",
         f"at load ({'sharded' if opt.sharded_loading else 'full from_pretrained'}): GPU ~{e.load_gpu_gb:.1f} GB per rank, "
         f"host ~{e.load_host_gb_per_node:.1f} GB per node"
         + (f"; offloaded state ~{e.host_gb_per_node:.0f} GB pinned host memory per node" if opt.cpu_offload else ""),
@@ -191,7 +205,7 @@ def report(shape: ModelShape, lay: Layout, opt: Options) -> list[str]:
             f"{e.vllm_budget_gb:.0f} GB: raise vllm.tensor_parallel_size"
         )
     if max(e.gpu_gb, e.load_gpu_gb) > e.budget_gb:
-        fix = cheapest_fit(shape, lay)
+        fix = cheapest_fit(shape, lay, opt.reference_model)
         lines.append(
             f"WARNING: a trainer rank needs ~{max(e.gpu_gb, e.load_gpu_gb):.0f} GB, over the {e.budget_gb:.0f} GB it has; "
             + (
@@ -221,7 +235,7 @@ def layout(p: Plan) -> Layout:
 
 def options(p: Plan) -> Options:
     t = p.config.trainer
-    return Options(t.activation_checkpointing, t.cpu_offload, t.model_loading == "sharded")
+    return Options(t.activation_checkpointing, t.cpu_offload, t.model_loading == "sharded", reference_model=t.beta > 0)
 
 
 def plan_report(p: Plan) -> list[str]:

@@ -88,3 +88,19 @@ def test_dry_run_prints_the_estimate_and_warns_with_the_fix(tmp_path, capsys):
     assert cli_main(argv + ["--set", "trainer.activation_checkpointing=false"]) == 0
     section = capsys.readouterr().out.split("# memory estimate")[1].split("# sbatch")[0]
     assert "WARNING: a trainer rank needs" in section and "trainer.activation_checkpointing=true" in section, section
+
+
+def test_a_reference_model_is_a_whole_fp32_copy_on_every_rank(tmp_path, capsys):
+    """trainer.beta > 0: TRL builds its reference model unsharded in the policy's dtype (fp32 master weights) on every
+    rank; at 7B that is 30 GB per rank, which the estimate and its fix must count."""
+    shape = common_shape("Qwen2.5-7B")
+    plain, ref = estimate(shape, _lay(), Options()), estimate(shape, _lay(), Options(reference_model=True))
+    assert plain.reference_gb == 0 and abs(ref.reference_gb - 4 * shape.params / 1e9) < 1e-6
+    assert abs(ref.gpu_gb - plain.gpu_gb - ref.reference_gb) < 1e-6
+    model = tmp_path / "qwen7b"
+    model.mkdir()
+    (model / "config.json").write_text(json.dumps(QWEN7B))
+    argv = ["dry-run", str(REPO / "configs" / "gpu_7b_4nodes.yaml"), "--set", f"vllm.model={model}", "--set", "trainer.beta=0.04"]
+    assert cli_main(argv) == 0
+    section = capsys.readouterr().out.split("# memory estimate")[1].split("# sbatch")[0]
+    assert "reference model 30.5 (trainer.beta > 0: TRL's unsharded fp32 copy)" in section, section
