@@ -4,10 +4,13 @@ surrounding SLURM allocation, and a fake vLLM server, a package `vllm` first on 
 
 from __future__ import annotations
 
+import json
 import os
 import socket
+import threading
 from contextlib import ExitStack
 from dataclasses import dataclass
+from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from pathlib import Path
 
 
@@ -85,3 +88,49 @@ def fake_vllm(tmp_path: Path, say: str, exit_code: int | None) -> FakeVllm:
     marker = tmp_path / "fake-vllm-starts.txt"
     (pkg / "api_server.py").write_text(SERVER.format(marker=str(marker), say=say, code=exit_code))
     return FakeVllm(root, marker)
+
+
+class LocalHttpServer(ThreadingHTTPServer):
+    """A fake at the HTTP boundary: a real server on 127.0.0.1 (a free port), served from a daemon thread once the
+    subclass has set its state and called start(). close() first lets go of whatever the test holds (release())."""
+
+    daemon_threads = True
+
+    def __init__(self, handler: type[BaseHTTPRequestHandler]) -> None:
+        super().__init__(("127.0.0.1", 0), handler)
+
+    def start(self) -> None:
+        threading.Thread(target=self.serve_forever, daemon=True).start()
+
+    @property
+    def url(self) -> str:
+        return f"http://127.0.0.1:{self.server_address[1]}"
+
+    def release(self) -> None:
+        """Set the events the test held answers on, so no handler thread outlives the test."""
+
+    def close(self) -> None:
+        self.release()
+        self.shutdown()
+        self.server_close()
+
+
+class JsonHandler(BaseHTTPRequestHandler):
+    """Quiet, JSON in and out."""
+
+    def log_message(self, *args) -> None:
+        pass
+
+    def read_json(self) -> dict:
+        return json.loads(self.rfile.read(int(self.headers.get("Content-Length", 0))) or b"{}")
+
+    def answer(self, body: dict, status: int = 200) -> None:
+        out = json.dumps(body).encode()
+        try:
+            self.send_response(status)
+            self.send_header("Content-Type", "application/json")
+            self.send_header("Content-Length", str(len(out)))
+            self.end_headers()
+            self.wfile.write(out)
+        except OSError:  # released at teardown: the client gave up on this request long ago
+            pass

@@ -4,12 +4,11 @@ answers held by the test (no timing)."""
 
 from __future__ import annotations
 
-import json
 import threading
-from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 
 import pytest
 
+from tests.support.fakes import JsonHandler, LocalHttpServer
 from trainer.rollout.ahead import AheadQueue
 from trainer.rollout.server import VllmServer
 
@@ -17,37 +16,26 @@ TIMEOUT_S = 60.0  # a deadline only a hang reaches
 SAMPLING = dict(max_tokens=2, temperature=1.0)
 
 
-class FakeVllm(ThreadingHTTPServer):
+class FakeVllm(LocalHttpServer):
     """/v1/completions: each prompt's completion is [step-free marker 1000 + its first token, its length], logprob -0.5
     each; answers wait until `gate` is set. Records every request's path and body, in order."""
 
-    daemon_threads = True
-
     def __init__(self) -> None:
-        super().__init__(("127.0.0.1", 0), Handler)
+        super().__init__(Handler)
         self.calls: list[tuple[str, dict]] = []
         self.gate = threading.Event()
         self.gate.set()
-        threading.Thread(target=self.serve_forever, daemon=True).start()
+        self.start()
 
-    @property
-    def url(self) -> str:
-        return f"http://127.0.0.1:{self.server_address[1]}"
-
-    def close(self) -> None:
+    def release(self) -> None:
         self.gate.set()
-        self.shutdown()
-        self.server_close()
 
 
-class Handler(BaseHTTPRequestHandler):
+class Handler(JsonHandler):
     server: FakeVllm
 
-    def log_message(self, *args) -> None:
-        pass
-
     def do_POST(self) -> None:
-        body = json.loads(self.rfile.read(int(self.headers.get("Content-Length", 0))) or b"{}")
+        body = self.read_json()
         self.server.calls.append((self.path, body))
         answer: dict = {"success": True}
         if self.path == "/v1/completions":
@@ -58,12 +46,7 @@ class Handler(BaseHTTPRequestHandler):
                     for i, p in enumerate(body["prompt"])
                 ]
             }
-        out = json.dumps(answer).encode()
-        self.send_response(200)
-        self.send_header("Content-Type", "application/json")
-        self.send_header("Content-Length", str(len(out)))
-        self.end_headers()
-        self.wfile.write(out)
+        self.answer(answer)
 
 
 @pytest.fixture

@@ -10,17 +10,16 @@ answers /resume while a transfer is stuck (as an engine blocked in the receive c
 
 from __future__ import annotations
 
-import json
 import socket
 import threading
 import time
 from datetime import timedelta
-from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 
 import pytest
 import torch
 import torch.distributed as dist
 
+from tests.support.fakes import JsonHandler, LocalHttpServer
 from trainer.push.gloo_engine import receive_packed  # imports vLLM: not inside a request's deadline
 from trainer.push.pusher import RESUME_AFTER_FAILURE_S, NodePusher, PushSettings
 from trainer.push.wire import ParamMeta, loopback_gloo_group
@@ -38,16 +37,14 @@ def free_port() -> int:
         return s.getsockname()[1]
 
 
-class FakeVllm(ThreadingHTTPServer):
+class FakeVllm(LocalHttpServer):
     """vLLM's weight-transfer routes. An update whose chunks stop coming stays stuck (an NCCL receive has no timeout);
     stuck_after_receive: /update_weights receives every chunk, then never answers either. /resume is not answered
     between /start_weight_update and /finish_weight_update: a transfer that failed part way leaves the engine in
     it (vLLM runs the update in its engine loop, which also serves /resume). Everything stuck ends at close()."""
 
-    daemon_threads = True
-
     def __init__(self, stuck_after_receive: bool = False) -> None:
-        super().__init__(("127.0.0.1", 0), Handler)
+        super().__init__(Handler)
         self.stuck_after_receive = stuck_after_receive
         self.routes: list[str] = []
         self.received: dict[str, torch.Tensor] = {}
@@ -55,27 +52,18 @@ class FakeVllm(ThreadingHTTPServer):
         self.bucket_bytes = 0
         self.updating = threading.Event()
         self.released = threading.Event()
-        threading.Thread(target=self.serve_forever, daemon=True).start()
+        self.start()
 
-    @property
-    def url(self) -> str:
-        return f"http://127.0.0.1:{self.server_address[1]}"
-
-    def close(self) -> None:
+    def release(self) -> None:
         self.released.set()
-        self.shutdown()
-        self.server_close()
 
 
-class Handler(BaseHTTPRequestHandler):
+class Handler(JsonHandler):
     server: FakeVllm
-
-    def log_message(self, *args) -> None:
-        pass
 
     def do_POST(self) -> None:
         srv = self.server
-        body = json.loads(self.rfile.read(int(self.headers.get("Content-Length", 0))) or b"{}")
+        body = self.read_json()
         srv.routes.append(self.path)
         status, answer = 200, {"success": True}
         if self.path == "/init_weight_transfer_engine":  # the worker joins the trainer's group, as vLLM's engine does
@@ -103,15 +91,7 @@ class Handler(BaseHTTPRequestHandler):
         elif self.path == "/resume":
             if srv.updating.is_set():  # an update left open: the engine never gets to it
                 srv.released.wait()
-        out = json.dumps(answer).encode()
-        try:
-            self.send_response(status)
-            self.send_header("Content-Type", "application/json")
-            self.send_header("Content-Length", str(len(out)))
-            self.end_headers()
-            self.wfile.write(out)
-        except OSError:  # released at teardown: the client gave up on this request long ago
-            pass
+        self.answer(answer, status)
 
 
 @pytest.fixture

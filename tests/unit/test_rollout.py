@@ -13,10 +13,8 @@ completion shows which weights generated it. Answers the test holds are released
 
 from __future__ import annotations
 
-import json
 import threading
 from datetime import timedelta
-from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from pathlib import Path
 
 import pytest
@@ -25,6 +23,7 @@ import torch.distributed as dist
 from transformers import AutoModelForCausalLM, AutoTokenizer
 
 from launcher.core.records import NodeFigures
+from tests.support.fakes import JsonHandler, LocalHttpServer
 from tests.support.ranks import cpu_parallel, free_port
 from trainer.parallel import Parallel
 from trainer.push.gloo_engine import receive_packed  # imports vLLM: not inside a request's deadline
@@ -48,15 +47,13 @@ def batch(step: int) -> list[list[int]]:
     return [[100 + step, 5, 6], [100 + step, 7]]
 
 
-class FakeVllm(ThreadingHTTPServer):
+class FakeVllm(LocalHttpServer):
     """vLLM 0.32's routes as NodeRollout uses them. calls: each request in arrival order: its path, or for
     /v1/completions "plp" (a parity probe) or "gen <step>" (a sampling request, by its prompts' first token).
     hold[step]: a sampling request for that step waits until the event is set; arrived[step] is set when it arrives."""
 
-    daemon_threads = True
-
     def __init__(self, model: torch.nn.Module, hold: tuple[int, ...] = ()) -> None:
-        super().__init__(("127.0.0.1", 0), Handler)
+        super().__init__(Handler)
         self.model = model
         self.lock = threading.Lock()
         self.calls: list[str] = []
@@ -67,17 +64,11 @@ class FakeVllm(ThreadingHTTPServer):
         self.arrived: dict[int, threading.Event] = {s: threading.Event() for s in range(16)}
         self.group: dist.ProcessGroupGloo | None = None
         self.bucket_bytes = 0
-        threading.Thread(target=self.serve_forever, daemon=True).start()
+        self.start()
 
-    @property
-    def url(self) -> str:
-        return f"http://127.0.0.1:{self.server_address[1]}"
-
-    def close(self) -> None:
+    def release(self) -> None:
         for e in self.hold.values():
             e.set()
-        self.shutdown()
-        self.server_close()
 
     def prompt_logprobs(self, ids: list[int]) -> list[dict[str, dict[str, float]] | None]:
         with torch.no_grad():
@@ -93,15 +84,12 @@ class FakeVllm(ThreadingHTTPServer):
                 params[name].copy_(t)
 
 
-class Handler(BaseHTTPRequestHandler):
+class Handler(JsonHandler):
     server: FakeVllm
-
-    def log_message(self, *args) -> None:
-        pass
 
     def do_POST(self) -> None:
         srv = self.server
-        body = json.loads(self.rfile.read(int(self.headers.get("Content-Length", 0))) or b"{}")
+        body = self.read_json()
         answer: dict = {"success": True}
         if self.path == "/v1/completions" and "prompt_logprobs" in body:
             srv.calls.append("plp")
@@ -141,15 +129,7 @@ class Handler(BaseHTTPRequestHandler):
                 srv.load(received)
         elif self.path == "/finish_weight_update":
             srv.version += 1
-        out = json.dumps(answer).encode()
-        try:
-            self.send_response(200)
-            self.send_header("Content-Type", "application/json")
-            self.send_header("Content-Length", str(len(out)))
-            self.end_headers()
-            self.wfile.write(out)
-        except OSError:  # released at teardown: the client gave up on it
-            pass
+        self.answer(answer)
 
 
 @pytest.fixture(scope="module")
