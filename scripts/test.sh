@@ -22,7 +22,7 @@ for tier in $TIERS; do
     integration) pytest -q -m integration || rc=1;;
     cluster)
       # the cluster's apt installs (slurm-wlm, munge, mariadb) happen inside start_cluster.sh
-      bash scripts/start_cluster.sh 2 3 --cpus 4 --mem 12000 --base /tmp/slurm-grpo-cluster > /tmp/slurm-grpo-cluster.env
+      bash scripts/start_cluster.sh 2 3 --cpus 4 --mem 12000 --base /tmp/slurm-grpo-cluster > /dev/null  # it writes /tmp/slurm-grpo-cluster/env.sh
       trap 'bash scripts/stop_cluster.sh --base /tmp/slurm-grpo-cluster' EXIT
       SLURM_GRPO_CLUSTER_ENV=/tmp/slurm-grpo-cluster/env.sh pytest -q -m cluster || rc=1
       ;;

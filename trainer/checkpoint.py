@@ -23,7 +23,7 @@ from launcher.core.records import CheckpointMeta
 KEEP = 2
 
 HOLD_ENV = "SLURM_GRPO_TEST_HOLD_CHECKPOINT"
-"""Test-only fault point (tests/test_integration.py): set to a step, rank 0 stops in that step's write after the
+"""Test-only fault point (tests/integration/test_integration.py): set to a step, rank 0 stops in that step's write after the
 shards and before meta.json, and writes HOLD_MARKER into the .tmp folder, so a test kills it mid-checkpoint for sure."""
 HOLD_MARKER = "held-for-test"
 HOLD_MAX_S = 300.0

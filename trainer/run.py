@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import enum
 import functools
+import os
 import time
 from dataclasses import dataclass
 from pathlib import Path
@@ -110,8 +111,11 @@ def build(plan: Plan, par: Parallel, preemption: grpo.PreemptionFlag) -> Run:
     rollout = NodeRollout(model, tokenizer, par, GenerationSettings.from_plan(plan, par.node, dtype), lookahead)
     tracking.set_tracking_env(job_dir, t, plan.job_name)
     args = trl_glue.grpo_config(job_dir, t, plan.device)
-    resume = checkpoint.latest(JobDir(job_dir).checkpoints) if t.resume else None
-    if not t.resume:  # a new start: earlier checkpoints would outrank this run's (retention, a later resume or requeue)
+    # SLURM requeued this job (preemption, time limit): it continues this run even if the run started over
+    # (trainer.resume: false), whose first attempt set the older checkpoints aside: a preempt checkpoint is never lost
+    requeued = int(os.environ.get("SLURM_RESTART_COUNT") or 0) > 0
+    resume = checkpoint.latest(JobDir(job_dir).checkpoints) if t.resume or requeued else None
+    if not (t.resume or requeued):  # a new start: earlier checkpoints would outrank this run's (retention, a resume)
         checkpoint.set_aside(JobDir(job_dir).checkpoints)
     per_step = data.step_indices(args, par.world)
     if resume is None:

@@ -15,14 +15,14 @@ import os
 import time
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field
-from enum import StrEnum
+from enum import Enum
 from pathlib import Path
 from typing import Any, Literal, TypeVar, get_args
 
 # ---------------------------------------------------------------------------------------------------- node events
 
 
-class Event(StrEnum):
+class Event(str, Enum):
     """What logs/node{i}-events.jsonl records: the node supervisor's phases (launcher.node.bootstrap) and the trainer
     leader's start-up (trainer.run). `slurm-grpo status` reads them."""
 
@@ -40,6 +40,9 @@ class Event(StrEnum):
     FAILED = "failed"
     REQUEUE = "requeue"
     BOOTSTRAP_END = "bootstrap_end"
+
+    def __str__(self) -> str:  # the name written to and read from the events file (a str Enum prints its member)
+        return self.value
 
 
 @dataclass(frozen=True)

@@ -282,7 +282,8 @@ def test_the_fresh_machine_wrapper_hides_a_slurm_command_found_on_path(tmp_path)
     if "no mount namespace" not in r.stderr:  # as root: even its own path runs nothing; /tmp and /dev/shm are empty
         assert got["by_path"] == "PermissionError", got
         # kept: the current folder and the checkout itself, when they live under /tmp (mounted back at their paths)
-        kept = sorted({p.relative_to("/tmp").parts[0] for p in (tmp_path, REPO) if p.is_relative_to("/tmp")})
+        venv = [Path(os.environ["VIRTUAL_ENV"])] if os.environ.get("VIRTUAL_ENV") else []  # kept by the wrapper too
+        kept = sorted({p.relative_to("/tmp").parts[0] for p in (tmp_path, REPO, *venv) if p.is_relative_to("/tmp")})
         assert sorted(got["tmp"]) == kept and got["shm"] == [], got
     assert subprocess.run(["srun"], capture_output=True, text=True, env=env).stdout == "REAL-SRUN-RAN\n"  # untouched outside
 

@@ -110,7 +110,7 @@ def test_a_dead_server_is_a_connection_error_with_the_question_to_ask():
 
 
 class FakeVllm(BaseHTTPRequestHandler):
-    """The routes the client and weight_push use, answering from the server's script; every request is recorded."""
+    """The routes the client and the pusher (trainer.push.pusher) use, answering from the server's script; every request is recorded."""
 
     protocol_version = "HTTP/1.1"  # keep-alive, as uvicorn
 

@@ -2,10 +2,10 @@
 swapped for a gloo process group, so the native protocol (init / start / update / finish) runs on CPU.
 
 The trainer side is trainer.push.senders.GlooSender: it hosts the TCPStore as rank 0 and broadcasts packed chunks
-cut by vLLM's own rule (trainer.push.senders.chunk_metas, the rule of vLLM's packed NCCL consumer), so the CPU
+cut by vLLM's own rule (trainer.push.wire.chunk_metas, the rule of vLLM's packed NCCL consumer), so the CPU
 tests run the packing the GPU path uses. Both sides bind 127.0.0.1: the push never leaves the node.
 
-Test-only fault points (tests/test_integration.py), set in the server's environment: SLURM_GRPO_TEST_PUSH_FAULT=stop@N
+Test-only fault points (tests/integration/test_integration.py), set in the server's environment: SLURM_GRPO_TEST_PUSH_FAULT=stop@N
 stops the server's whole process group (SIGSTOP) as the N-th push's chunks are due, as a hung server would;
 skip@N receives the N-th push but loads none of it, as a push that did not land.
 """
