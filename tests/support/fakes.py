@@ -134,3 +134,17 @@ class JsonHandler(BaseHTTPRequestHandler):
             self.wfile.write(out)
         except OSError:  # released at teardown: the client gave up on this request long ago
             pass
+
+
+def join_weight_group(info: dict) -> tuple[object, int]:
+    """What vLLM's engine does on /init_weight_transfer_engine, for a fake server: join the trainer's gloo group as
+    the worker rank the init info names. Returns (the group, the packed buffer size)."""
+    from datetime import timedelta
+
+    import torch.distributed as dist
+
+    from trainer.push.wire import loopback_gloo_group
+
+    timeout = timedelta(seconds=info["timeout_s"])
+    store = dist.TCPStore("127.0.0.1", info["master_port"], info["world_size"], is_master=False, timeout=timeout)
+    return loopback_gloo_group(store, info["rank_offset"], info["world_size"], timeout), info["packed_buffer_size_bytes"]

@@ -13,16 +13,15 @@ from __future__ import annotations
 import socket
 import threading
 import time
-from datetime import timedelta
 
 import pytest
 import torch
 import torch.distributed as dist
 
-from tests.support.fakes import JsonHandler, LocalHttpServer
+from tests.support.fakes import JsonHandler, LocalHttpServer, join_weight_group
 from trainer.push.gloo_engine import receive_packed  # imports vLLM: not inside a request's deadline
 from trainer.push.pusher import RESUME_AFTER_FAILURE_S, NodePusher, PushSettings
-from trainer.push.wire import ParamMeta, loopback_gloo_group
+from trainer.push.wire import ParamMeta
 from trainer.rollout.server import ServerError, VllmServer
 
 pytestmark = pytest.mark.filterwarnings("ignore:Tensor .* exceeds buffer_size_bytes")  # vLLM's, for our tiny bucket
@@ -67,11 +66,7 @@ class Handler(JsonHandler):
         srv.routes.append(self.path)
         status, answer = 200, {"success": True}
         if self.path == "/init_weight_transfer_engine":  # the worker joins the trainer's group, as vLLM's engine does
-            info = body["init_info"]
-            timeout = timedelta(seconds=info["timeout_s"])
-            store = dist.TCPStore("127.0.0.1", info["master_port"], info["world_size"], is_master=False, timeout=timeout)
-            srv.group = loopback_gloo_group(store, info["rank_offset"], info["world_size"], timeout)
-            srv.bucket_bytes = info["packed_buffer_size_bytes"]
+            srv.group, srv.bucket_bytes = join_weight_group(body["init_info"])  # type: ignore[assignment]
         elif self.path == "/start_weight_update":
             srv.updating.set()
         elif self.path == "/update_weights":

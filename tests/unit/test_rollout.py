@@ -14,7 +14,6 @@ completion shows which weights generated it. Answers the test holds are released
 from __future__ import annotations
 
 import threading
-from datetime import timedelta
 from pathlib import Path
 
 import pytest
@@ -23,12 +22,12 @@ import torch.distributed as dist
 from transformers import AutoModelForCausalLM, AutoTokenizer
 
 from launcher.core.records import NodeFigures
-from tests.support.fakes import JsonHandler, LocalHttpServer
+from tests.support.fakes import JsonHandler, LocalHttpServer, join_weight_group
 from tests.support.ranks import cpu_parallel, free_port
 from trainer.parallel import Parallel
 from trainer.push.gloo_engine import receive_packed  # imports vLLM: not inside a request's deadline
 from trainer.push.pusher import PushSettings
-from trainer.push.wire import ParamMeta, loopback_gloo_group
+from trainer.push.wire import ParamMeta
 from trainer.rollout.node import GenerationSettings, NodeRollout, TrlAdapter
 from trainer.tiny_model import make_tiny_model
 
@@ -113,11 +112,7 @@ class Handler(JsonHandler):
         else:
             srv.calls.append(self.path)
         if self.path == "/init_weight_transfer_engine":  # the worker joins the trainer's group, as vLLM's engine does
-            info = body["init_info"]
-            timeout = timedelta(seconds=info["timeout_s"])
-            store = dist.TCPStore("127.0.0.1", info["master_port"], info["world_size"], is_master=False, timeout=timeout)
-            srv.group = loopback_gloo_group(store, info["rank_offset"], info["world_size"], timeout)
-            srv.bucket_bytes = info["packed_buffer_size_bytes"]
+            srv.group, srv.bucket_bytes = join_weight_group(body["init_info"])  # type: ignore[assignment]
         elif self.path == "/update_weights":
             u = body["update_info"]
             meta = [ParamMeta(n, d, s) for n, d, s in zip(u["names"], u["dtype_names"], u["shapes"])]
