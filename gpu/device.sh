@@ -12,28 +12,7 @@ STEPS=${STEPS:-30}
 TAG=${TAG:-run}
 cd "$(dirname "$0")/.."
 log() { echo "[device $(date +%T)] $*"; }
-if [ ! -f /tmp/site/.installed ]; then
-  log "reassembling and installing $(ls /tmp/parts | wc -l) files (wheels and wheel pieces)"
-  mkdir -p /tmp/wheels
-  cp /tmp/parts/*.whl /tmp/wheels/ 2>/dev/null
-  for first in /tmp/parts/*.whl.part.00; do
-    [ -e "$first" ] || continue
-    base=$(basename "$first" .part.00); cat /tmp/parts/"$base".part.* > /tmp/wheels/"$base"
-  done
-  (cd /tmp/wheels && sha256sum -c --quiet /tmp/parts/SHA256SUMS) || { log "checksum mismatch: a part is missing"; exit 1; }
-  python3 -m pip install -q --no-index --no-deps --no-compile --target /tmp/site /tmp/wheels/*.whl || exit 1
-  touch /tmp/site/.installed
-fi
-# flashinfer is not carried (vLLM's sampler falls back to torch); the image's cuDNN 9.19 runs torch 2.13 (9.20 named)
-export PYTHONPATH=/tmp/site:$PWD VLLM_USE_FLASHINFER_SAMPLER=0 PYTORCH_SKIP_CUDNN_COMPATIBILITY_CHECK=1 PYTHONUNBUFFERED=1
-export NCCL_NVLS_ENABLE=0 TORCH_SYMM_MEM_DISABLE_MULTICAST=1 NVSHMEM_DISABLE_NVLS=1
-python3 - > "$OUT/versions.json" <<'PY'
-import json, torch, importlib.metadata as m
-print(json.dumps({"torch": torch.__version__, "cuda": torch.version.cuda, "nccl": ".".join(map(str, torch.cuda.nccl.version())),
-                  "gpu": torch.cuda.get_device_name(0),
-                  **{n: m.version(n) for n in ("vllm", "trl", "transformers", "accelerate", "datasets")}}))
-PY
-cat "$OUT/versions.json" || exit 1
+. gpu/stack.sh  # the pinned stack in /tmp/site, the plugin, the environment, versions.json
 MODEL=/tmp/model-$TAG JOB=/tmp/job-$TAG
 log "building the model"
 [ -f $MODEL/config.json ] || python3 -m trainer.tiny_model $MODEL ${MODEL_ARGS:---hidden 896 --layers 24 --kv-heads 2 --intermediate 4864} \

@@ -64,6 +64,8 @@ class Layout:
     compute_bytes: int
     completions_per_rank: int
     completion_tokens: int
+    push_buffer_bytes: int = 0
+    """ipc push (shared GPU): the staging buffer the node leader keeps on its GPU (trainer.ipc_buffer_mb); 0 otherwise."""
 
 
 @dataclass(frozen=True)
@@ -93,6 +95,8 @@ class Estimate:
     logits_gb: float
     reference_gb: float
     """TRL's reference model (trainer.beta > 0), whole on every rank."""
+    push_buffer_gb: float
+    """The ipc push's staging buffer: the serving-dtype model or trainer.ipc_buffer_mb, the smaller (node leader)."""
     gpu_gb: float
     """Peak per trainer rank on its GPU while training."""
     host_gb_per_node: float
@@ -120,8 +124,9 @@ def estimate(shape: ModelShape, lay: Layout, opt: Options) -> Estimate:
     acts = (2 * t * shape.hidden * shape.layers + per_layer) if opt.activation_checkpointing else per_layer * shape.layers
     logits = 6 * t * shape.vocab
     reference = 4 * p if opt.reference_model else 0
+    push_buffer = min(2 * p, lay.push_buffer_bytes)
     on_gpu_state = 0 if opt.cpu_offload else state
-    gpu = (on_gpu_state + gathered + acts + logits + reference) / GB + OVERHEAD_GB
+    gpu = (on_gpu_state + gathered + acts + logits + reference + push_buffer) / GB + OVERHEAD_GB
     if opt.sharded_loading:  # a rank's read buffer: its rows of one tensor, stored in bf16
         load_gpu = (0 if opt.cpu_offload else 4 * p / s) / GB + OVERHEAD_GB
         load_host = lay.ranks_per_node * ((4 * p / s if opt.cpu_offload else 0) + 2 * shape.largest_tensor / s) / GB
@@ -139,6 +144,7 @@ def estimate(shape: ModelShape, lay: Layout, opt: Options) -> Estimate:
         activations_gb=acts / GB,
         logits_gb=logits / GB,
         reference_gb=reference / GB,
+        push_buffer_gb=push_buffer / GB,
         gpu_gb=gpu,
         host_gb_per_node=lay.ranks_per_node * state / GB if opt.cpu_offload else 0.0,
         load_gpu_gb=load_gpu,
@@ -186,6 +192,7 @@ def report(shape: ModelShape, lay: Layout, opt: Options) -> list[str]:
         f"per trainer rank: state {e.state_gb:.1f} GB on the {where} (fp32 params + grads + AdamW), gathered units "
         f"{e.gathered_gb:.1f}, activations {e.activations_gb:.1f}, logits {e.logits_gb:.1f}, overhead {OVERHEAD_GB:.0f}"
         + (f", reference model {e.reference_gb:.1f} (trainer.beta > 0: TRL's unsharded fp32 copy)" if e.reference_gb else "")
+        + (f", ipc push buffer {e.push_buffer_gb:.1f} (trainer.ipc_buffer_mb)" if e.push_buffer_gb else "")
         + f" -> GPU peak ~{e.gpu_gb:.1f} GB",
         f"at load ({'sharded' if opt.sharded_loading else 'full from_pretrained'}): GPU ~{e.load_gpu_gb:.1f} GB per rank, "
         f"host ~{e.load_host_gb_per_node:.1f} GB per node"
@@ -230,6 +237,7 @@ def layout(p: Plan) -> Layout:
         compute_bytes=2 if t.dtype == "bfloat16" else 4,
         completions_per_rank=t.per_device_train_batch_size,
         completion_tokens=t.max_completion_length,
+        push_buffer_bytes=t.ipc_buffer_mb * 2**20 if p.weight_transfer_backend == "ipc" else 0,
     )
 
 

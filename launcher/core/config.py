@@ -191,6 +191,9 @@ class TrainerConfig:
     """Deadline for one whole weight push (all parameters) to the node's server."""
     bucket_mb: int = 64
     """Largest gathered bucket of parameters during a push, in MB (bounds the push's extra memory)."""
+    ipc_buffer_mb: int = 2048
+    """ipc push only (vLLM and the trainer on one GPU): the staging buffer on the GPU, kept for the run and mapped by the
+    server once; a model up to this size moves in one request, a bigger one in windows of it. Counted in the memory estimate."""
     parity_tolerance: float = 0.0
     """Largest allowed |logprob(vLLM) - logprob(trainer)| after a push; 0 = by dtype (float32 1e-3, bf16 0.25)."""
     parity_action: Literal["fail", "warn"] = "fail"
@@ -225,7 +228,14 @@ class TrainerConfig:
         if not self.dataset:
             raise ConfigError("trainer.dataset is required: a JSONL/Parquet file or a `datasets` folder with a 'prompt' column")
         _check_reward_funcs(self.reward_funcs)
-        for name in ("max_steps", "per_device_train_batch_size", "num_generations", "max_completion_length", "bucket_mb"):
+        for name in (
+            "max_steps",
+            "per_device_train_batch_size",
+            "num_generations",
+            "max_completion_length",
+            "bucket_mb",
+            "ipc_buffer_mb",
+        ):
             _positive(f"trainer.{name}", getattr(self, name), "it counts something that must exist")
         for name in ("request_timeout_s", "push_timeout_s"):
             _positive(f"trainer.{name}", getattr(self, name), "every wait needs a deadline")

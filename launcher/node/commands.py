@@ -19,6 +19,9 @@ IN_JOB = JobDir(Path())
 
 
 OFFLINE_ENV = {"HF_HUB_OFFLINE": "1", "HF_DATASETS_OFFLINE": "1"}
+SERVER_ENGINE = {"ipc": "mapped_ipc"}
+"""The server's weight-transfer engine per push backend where it is the project's own (trainer.push.vllm_plugin registers
+it): ipc is trainer.push.ipc_engine (one mapping for the run, the whole model per request); gloo keeps its name."""
 """Nodes never reach for the hub: a hub model name was resolved to its cached snapshot at submit (launcher.hub)."""
 
 
@@ -70,7 +73,7 @@ def vllm_command(plan: Plan, node: int, python: str = "python", allocated: str |
         "--logprobs-mode",
         "processed_logprobs",
         "--weight-transfer-config",
-        json.dumps({"backend": plan.weight_transfer_backend}),
+        json.dumps({"backend": SERVER_ENGINE.get(plan.weight_transfer_backend, plan.weight_transfer_backend)}),
         "--seed",
         str(plan.config.trainer.seed),
     ]
@@ -87,10 +90,6 @@ def vllm_command(plan: Plan, node: int, python: str = "python", allocated: str |
         "VLLM_NO_USAGE_STATS": "1",
         "DO_NOT_TRACK": "1",
     }
-    if plan.weight_transfer_backend == "ipc":
-        # vLLM's ipc engine receives the trainer's CUDA IPC handles pickled over HTTP; it refuses them
-        # without this. The server listens on 127.0.0.1 only, so only this node's processes can post.
-        env["VLLM_ALLOW_INSECURE_SERIALIZATION"] = "1"
     if plan.device == "cpu":
         env.update({"VLLM_CPU_KVCACHE_SPACE": str(v.cpu_kvcache_gib), PLUGIN_ENV: "1", "CUDA_VISIBLE_DEVICES": ""})
     return NodeCommand(name="vllm", argv=argv, env=env, log=str(IN_JOB.log(node, "vllm")))

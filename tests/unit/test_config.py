@@ -494,8 +494,7 @@ def test_readme_config_reference_is_current():
 
     readme = (REPO / "README.md").read_text()
     assert C.reference_markdown() in readme, (
-        "README's config reference is stale; regenerate it with "
-        "python -c 'from launcher.core.config import reference_markdown as r; print(r())'"
+        "README's config reference is stale; regenerate it with python scripts/config_reference.py"
     )
 
 

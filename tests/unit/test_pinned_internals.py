@@ -256,16 +256,19 @@ COLLECTIVES = (
 )
 
 
-def test_the_ipc_sender_runs_no_collective(monkeypatch):
+def test_the_ipc_push_runs_no_collective_and_the_server_loads_every_byte(monkeypatch):
     """vLLM's own stateful ipc engine all-gathers on the default group, which here spans every node: ours must not.
-    IpcSender's whole path (init, a push of three packed chunks) runs with every torch.distributed collective (and
-    group creation) raising, and the process group reported as initialized, so a collective anywhere below it fails
-    here. The CUDA calls are answered on the CPU (the library boundary: no GPU here), the server at the HTTP one."""
+    MappedIpcSender's whole path (init, two pushes) runs with every torch.distributed collective (and group creation)
+    raising, and the process group reported as initialized, so a collective anywhere below it fails here. Its requests
+    go to the server's real engine (trainer.push.ipc_engine), whose mapping of the buffer is the buffer itself (no GPU
+    here: the CUDA calls are answered on the CPU, the library boundary): the model receives every parameter's bytes,
+    under its name and shape, window by window, and one mapping serves both pushes."""
     import torch
     import torch.distributed as dist
     import torch.distributed.distributed_c10d as c10d
 
-    from trainer.push.senders import IpcSender
+    import trainer.push.ipc_engine as engine_mod
+    from trainer.push.senders import MappedIpcSender
     from trainer.push.wire import ParamMeta
     from trainer.rollout.server import VllmServer
 
@@ -274,7 +277,7 @@ def test_the_ipc_sender_runs_no_collective(monkeypatch):
     def forbidden(name: str):
         def fn(*a, **k):
             called.append(name)
-            raise AssertionError(f"IpcSender ran torch.distributed.{name}")
+            raise AssertionError(f"MappedIpcSender ran torch.distributed.{name}")
 
         return fn
 
@@ -290,28 +293,59 @@ def test_the_ipc_sender_runs_no_collective(monkeypatch):
     monkeypatch.setattr(torch.cuda, "current_device", lambda: 0)
     monkeypatch.setattr(torch.cuda, "get_device_properties", lambda i: type("P", (), {"uuid": "GPU-test"})())
     monkeypatch.setattr(torch.cuda, "current_stream", lambda: type("S", (), {"synchronize": lambda self: None})())
-    monkeypatch.setattr(torch.cuda, "ipc_collect", lambda: None)
+    exported: list[torch.Tensor] = []
 
-    posted: list[tuple[str, dict]] = []
+    def reduce_tensor(t):
+        exported.append(t)
+        return None, (len(exported) - 1, 0, 0, 0, 0, 0, 0)
 
-    class Client(VllmServer):  # the real route methods; only the HTTP call is recorded
+    monkeypatch.setattr("torch.multiprocessing.reductions.reduce_tensor", reduce_tensor)
+    monkeypatch.setattr(engine_mod, "rebuild_cuda_tensor", lambda *args: exported[args[0]])  # the same bytes, mapped
+
+    class Model:
+        loads: list[list[tuple[str, list[int], list[float]]]] = []
+
+        def load_weights(self, weights):
+            self.loads.append([(n, list(t.shape), t.flatten().tolist()) for n, t in weights])
+
+    receiver = engine_mod.MappedIpcWeightTransferEngine.__new__(engine_mod.MappedIpcWeightTransferEngine)
+    receiver.device, receiver.model, receiver.model_config = torch.device("cuda", 0), Model(), None
+    posted: list[str] = []
+
+    class Client(VllmServer):  # the real route methods; the HTTP call goes straight to the engine
         def __init__(self):
             super().__init__("http://127.0.0.1:1", "m", node=0, timeout_s=5.0)
 
         def post(self, route, body=None, timeout_s=None, step=0, engine=None):
-            posted.append((route, body))
+            posted.append(route)
+            if route == self.INIT_WEIGHTS:
+                receiver.init_transfer_engine(receiver.parse_init_info(body["init_info"]))
+            elif route == self.UPDATE_WEIGHTS:
+                receiver.receive_weights(receiver.parse_update_info(body["update_info"]))
 
     meta = [ParamMeta(f"p{i}", "float32", [4, 4]) for i in range(5)]  # 64 bytes each
-    params = [(m.name, torch.full((4, 4), float(i))) for i, m in enumerate(meta)]
-    sender = IpcSender(Client(), 30.0, 128, meta)  # type: ignore[arg-type]  # two tensors per 128-byte chunk
-    sender.push(iter(params), meta, step=7)
+    sender = MappedIpcSender(Client(), 30.0, 128, meta)  # type: ignore[arg-type]  # two tensors per 128-byte window
+    for push in range(2):
+        params = [(m.name, torch.full((4, 4), float(10 * push + i))) for i, m in enumerate(meta)]
+        sender.push(iter(params), meta, step=push + 1)
     assert not called, called
-    routes = [r for r, _ in posted]
-    assert routes == ["/init_weight_transfer_engine", "/start_weight_update"] + ["/update_weights"] * 3 + [
-        "/finish_weight_update"
-    ]
-    chunks = [b["update_info"]["names"] for r, b in posted if r == "/update_weights"]
-    assert chunks == [["p0", "p1"], ["p2", "p3"], ["p4"]], chunks
+    assert len(exported) == 1, "the buffer is exported once, at init"
+    one_push = ["/start_weight_update"] + ["/update_weights"] * 3 + ["/finish_weight_update"]
+    assert posted == ["/init_weight_transfer_engine"] + one_push * 2
+    windows = [[n for n, _, _ in load] for load in Model.loads]
+    assert windows == [["p0", "p1"], ["p2", "p3"], ["p4"]] * 2, windows
+    received = {
+        (push, n): (shape, values)
+        for push in range(2)
+        for load in Model.loads[3 * push : 3 * push + 3]
+        for n, shape, values in load
+    }
+    for push in range(2):
+        for i in range(5):
+            assert received[(push, f"p{i}")] == ([4, 4], [float(10 * push + i)] * 16), (push, i)
+
+    whole = MappedIpcSender(Client(), 30.0, 2**30, meta)  # type: ignore[arg-type]
+    assert whole.buffer_bytes == 5 * 64 and len(whole.windows) == 1, "a model that fits the buffer moves in one request"
 
 
 def test_the_server_entry_point_the_nodes_run_still_starts_the_server():

@@ -64,7 +64,7 @@ def hand_over(t: torch.Tensor, home: torch.cuda.Stream | None) -> torch.Tensor:
 
 
 def iter_unsharded_params(
-    model: torch.nn.Module, dtype: torch.dtype, *, order_streams: bool = True
+    model: torch.nn.Module, dtype: torch.dtype, *, order_streams: bool = True, copy: bool = True
 ) -> Iterator[tuple[str, torch.Tensor]]:
     """Like iter_full_params, but one all-gather per FSDP2 unit (a decoder layer) instead of one per parameter:
     `unshard()` gathers a unit's parameters in one collective, in its mixed-precision param dtype (the serving
@@ -80,12 +80,17 @@ def iter_unsharded_params(
     Each yielded tensor is handed to the consumer's stream (`hand_over`); reshard() needs no host sync, since
     every read of the gathered storage is on the caller's stream, before the free in stream order.
     order_streams=False: the walk without this (gathers and copies on the consumer's current stream, a host
-    sync before each reshard), kept only so tests/unit/test_gpu_push_order.py can show the race it fixes."""
+    sync before each reshard), kept only so tests/unit/test_gpu_push_order.py can show the race it fixes.
+    copy=False: a parameter already in `dtype` is yielded as a view of its unit's gathered storage, valid until the
+    next one is pulled (the unit may be resharded then): for a consumer that copies each tensor out at once on the
+    same stream (the mapped ipc sender), which saves one copy of the whole model per push."""
     home = torch.cuda.current_stream() if order_streams and _live_cuda() else None
-    return _walk_units(model, dtype, home)
+    return _walk_units(model, dtype, home, copy)
 
 
-def _walk_units(model: torch.nn.Module, dtype: torch.dtype, home: torch.cuda.Stream | None) -> Iterator[tuple[str, torch.Tensor]]:
+def _walk_units(
+    model: torch.nn.Module, dtype: torch.dtype, home: torch.cuda.Stream | None, copy: bool = True
+) -> Iterator[tuple[str, torch.Tensor]]:
     plan = owning_units(model)
     if not isinstance(model, FSDPModule) or any(unit is None for _, unit, _, _ in plan):
         for name, t in _on(home, iter_full_params(model, dtype)):
@@ -110,7 +115,7 @@ def _walk_units(model: torch.nn.Module, dtype: torch.dtype, home: torch.cuda.Str
                         t = t.full_tensor()
                     # a copy: the unit's gathered storage is freed by reshard(), while a packer may still hold the
                     # tensor (vLLM's pack_tensors keeps views until its chunk is full, across units)
-                    out = t.to(dtype, copy=True).contiguous()
+                    out = t.to(dtype, copy=copy).contiguous()
                 yield name, hand_over(out, home)
         finally:
             with _stream(home):

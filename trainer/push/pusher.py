@@ -13,7 +13,7 @@ from dataclasses import dataclass
 import torch
 
 from trainer.push.gather import iter_unsharded_params, param_metadata
-from trainer.push.senders import GlooSender, IpcSender, NcclSender, Sender
+from trainer.push.senders import GlooSender, MappedIpcSender, NcclSender, Sender
 from trainer.push.wire import ParamMeta
 from trainer.rollout.server import VllmServer
 
@@ -28,6 +28,8 @@ class PushSettings:
     timeout_s: float
     dtype: torch.dtype
     bucket_bytes: int
+    ipc_buffer_bytes: int = 2048 * 2**20
+    """ipc only: the staging buffer the server maps once (trainer.ipc_buffer_mb)."""
 
 
 def make_sender(s: PushSettings, client: VllmServer, meta: list[ParamMeta], device: torch.device) -> Sender:
@@ -36,7 +38,7 @@ def make_sender(s: PushSettings, client: VllmServer, meta: list[ParamMeta], devi
     if s.backend == "nccl":
         return NcclSender(client, s.transfer_port, s.server_world, s.timeout_s, s.bucket_bytes, device)
     if s.backend == "ipc":
-        return IpcSender(client, s.timeout_s, s.bucket_bytes, meta)
+        return MappedIpcSender(client, s.timeout_s, s.ipc_buffer_bytes, meta)
     raise ValueError(f"unknown weight transfer backend {s.backend!r}")
 
 
@@ -57,7 +59,8 @@ class NodePusher:
         a half-written model. A push that fails in between raises its own error within trainer.push_timeout_s plus
         RESUME_AFTER_FAILURE_S: the resume after it is best effort (the engine may be stuck in the transfer)."""
         t0 = time.time()
-        params = iter_unsharded_params(self.model, self.settings.dtype)
+        # the ipc sender copies each tensor into its staging buffer at once: no copy of its own needed
+        params = iter_unsharded_params(self.model, self.settings.dtype, copy=self.settings.backend != "ipc")
         if self.client is None:
             for _ in params:  # the leader's gathers need every rank of the mesh
                 pass

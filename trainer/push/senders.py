@@ -16,9 +16,10 @@ more than the bucket), so one broadcast and one `load_weights` move a whole buck
   gloo  (CPU, the project's engine: trainer.push.gloo_engine) and
   nccl  (GPU, vLLM's engine) broadcast the chunks over a group of the trainer's leader (rank 0) and the
         server's workers; the gather of the next chunk overlaps the broadcast of this one.
-  ipc   (one GPU shared by vLLM and the trainer) copies each chunk into one reused CUDA buffer whose
-        IPC handle travels with the POST; built without torch.distributed (vLLM's own stateful ipc
-        engine runs collectives on the default group, which here spans every node).
+  ipc   (one GPU shared by vLLM and the trainer): the project's mapped_ipc engine (trainer.push.ipc_engine): one
+        staging buffer the server maps once, the whole model per request when it fits; built without
+        torch.distributed (vLLM's own stateful ipc engine runs collectives on the default group, which here spans
+        every node) and without vLLM's per-push layerwise reload.
 """
 
 from __future__ import annotations
@@ -34,7 +35,7 @@ from typing import Any, Protocol
 import torch
 import torch.distributed as dist
 
-from trainer.push.wire import ParamMeta, loopback_gloo_group, update_info
+from trainer.push.wire import ParamMeta, buffer_windows, loopback_gloo_group, update_info
 from trainer.rollout.server import ServerError, VllmServer, server_log
 
 Params = Iterator[tuple[str, torch.Tensor]]
@@ -282,50 +283,50 @@ def nccl_broadcast_packed(group, params: Params, bucket_bytes: int) -> None:
 # ----------------------------------------------------------------------------- ipc
 
 
-class IpcSender:
-    """vLLM's `ipc` engine, packed: each chunk is copied into one CUDA buffer (kept across pushes, sized to
-    the bucket or the largest tensor, whichever is larger) whose IPC handle travels with one synchronous
-    update_weights request per chunk; the request returning means the server has copied the chunk out, so the
-    next chunk may overwrite the buffer."""
+class MappedIpcSender:
+    """The project's `mapped_ipc` engine (trainer.push.ipc_engine is the server's side): one staging buffer on the GPU,
+    kept for the whole run and mapped by the server once, at init, with the push's layout; the parameters are copied
+    into it window by window (buffer_windows: the whole model in one window when it fits ipc_buffer_bytes), and one
+    update_weights request per window makes the server load that window's views into the live model. The request
+    returning means the server has copied the window out (it syncs its device), so the next window may overwrite it."""
 
-    def __init__(self, client: VllmServer, timeout_s: float, bucket_bytes: int, meta: list[ParamMeta]):
-        self.client, self.timeout_s = client, timeout_s
-        self.buffer_bytes = max(bucket_bytes, max(m.nbytes for m in meta))
-        index = torch.cuda.current_device()
-        self.gpu_uuid = str(torch.cuda.get_device_properties(index).uuid)
-        self.buffer = torch.empty(self.buffer_bytes, dtype=torch.uint8, device=torch.device("cuda", index))
-        client.init_weight_transfer({"packed": True}, timeout_s=timeout_s)
-
-    def push(self, params: Params, meta: list[ParamMeta], step: int) -> None:
+    def __init__(self, client: VllmServer, timeout_s: float, buffer_bytes: int, meta: list[ParamMeta]):
         from torch.multiprocessing.reductions import reduce_tensor
 
-        deadline = time.time() + self.timeout_s
-        # one export per push: the server opens the mapping at its first chunk and releases it at finish
-        _, handle_args = reduce_tensor(self.buffer)
-        handle = base64.b64encode(pickle.dumps({self.gpu_uuid: handle_args})).decode()
-        self.client.start_weight_update(step=step)
-        chunk: list[ParamMeta] = []
-        offset = 0
-        for m, (_, t) in zip(meta, checked(params, meta), strict=True):
-            if offset + m.nbytes > self.buffer_bytes:  # vLLM's packed_ipc_producer rule: a chunk never overflows
-                self._post_chunk(chunk, handle, step, deadline)
-                chunk, offset = [], 0
-            self.buffer[offset : offset + m.nbytes].copy_(t.contiguous().view(-1).view(torch.uint8))
-            chunk.append(m)
-            offset += m.nbytes
-        self._post_chunk(chunk, handle, step, deadline)
-        self.client.finish_weight_update(step=step, timeout_s=max(1.0, deadline - time.time()))
-        torch.cuda.ipc_collect()
+        self.client, self.timeout_s = client, timeout_s
+        self.buffer_bytes = max(max(m.nbytes for m in meta), min(sum(m.nbytes for m in meta), buffer_bytes))
+        self.windows = buffer_windows(meta, self.buffer_bytes)
+        index = torch.cuda.current_device()
+        uuid = str(torch.cuda.get_device_properties(index).uuid)
+        self.buffer = torch.empty(self.buffer_bytes, dtype=torch.uint8, device=torch.device("cuda", index))
+        _, handle_args = reduce_tensor(self.buffer)  # exported once: the server keeps the mapping open
+        handle = base64.b64encode(pickle.dumps({uuid: handle_args})).decode()
+        client.init_weight_transfer(
+            {"handle": handle, "buffer_bytes": self.buffer_bytes, **update_info(meta)}, timeout_s=timeout_s
+        )
 
-    def _post_chunk(self, chunk: list[ParamMeta], handle: str, step: int, deadline: float) -> None:
-        if not chunk:
-            return
-        torch.cuda.current_stream().synchronize()  # the server must see the whole chunk written
+    def push(self, params: Params, meta: list[ParamMeta], step: int) -> None:
+        deadline = time.time() + self.timeout_s
+        self.client.start_weight_update(step=step)
+        stream = checked(params, meta)
+        for k, window in enumerate(self.windows):
+            offset = 0
+            for m in window:
+                _, t = next(stream)
+                self.buffer[offset : offset + m.nbytes].view(t.dtype).view(t.shape).copy_(t)
+                offset += m.nbytes
+            torch.cuda.current_stream().synchronize()  # the server reads the window as soon as it gets the request
+            info = {"window": k, "windows": len(self.windows)}
+            self.client.update_weights(info, timeout_s=self._left(deadline, step), step=step)
+        for _ in stream:  # every rank's gathers run to the end (none left here: buffer_windows covers the layout)
+            pass
+        self.client.finish_weight_update(step=step, timeout_s=self._left(deadline, step))
+
+    def _left(self, deadline: float, step: int) -> float:
         left = deadline - time.time()
         if left <= 0:
             raise ServerError(
                 f"node {self.client.node}: weight push (ipc) to {self.client.base_url} at step {step} "
-                f"did not finish within trainer.push_timeout_s={self.timeout_s:.0f} s"
+                f"did not finish within trainer.push_timeout_s={self.timeout_s:.0f} s (see {server_log(self.client.node)})"
             )
-        info = {**update_info(chunk), "tensor_sizes": [m.nbytes for m in chunk], "ipc_handles_pickled": handle}
-        self.client.update_weights(info, timeout_s=left, step=step)
+        return left

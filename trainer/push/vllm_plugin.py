@@ -1,5 +1,5 @@
 """vLLM plugin (entry point group `vllm.general_plugins`, see pyproject.toml), loaded in every vLLM
-process: registers the project's `gloo` weight-transfer engine, and on CPU servers keeps linear
+process: registers the project's `gloo` (CPU) and `mapped_ipc` (one shared GPU) weight-transfer engines, and on CPU servers keeps linear
 weights as plain tensors so that pushed weights take effect.
 
 Why the second part: vLLM's CPU linear layers prepack weights into oneDNN handles and drop the weight
@@ -16,7 +16,7 @@ from launcher.core.jobdir import Env
 
 PLAIN_LINEAR_ENV = Env.CPU_PLAIN_LINEAR
 
-REGISTERED_MARK = "slurm-grpo vLLM plugin: registered gloo weight-transfer engine"
+REGISTERED_MARK = "slurm-grpo vLLM plugin: registered gloo and mapped_ipc weight-transfer engines"
 
 
 def register() -> None:
@@ -24,6 +24,8 @@ def register() -> None:
 
     if "gloo" not in WeightTransferEngineFactory._registry:
         WeightTransferEngineFactory.register_engine("gloo", "trainer.push.gloo_engine", "GlooWeightTransferEngine")
+    if "mapped_ipc" not in WeightTransferEngineFactory._registry:
+        WeightTransferEngineFactory.register_engine("mapped_ipc", "trainer.push.ipc_engine", "MappedIpcWeightTransferEngine")
     if os.environ.get(PLAIN_LINEAR_ENV) == "1":
         import torch
         import vllm.model_executor.layers.utils as layer_utils

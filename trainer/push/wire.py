@@ -54,3 +54,25 @@ def loopback_gloo_group(store: dist.Store, rank: int, world_size: int, timeout: 
     opts._devices = [dist.ProcessGroupGloo.create_device(hostname="127.0.0.1")]
     opts._timeout = timeout
     return dist.ProcessGroupGloo(store, rank, world_size, opts)
+
+
+def buffer_windows(meta: list[ParamMeta], buffer_bytes: int) -> list[list[ParamMeta]]:
+    """The mapped_ipc push's cut (both ends: trainer.push.senders.MappedIpcSender, trainer.push.ipc_engine): the
+    parameters laid end to end from the start of one staging buffer of buffer_bytes, a new window whenever the next one
+    would overflow it (never a parameter split across windows: the buffer holds at least the largest)."""
+    if meta and buffer_bytes < max(m.nbytes for m in meta):
+        raise ValueError(
+            f"push buffer of {buffer_bytes} bytes is smaller than the largest parameter ({max(m.nbytes for m in meta)})"
+        )
+    windows: list[list[ParamMeta]] = []
+    window: list[ParamMeta] = []
+    size = 0
+    for m in meta:
+        if window and size + m.nbytes > buffer_bytes:
+            windows.append(window)
+            window, size = [], 0
+        window.append(m)
+        size += m.nbytes
+    if window:
+        windows.append(window)
+    return windows

@@ -78,6 +78,7 @@ class GenerationSettings:
             timeout_s=t.push_timeout_s,
             dtype=dtype,
             bucket_bytes=t.bucket_mb * 2**20,
+            ipc_buffer_bytes=t.ipc_buffer_mb * 2**20,
         )
         return GenerationSettings(
             server_url=n.server_url,
