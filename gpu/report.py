@@ -82,5 +82,26 @@ if shape:  # the estimate dry-run prints for this run, next to what was measured
 train = [(r.step_s or 0.0) - (r.gen_s.get("0") or 0) - (r.push_s.get("0") or 0) for r in later]
 res["train_s_median"] = round(statistics.median(train), 3) if train else None
 res["gen_s_median"] = statistics.median(r.gen_s["0"] for r in later if r.gen_s.get("0")) if later else None
+# side by side with TRL colocate on the same work (gpu/trl_colocate.py's trl.json), phase by phase
+parity = [sum(r.parity_s.values()) for r in later if getattr(r, "parity_s", None)]
+res["parity_s_median"] = round(statistics.median(parity), 4) if parity else None
+trl_file = out / "trl.json"
+if trl_file.exists() and res["step_s_median"]:
+    trl = json.loads(trl_file.read_text())
+    res["step_ratio_vs_trl"] = round(res["step_s_median"] / trl["step_s_median"], 3)
+    rows_md = ["| phase (median s, steps 2..) | slurm-grpo | TRL colocate | ratio |", "|---|---|---|---|"]
+    for label, ours, theirs in (
+        ("step", res["step_s_median"], trl["step_s_median"]),
+        ("generation", res["gen_s_median"], trl["gen_s_median"]),
+        ("weight push", res["push_s_median"], trl.get("push_s_median")),
+        ("parity probes", res["parity_s_median"], 0.0),
+        ("training (step - the rest)", res["train_s_median"], trl["train_s_median"]),
+    ):
+        ratio = f"{ours / theirs:.2f}x" if ours is not None and theirs else ""
+        rows_md.append(
+            f"| {label} | {'' if ours is None else f'{ours:.3f}'} | {'' if theirs is None else f'{theirs:.3f}'} | {ratio} |"
+        )
+    (out / "phases.md").write_text("\n".join(rows_md) + "\n")
+    print("\n".join(rows_md))
 (out / "gpu_results.json").write_text(json.dumps(res, indent=1))
 print(json.dumps(res, indent=1))
