@@ -23,6 +23,7 @@ from launcher.core.records import CheckpointMeta, CheckpointReason, ResumedRow, 
 from trainer import checkpoint, data, tracking
 from trainer.metrics import MetricsWriter
 from trainer.parallel import Parallel
+from trainer.profiling import StepProfiler
 from trainer.rollout.node import NodeRollout
 
 
@@ -73,6 +74,7 @@ class SlurmGrpoCallback(TrainerCallback):
         """The checkpoint whose RNG states the next step starts with (set on resume)."""
         self.last_saved = -1
         self.preempted = False
+        self.profiler = StepProfiler(t.profile_steps, JobDir(job_dir).profile(par.node, par.rank), enabled=par.is_leader)
 
     # -------------------------------------------------------------- resume
     def on_train_begin(self, args, state, control, model=None, optimizer=None, lr_scheduler=None, **kw):
@@ -109,6 +111,7 @@ class SlurmGrpoCallback(TrainerCallback):
         if self.rng_from is not None:
             checkpoint.restore_rng(self.rng_from, self.par.rank)
             self.rng_from = None
+        self.profiler.begin(state.global_step + 1)
         self.step_t0 = time.time()
         self.rollout.begin_step(state.global_step)
 
@@ -129,6 +132,7 @@ class SlurmGrpoCallback(TrainerCallback):
 
     # -------------------------------------------------------------- checkpoints, preemption
     def on_step_end(self, args, state, control, model=None, optimizer=None, lr_scheduler=None, **kw):
+        self.profiler.end(state.global_step)
         if self.on_first_step is not None:  # start-up timing: the node's first finished step
             self.on_first_step()
             self.on_first_step = None

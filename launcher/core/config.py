@@ -216,6 +216,9 @@ class TrainerConfig:
     """W&B project name."""
     max_staleness: int = 0
     """Asynchronous generation per node: 0 = generate, then train (synchronous); k = each node's server generates the batches of the next k steps with the weights it has while the node's ranks train, so a completion is used at most k optimizer steps after the weights that started it (TRL's importance-sampling correction on vLLM's logprobs). With k >= 2 a push pauses requests in flight (vLLM /pause mode keep) and they finish under the new weights."""
+    profile_steps: list[int] = field(default_factory=list)
+    """[first, last]: run torch.profiler over these steps on each node leader and write its tables (CPU and device time
+    per operator, sorted) to profile/node{N}-rank{R}.txt in the job folder; [] = off. Costs time while it runs."""
     stall_timeout_s: int = 900
     """The bootstrap stops the node if the trainer writes no metrics for this long after its first step; 0 = off."""
     grpo: dict[str, Any] = field(default_factory=dict)
@@ -255,6 +258,11 @@ class TrainerConfig:
             raise ConfigError(
                 f"trainer.max_staleness must be 0 (synchronous) to {self.MAX_STALENESS} (steps off), got {self.max_staleness}; "
                 "1 already overlaps generation with training completely when generation is the shorter of the two"
+            )
+        ps = self.profile_steps
+        if ps and (len(ps) != 2 or not all(isinstance(x, int) for x in ps) or not 1 <= ps[0] <= ps[1]):
+            raise ConfigError(
+                f"trainer.profile_steps must be [first, last] with 1 <= first <= last (e.g. [3, 4]), or [] for off; got {ps}"
             )
         _port("trainer.rendezvous_port", self.rendezvous_port)
         _port("trainer.weight_transfer_port", self.weight_transfer_port)

@@ -139,6 +139,10 @@ class JobDir:
     def plot(self) -> Path:
         return self.root / "metrics.png"
 
+    def profile(self, node: int, rank: int) -> Path:
+        """trainer.profile_steps: torch.profiler's tables of a node leader's profiled steps (trainer.profiling)."""
+        return self.root / "profile" / f"node{node}-rank{rank}.txt"
+
     @property
     def checkpoints(self) -> Path:
         return self.root / "checkpoints"
