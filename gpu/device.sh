@@ -37,6 +37,7 @@ kill $smi $hostmem $busy 2>/dev/null
 log "local run exit $rc"
 cp $JOB/metrics.jsonl $JOB/summary.json "$OUT/" 2>/dev/null
 tar -czf "$OUT/logs.tgz" -C $JOB logs config.yaml plan.json 2>/dev/null
+cp -r $JOB/profile "$OUT/" 2>/dev/null  # trainer.profile_steps' tables, when asked for
 python3 gpu/report.py $JOB "$OUT" > /dev/null || true
 if [ "${TRL:-0}" = 1 ]; then
   log "TRL $(python3 -c 'import trl; print(trl.__version__)') GRPOTrainer, colocate mode, same work"
