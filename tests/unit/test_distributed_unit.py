@@ -138,6 +138,41 @@ def test_the_push_gathers_hold_one_unit_at_a_time_and_equal_the_models_cast():
                 assert r["peak_unsharded"] <= norm + layer, f"rank {rank} {walk}: {r}; bound is root + one layer"
 
 
+def walk_without_copies(rank: int, world: int, _port: int) -> dict:
+    """copy=False (the mapped ipc sender's walk): what it yields, cast the way the sender's copy casts, equals the
+    model's cast; with one rank nothing is gathered (the parameters stay sharded DTensors the whole walk and each
+    yielded tensor is the parameter's own fp32 master storage)."""
+    from torch.distributed.tensor import DTensor
+
+    from trainer.push.gather import iter_unsharded_params
+
+    out = {}
+    for param_dtype in (torch.float32, torch.bfloat16):
+        model, ref = sharded_mlp(world, param_dtype)
+        local = {n: p.to_local().data_ptr() for n, p in model.named_parameters()}
+        equal, own_storage, gathered, names = True, True, False, []
+        for name, t in iter_unsharded_params(model, torch.bfloat16, copy=False):
+            staged = torch.empty(t.shape, dtype=torch.bfloat16)
+            staged.copy_(t)  # what MappedIpcSender does with each tensor, at once
+            equal &= torch.equal(staged, ref[name].to(torch.bfloat16))
+            own_storage &= t.data_ptr() == local[name]
+            gathered |= any(not isinstance(p, DTensor) for p in model.parameters())
+            names.append(name)
+        out[str(param_dtype)] = {"equal": equal, "order": names == list(ref), "own_storage": own_storage, "gathered": gathered}
+    return out
+
+
+@pytest.mark.parametrize("world", [1, 2])
+def test_the_walk_without_copies_equals_the_cast_and_gathers_nothing_on_one_rank(world):
+    for rank, res in run_ranks(world, walk_without_copies).items():
+        for dtype, r in res.items():
+            assert r["equal"] and r["order"], f"rank {rank} of {world}, params {dtype}: {r}"
+            if world == 1:
+                assert r["own_storage"] and not r["gathered"], f"one rank: nothing to gather, yet {r}"
+            else:
+                assert r["gathered"] and not r["own_storage"], f"{world} ranks: the units must be gathered: {r}"
+
+
 def packed_push(rank: int, world: int, port: int) -> dict:
     from datetime import timedelta
 

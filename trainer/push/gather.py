@@ -81,11 +81,36 @@ def iter_unsharded_params(
     every read of the gathered storage is on the caller's stream, before the free in stream order.
     order_streams=False: the walk without this (gathers and copies on the consumer's current stream, a host
     sync before each reshard), kept only so tests/unit/test_gpu_push_order.py can show the race it fixes.
-    copy=False: a parameter already in `dtype` is yielded as a view of its unit's gathered storage, valid until the
-    next one is pulled (the unit may be resharded then): for a consumer that copies each tensor out at once on the
-    same stream (the mapped ipc sender), which saves one copy of the whole model per push."""
+    copy=False: each parameter is yielded as a view of its unit's gathered storage (or its own tensor when nothing is
+    sharded), valid until the next one is pulled (the unit may be resharded then) and not necessarily in `dtype`: for
+    a consumer that copies each tensor out at once on the same stream, casting as it copies (the mapped ipc sender),
+    which saves one copy (or two) of the whole model per push.
+    Nothing sharded (one rank per shard group): no unshard at all, each parameter's local tensor is whole."""
     home = torch.cuda.current_stream() if order_streams and _live_cuda() else None
+    if _whole_on_every_rank(model):
+        return _walk_local(model, dtype, home, copy)
     return _walk_units(model, dtype, home, copy)
+
+
+def _whole_on_every_rank(model: torch.nn.Module) -> bool:
+    """Every parameter's local tensor is the whole parameter: a shard group of one rank (one GPU per node, or
+    every node replicating). Then there is nothing to gather: unshard() would only copy each unit once more."""
+    return all(not isinstance(p, DTensor) or tuple(p.to_local().shape) == tuple(p.shape) for p in model.parameters())
+
+
+def _walk_local(
+    model: torch.nn.Module, dtype: torch.dtype, home: torch.cuda.Stream | None, copy: bool
+) -> Iterator[tuple[str, torch.Tensor]]:
+    """The walk when nothing is sharded: each parameter's own (master) tensor, cast on the caller's stream, or, with
+    copy=False, as it is (the consumer casts while it copies: one kernel instead of a cast and a copy)."""
+    with torch.no_grad():
+        for name, p in model.named_parameters():
+            t = p.detach()
+            t = t.to_local() if isinstance(t, DTensor) else t
+            if copy:
+                with _stream(home):
+                    t = t.to(dtype, copy=True)
+            yield name, hand_over(t, home)
 
 
 def _walk_units(
@@ -115,7 +140,7 @@ def _walk_units(
                         t = t.full_tensor()
                     # a copy: the unit's gathered storage is freed by reshard(), while a packer may still hold the
                     # tensor (vLLM's pack_tensors keeps views until its chunk is full, across units)
-                    out = t.to(dtype, copy=copy).contiguous()
+                    out = t.to(dtype, copy=True).contiguous() if copy else t
                 yield name, hand_over(out, home)
         finally:
             with _stream(home):

@@ -29,7 +29,7 @@ import torch
 from torch.multiprocessing.reductions import rebuild_cuda_tensor
 from vllm.distributed.weight_transfer.base import WeightTransferEngine, WeightTransferInitInfo, WeightTransferUpdateInfo
 
-from trainer.push.wire import ParamMeta, buffer_windows
+from trainer.push.wire import ParamMeta, buffer_windows, window_views
 
 
 @dataclass
@@ -71,7 +71,10 @@ class MappedIpcWeightTransferEngine(WeightTransferEngine[MappedIpcInitInfo, Mapp
         meta = [
             ParamMeta(n, d, list(s)) for n, d, s in zip(init_info.names, init_info.dtype_names, init_info.shapes, strict=True)
         ]
-        self.windows = [_views(self.buffer, w) for w in buffer_windows(meta, init_info.buffer_bytes)]
+        self.windows = [
+            [(m.name, v) for m, v in zip(w, window_views(self.buffer, w), strict=True)]
+            for w in buffer_windows(meta, init_info.buffer_bytes)
+        ]
         # quantized layers re-process their weights after loading: only vLLM's layerwise reload does that right
         self.layerwise = getattr(self.model_config, "quantization", None) is not None
 
@@ -98,12 +101,3 @@ class MappedIpcWeightTransferEngine(WeightTransferEngine[MappedIpcInitInfo, Mapp
     def shutdown(self) -> None:
         self.windows = []
         self.buffer = None  # type: ignore[assignment]
-
-
-def _views(buffer: torch.Tensor, window: list[ParamMeta]) -> list[tuple[str, torch.Tensor]]:
-    out, offset = [], 0
-    for m in window:
-        flat = buffer[offset : offset + m.nbytes]
-        out.append((m.name, flat.view(getattr(torch, m.dtype)).view(m.shape)))
-        offset += m.nbytes
-    return out

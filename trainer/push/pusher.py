@@ -50,6 +50,8 @@ class NodePusher:
         self.sender: Sender | None = None
         self.meta = param_metadata(model, settings.dtype)
         self.pushes = 0
+        self.phases: dict[str, float] = {}
+        """The last push's seconds by part, where the sender measures them (ipc): the trainer log prints them."""
 
     def push(self, step: int, keep_in_flight: bool = False) -> float:
         """Push all parameters; returns seconds on the leader (0.0 elsewhere). Collective over the model's mesh.
@@ -71,7 +73,9 @@ class NodePusher:
             self.client.pause_keep(step)
         try:
             self.sender.push(params, self.meta, step)
+            t_reset = time.time()
             self.client.reset_prefix_cache(step, running=keep_in_flight)
+            self.phases = {**getattr(self.sender, "phases", {}), "reset_prefix_cache_s": time.time() - t_reset}
         except BaseException as e:
             if keep_in_flight:
                 resume_after_failure(self.client, step, e)
@@ -79,7 +83,10 @@ class NodePusher:
         if keep_in_flight:
             self.client.resume(step)
         self.pushes += 1
-        return time.time() - t0
+        took = time.time() - t0
+        parts = ", ".join(f"{k.removesuffix('_s')} {v * 1e3:.1f}" for k, v in self.phases.items())
+        print(f"[push node {self.client.node} step {step}] {took * 1e3:.1f} ms: {parts} (ms)", flush=True)
+        return took
 
 
 RESUME_AFTER_FAILURE_S = 5.0

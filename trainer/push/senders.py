@@ -35,7 +35,7 @@ from typing import Any, Protocol
 import torch
 import torch.distributed as dist
 
-from trainer.push.wire import ParamMeta, buffer_windows, loopback_gloo_group, update_info
+from trainer.push.wire import ParamMeta, buffer_windows, loopback_gloo_group, update_info, window_views
 from trainer.rollout.server import ServerError, VllmServer, server_log
 
 Params = Iterator[tuple[str, torch.Tensor]]
@@ -286,9 +286,11 @@ def nccl_broadcast_packed(group, params: Params, bucket_bytes: int) -> None:
 class MappedIpcSender:
     """The project's `mapped_ipc` engine (trainer.push.ipc_engine is the server's side): one staging buffer on the GPU,
     kept for the whole run and mapped by the server once, at init, with the push's layout; the parameters are copied
-    into it window by window (buffer_windows: the whole model in one window when it fits ipc_buffer_bytes), and one
+    into it window by window (buffer_windows: the whole model in one window when it fits ipc_buffer_bytes), casting as
+    they are copied (the gather hands over master tensors as they are: trainer.push.gather, copy=False), and one
     update_weights request per window makes the server load that window's views into the live model. The request
-    returning means the server has copied the window out (it syncs its device), so the next window may overwrite it."""
+    returning means the server has copied the window out (it syncs its device), so the next window may overwrite it.
+    `phases`: the last push's seconds by part (copies, the window requests, start + finish), for the trainer's log."""
 
     def __init__(self, client: VllmServer, timeout_s: float, buffer_bytes: int, meta: list[ParamMeta]):
         from torch.multiprocessing.reductions import reduce_tensor
@@ -299,28 +301,38 @@ class MappedIpcSender:
         index = torch.cuda.current_device()
         uuid = str(torch.cuda.get_device_properties(index).uuid)
         self.buffer = torch.empty(self.buffer_bytes, dtype=torch.uint8, device=torch.device("cuda", index))
+        self.views = [window_views(self.buffer, w) for w in self.windows]  # made once: a push only copies into them
         _, handle_args = reduce_tensor(self.buffer)  # exported once: the server keeps the mapping open
         handle = base64.b64encode(pickle.dumps({uuid: handle_args})).decode()
         client.init_weight_transfer(
             {"handle": handle, "buffer_bytes": self.buffer_bytes, **update_info(meta)}, timeout_s=timeout_s
         )
+        self.phases: dict[str, float] = {}
 
     def push(self, params: Params, meta: list[ParamMeta], step: int) -> None:
         deadline = time.time() + self.timeout_s
+        copy_s = requests_s = 0.0
+        t0 = time.time()
         self.client.start_weight_update(step=step)
-        stream = checked(params, meta)
-        for k, window in enumerate(self.windows):
-            offset = 0
-            for m in window:
-                _, t = next(stream)
-                self.buffer[offset : offset + m.nbytes].view(t.dtype).view(t.shape).copy_(t)
-                offset += m.nbytes
+        edges_s = time.time() - t0
+        for k, (window, views) in enumerate(zip(self.windows, self.views, strict=True)):
+            t0 = time.time()
+            for m, view in zip(window, views, strict=True):
+                name, t = next(params)
+                if name != m.name or t.shape != view.shape:
+                    raise RuntimeError(f"push order broken at {name} {tuple(t.shape)}: the receiver expects {m}")
+                view.copy_(t)  # casts to the serving dtype as it copies
             torch.cuda.current_stream().synchronize()  # the server reads the window as soon as it gets the request
-            info = {"window": k, "windows": len(self.windows)}
-            self.client.update_weights(info, timeout_s=self._left(deadline, step), step=step)
-        for _ in stream:  # every rank's gathers run to the end (none left here: buffer_windows covers the layout)
-            pass
+            t1 = time.time()
+            self.client.update_weights(
+                {"window": k, "windows": len(self.windows)}, timeout_s=self._left(deadline, step), step=step
+            )
+            copy_s, requests_s = copy_s + t1 - t0, requests_s + time.time() - t1
+        for name, _ in params:  # every rank's gathers run to the end; the layout covers every parameter
+            raise RuntimeError(f"push order broken: {name} is not in the receiver's layout")
+        t0 = time.time()
         self.client.finish_weight_update(step=step, timeout_s=self._left(deadline, step))
+        self.phases = {"copy_s": copy_s, "windows_s": requests_s, "start_finish_s": edges_s + time.time() - t0}
 
     def _left(self, deadline: float, step: int) -> float:
         left = deadline - time.time()

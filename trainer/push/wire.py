@@ -76,3 +76,13 @@ def buffer_windows(meta: list[ParamMeta], buffer_bytes: int) -> list[list[ParamM
     if window:
         windows.append(window)
     return windows
+
+
+def window_views(buffer: torch.Tensor, window: list[ParamMeta]) -> list[torch.Tensor]:
+    """Each parameter's place in a mapped_ipc staging buffer (bytes), as a tensor of its dtype and shape: the trainer
+    copies into these, the server loads from them."""
+    out, offset = [], 0
+    for m in window:
+        out.append(buffer[offset : offset + m.nbytes].view(getattr(torch, m.dtype)).view(m.shape))
+        offset += m.nbytes
+    return out
