@@ -149,7 +149,7 @@ def walk_without_copies(rank: int, world: int, _port: int) -> dict:
     out = {}
     for param_dtype in (torch.float32, torch.bfloat16):
         model, ref = sharded_mlp(world, param_dtype)
-        local = {n: p.to_local().data_ptr() for n, p in model.named_parameters()}
+        local = {n: p.to_local().data_ptr() for n, p in model.named_parameters()}  # type: ignore[attr-defined]
         equal, own_storage, gathered, names = True, True, False, []
         for name, t in iter_unsharded_params(model, torch.bfloat16, copy=False):
             staged = torch.empty(t.shape, dtype=torch.bfloat16)
