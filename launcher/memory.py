@@ -5,7 +5,8 @@ common model shapes. An estimate with stated terms, not a measurement (gpu/RESUL
   per trainer rank, S = ranks sharing the shards (the node's ranks under hsdp, the whole world under fsdp)
     state        fp32 parameters 4P/S + fp32 gradients 4P/S + AdamW moments 8P/S    (host memory with cpu_offload)
     gathered     the root unit (embeddings, lm_head) in the compute dtype + two decoder layers (one computing,
-                 one prefetched) + one layer's fp32 gradient before its reduce-scatter
+                 one prefetched) + one layer's fp32 gradient before its reduce-scatter; with S = 1 (nothing to
+                 gather) and no offload every unit stays in the compute dtype from forward to backward: bP
     activations  per decoder layer T x (16 H + 8 I) bytes in bf16 (inputs, q/k/v, attention out, MLP gate/up/act),
                  T = completions per rank x (prompt + completion tokens); with activation checkpointing only the
                  layer inputs (2 T H per layer) plus one layer recomputed
@@ -118,7 +119,10 @@ class Estimate:
 def estimate(shape: ModelShape, lay: Layout, opt: Options) -> Estimate:
     p, s, b = shape.params, lay.shard_ranks, lay.compute_bytes
     state = 16 * p / s
-    gathered = b * shape.root_params + 2 * b * shape.layer_params + 4 * shape.layer_params
+    if s == 1 and not opt.cpu_offload:  # one rank per shard group keeps every unit gathered (trainer.parallel.shard_model)
+        gathered = b * p + 4 * shape.layer_params
+    else:
+        gathered = b * shape.root_params + 2 * b * shape.layer_params + 4 * shape.layer_params
     t = lay.completions_per_rank * (PROMPT_TOKENS + lay.completion_tokens)
     per_layer = t * (16 * shape.hidden + 8 * shape.intermediate)
     acts = (2 * t * shape.hidden * shape.layers + per_layer) if opt.activation_checkpointing else per_layer * shape.layers

@@ -118,9 +118,18 @@ def shard_model(model: torch.nn.Module, par: Parallel, param_dtype: torch.dtype,
     doubles the host memory that offloading exists to make room in; the copies are slower instead."""
     mp = MixedPrecisionPolicy(param_dtype=param_dtype, reduce_dtype=torch.float32)
     offload = CPUOffloadPolicy(pin_memory=False) if cpu_offload else OffloadPolicy()
+    # a shard group of one rank (one GPU per node) gathers nothing: keep each unit's compute-dtype copy from the forward
+    # to the backward instead of casting it again there (the recompute of activation checkpointing included). Costs
+    # the model once in the compute dtype; not with cpu_offload, which exists to keep the GPU free of it.
+    keep = shard_group_size(par.mesh) == 1 and not cpu_offload
     layers = getattr(getattr(model, "model", model), "layers", [])
     for layer in layers:
-        fully_shard(layer, mesh=par.mesh, mp_policy=mp, offload_policy=offload)
-    fully_shard(model, mesh=par.mesh, mp_policy=mp, offload_policy=offload)
+        fully_shard(layer, mesh=par.mesh, mp_policy=mp, offload_policy=offload, reshard_after_forward=not keep)
+    fully_shard(model, mesh=par.mesh, mp_policy=mp, offload_policy=offload, reshard_after_forward=not keep)
     trl_glue.mark_self_sharded(model)  # transformers' Trainer then wraps nothing around our FSDP2
     return model
+
+
+def shard_group_size(mesh: DeviceMesh) -> int:
+    """Ranks one parameter is sharded over: the last mesh dimension ("shard"; HSDP replicates over the first)."""
+    return mesh.size(mesh.ndim - 1)

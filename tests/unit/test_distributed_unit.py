@@ -289,3 +289,37 @@ def test_a_checkpoint_resumes_exactly_on_another_number_of_ranks(tmp_path):
         r = res[0]
         assert r["keys_equal"] and not r["differ"], f"{saved} -> {loaded} ranks: {r}"
         assert r["tensors"] == 10 + 10 * 3, r  # 10 parameters (4 Linear + LayerNorm), AdamW step/exp_avg/exp_avg_sq each
+
+
+def units_after_forward(rank: int, world: int, _port: int) -> dict:
+    """trainer.parallel.shard_model: what a unit holds between the forward and the backward."""
+    from types import SimpleNamespace
+
+    from torch.distributed.device_mesh import init_device_mesh
+    from torch.distributed.tensor import DTensor
+
+    from trainer.parallel import shard_model
+
+    out = {}
+    for offload in (False, True):
+        torch.manual_seed(0)
+        model = torch.nn.Module()
+        model.model = torch.nn.Module()
+        model.model.layers = torch.nn.ModuleList([torch.nn.Linear(8, 8) for _ in range(3)])
+        model.forward = lambda x: model.model.layers[2](model.model.layers[1](model.model.layers[0](x)))  # type: ignore[method-assign]
+        par = SimpleNamespace(mesh=init_device_mesh("cpu", (world,)))
+        shard_model(model, par, torch.float32, cpu_offload=offload)  # type: ignore[arg-type]
+        model(torch.randn(2, 8)).sum().backward()
+        loss = model(torch.randn(2, 8)).sum()
+        out[f"offload={offload}"] = {"kept_gathered": not any(isinstance(p, DTensor) for p in model.model.layers[0].parameters())}
+        loss.backward()
+    return out
+
+
+@pytest.mark.parametrize("world", [1, 2])
+def test_one_rank_keeps_its_units_gathered_between_forward_and_backward(world):
+    """With nothing to gather (a shard group of one rank) a unit keeps its compute-dtype copy from the forward to the
+    backward instead of being resharded and gathered again; with 2 ranks, or with cpu_offload, units reshard."""
+    for rank, res in run_ranks(world, units_after_forward).items():
+        assert res["offload=False"]["kept_gathered"] == (world == 1), (rank, world, res)
+        assert not res["offload=True"]["kept_gathered"], (rank, world, res)
