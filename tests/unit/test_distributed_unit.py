@@ -291,6 +291,20 @@ def test_a_checkpoint_resumes_exactly_on_another_number_of_ranks(tmp_path):
         assert r["tensors"] == 10 + 10 * 3, r  # 10 parameters (4 Linear + LayerNorm), AdamW step/exp_avg/exp_avg_sq each
 
 
+class Decoder(torch.nn.Module):
+    """The layout shard_model looks for: model.model.layers."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.model = torch.nn.Module()
+        self.model.layers = torch.nn.ModuleList([torch.nn.Linear(8, 8) for _ in range(3)])
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        for layer in self.model.layers:  # type: ignore[union-attr]
+            x = layer(x)
+        return x
+
+
 def units_after_forward(rank: int, world: int, _port: int) -> dict:
     """trainer.parallel.shard_model: what a unit holds between the forward and the backward."""
     from types import SimpleNamespace
@@ -303,10 +317,7 @@ def units_after_forward(rank: int, world: int, _port: int) -> dict:
     out = {}
     for offload in (False, True):
         torch.manual_seed(0)
-        model = torch.nn.Module()
-        model.model = torch.nn.Module()
-        model.model.layers = torch.nn.ModuleList([torch.nn.Linear(8, 8) for _ in range(3)])
-        model.forward = lambda x: model.model.layers[2](model.model.layers[1](model.model.layers[0](x)))  # type: ignore[method-assign]
+        model = Decoder()
         par = SimpleNamespace(mesh=init_device_mesh("cpu", (world,)))
         shard_model(model, par, torch.float32, cpu_offload=offload)  # type: ignore[arg-type]
         model(torch.randn(2, 8)).sum().backward()
