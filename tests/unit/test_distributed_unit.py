@@ -322,7 +322,7 @@ def units_after_forward(rank: int, world: int, _port: int) -> dict:
         shard_model(model, par, torch.float32, cpu_offload=offload)  # type: ignore[arg-type]
         model(torch.randn(2, 8)).sum().backward()
         loss = model(torch.randn(2, 8)).sum()
-        out[f"offload={offload}"] = {"kept_gathered": not any(isinstance(p, DTensor) for p in model.model.layers[0].parameters())}
+        out[f"offload={offload}"] = {"kept_gathered": not any(isinstance(p, DTensor) for p in model.model.layers[0].parameters())}  # type: ignore[index,union-attr]
         loss.backward()
     return out
 
