@@ -137,6 +137,8 @@ class VllmConfig:
     """Weight push transport; auto picks ipc on a GPU shared with the trainer, nccl on other GPUs, gloo on CPU."""
     cpu_kvcache_gib: int = 1
     """CPU builds only: KV cache size in GiB (VLLM_CPU_KVCACHE_SPACE)."""
+    cache_dir: str = ""
+    """Where each node's server keeps its compile caches (vLLM's torch.compile, Inductor, Triton; a folder per node), so a restart skips the compile; empty = the job folder's cache/ (a requeue or resume finds it); a shared folder lets other jobs of the same model reuse it."""
 
     def check(self) -> None:
         if not self.model:
@@ -151,6 +153,11 @@ class VllmConfig:
             raise ConfigError(f"vllm.max_model_len must be 0 (the model's own) or positive, got {self.max_model_len}")
         _positive("vllm.health_timeout_s", self.health_timeout_s, "servers need time to load the model")
         _port("vllm.port", self.port)
+        if self.cache_dir and not self.cache_dir.startswith("/"):
+            raise ConfigError(
+                f"vllm.cache_dir {self.cache_dir!r} must be an absolute path (every node reads it); "
+                "e.g. /shared/cache/vllm, or leave it empty for the job folder's cache/"
+            )
 
 
 @dataclass(frozen=True)
@@ -217,6 +224,10 @@ class TrainerConfig:
     """The bootstrap stops the node if the trainer writes no metrics for this long after its first step; 0 = off."""
     grpo: dict[str, Any] = field(default_factory=dict)
     """Any other trl.GRPOConfig field, passed through as is (e.g. {loss_type: dapo})."""
+    start_with_server: bool = True
+    """Start the trainer ranks together with the node's server: they launch, rendezvous, load and shard while vLLM starts, and wait for its /health (vllm.health_timeout_s) only before their first request; false = start them once the server is healthy (a GPU too full for both to load at once)."""
+    parity_every: int = 10
+    """Every push is proven by parity after it (the server's logprobs equal the trainer's); the probe before it, which only measures how far the server lagged, runs at an attempt's first push and every N steps; 0 = only at the first push."""
 
     MAX_STALENESS: ClassVar[int] = 4
     """max_staleness above this is refused: the policy would learn from completions of a model that old."""
@@ -241,6 +252,10 @@ class TrainerConfig:
             raise ConfigError(f"trainer.temperature must be positive, got {self.temperature}")
         if self.save_steps < 0 or self.stall_timeout_s < 0 or self.parity_tolerance < 0:
             raise ConfigError("trainer.save_steps, trainer.stall_timeout_s and trainer.parity_tolerance must be >= 0")
+        if self.parity_every < 0:
+            raise ConfigError(
+                f"trainer.parity_every must be >= 0 (the stale probe's period in steps; 0 = only at the first push), got {self.parity_every}"
+            )
         if not 0 <= self.max_staleness <= self.MAX_STALENESS:
             raise ConfigError(
                 f"trainer.max_staleness must be 0 (synchronous) to {self.MAX_STALENESS} (steps off), got {self.max_staleness}; "

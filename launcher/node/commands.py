@@ -87,6 +87,10 @@ def vllm_command(plan: Plan, node: int, python: str = "python", allocated: str |
         "VLLM_NO_USAGE_STATS": "1",
         "DO_NOT_TRACK": "1",
     }
+    # compile caches where a requeue or resume of this job finds them (default: /tmp of whichever node ran it)
+    cache = JobDir(Path(plan.job_dir)).compile_cache(node, v.cache_dir)
+    env.update({"VLLM_CACHE_ROOT": str(cache / "vllm"), "TORCHINDUCTOR_CACHE_DIR": str(cache / "inductor")})
+    env["TRITON_CACHE_DIR"] = str(cache / "triton")
     if plan.weight_transfer_backend == "ipc":
         # vLLM's ipc engine receives the trainer's CUDA IPC handles pickled over HTTP; it refuses them
         # without this. The server listens on 127.0.0.1 only, so only this node's processes can post.
