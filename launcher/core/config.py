@@ -81,6 +81,8 @@ class SlurmConfig:
     """On preemption or the time-limit warning, checkpoint and requeue the job."""
     container: ContainerConfig = field(default_factory=ContainerConfig)
     """Run each node's processes in a container: {image, runtime, mounts, workdir} (keys below)."""
+    layout: Literal["split", "shared"] = "split"
+    """How a node's GPUs are shared out: split = vLLM on the first TP x DP GPUs, a trainer rank on each of the others; shared = vLLM data parallel over all of the node's GPUs (DP = GPUs / TP) at vllm.gpu_memory_utilization, a trainer rank on every GPU beside an engine, the push by ipc (a one-GPU node is always shared). `slurm-grpo simulate` models both; dry-run says which the config gets and why."""
 
     def check(self) -> None:
         _positive("slurm.nodes", self.nodes, "ask for at least one node")
@@ -747,7 +749,9 @@ def check_job(cfg: JobConfig) -> None:
     """The rules between keys: each section's check() has already passed."""
     s, v, t, j = cfg.slurm, cfg.vllm, cfg.trainer, cfg.job
     serving = v.tensor_parallel_size * v.data_parallel_size
-    if serving >= s.gpus_per_node and not (s.gpus_per_node == 1 and serving == 1):
+    if s.layout == "shared":
+        check_shared_layout(cfg)
+    elif serving >= s.gpus_per_node and not (s.gpus_per_node == 1 and serving == 1):
         raise ConfigError(
             f"vllm.tensor_parallel_size x data_parallel_size ({v.tensor_parallel_size} x {v.data_parallel_size}) leaves "
             f"no trainer GPU on a {s.gpus_per_node}-GPU node; lower them or ask for more GPUs per node (slurm.gpus_per_node)"
@@ -775,6 +779,22 @@ def check_job(cfg: JobConfig) -> None:
     if j.device == "cpu" and t.dtype != "float32":
         raise ConfigError(
             "trainer.dtype must be float32 with job.device cpu (vLLM's CPU build and gloo run float32 here); set trainer.dtype: float32"
+        )
+
+
+def check_shared_layout(cfg: JobConfig) -> None:
+    """slurm.layout shared: every GPU holds an engine and a trainer rank, so TP must divide the node and DP follows."""
+    s, v = cfg.slurm, cfg.vllm
+    g, tp, dp = s.gpus_per_node, v.tensor_parallel_size, v.data_parallel_size
+    if g % tp:
+        raise ConfigError(
+            f"slurm.layout shared puts vLLM engines of vllm.tensor_parallel_size ({tp}) GPUs on all {g} GPUs of a node: "
+            f"TP must divide slurm.gpus_per_node; pick a TP that divides {g}"
+        )
+    if dp not in (1, g // tp):
+        raise ConfigError(
+            f"slurm.layout shared sets vLLM's data parallel size to GPUs / TP = {g} / {tp} = {g // tp}; "
+            f"vllm.data_parallel_size {dp} says otherwise: remove it (or set it to {g // tp})"
         )
 
 
