@@ -28,16 +28,22 @@ from launcher.core.jobdir import JobDir
 from launcher.status import startup_phases
 
 REPO = Path(__file__).resolve().parent.parent
-COMPILE_LINES = (r"torch\.compile takes [0-9.]+ s", r"[Cc]ompil\w+ .*cache.*", r"Directly load the compiled graph.*")
+COMPILE_LINES = (
+    r"init engine \(profile, create kv cache, warmup model\) took [0-9.]+ s",
+    r"torch\.compile takes [0-9.]+ s[^\n]*",
+    r"Compiling model again due to a load failure[^\n]*reason: [^\n]*",
+    r"saved AOT compiled function",
+    r"Directly load the compiled graph[^\n]*",
+)
 
 
 def compile_notes(log: Path) -> list[str]:
     """vLLM's own lines about compiling or loading compiled graphs, from this start's part of its log."""
     text = log.read_text(errors="replace") if log.is_file() else ""
-    text = text[text.rfind("===== start") :] if "===== start" in text else text
+    text = text[text.rfind("\n===== ") :]  # each start of the server opens its part of the log with a ===== line
     out = []
     for pattern in COMPILE_LINES:
-        out += [m.group(0)[:160] for m in re.finditer(pattern, text)]
+        out += [re.sub(r"/\S{40,}", "...", m.group(0))[:200] for m in re.finditer(pattern, text)]
     return out[:6]
 
 
@@ -46,7 +52,9 @@ def start(code: Path, config: str, job: Path, steps: int, sets: list[str]) -> di
     argv += [f"trainer.max_steps={steps}", f"trainer.save_steps={steps}", *sets]
     cmd = [argv[0], *argv[1:5], *[x for s in argv[5:] for x in ("--set", s)]]
     t0 = time.time()
-    env = {**os.environ, "PYTHONPATH": str(code)}  # every process of the job (bootstrap, vLLM's plugin, ranks)
+    # every process of the job (bootstrap, vLLM's plugin, ranks) runs `code`, before whatever the path held (a device's
+    # carried site-packages)
+    env = {**os.environ, "PYTHONPATH": os.pathsep.join(x for x in (str(code), os.environ.get("PYTHONPATH", "")) if x)}
     r = subprocess.run(cmd, cwd=code, capture_output=True, text=True, timeout=1800, env=env)
     wall = time.time() - t0
     if r.returncode != 0:
