@@ -80,6 +80,8 @@ def startup_phases(job_dir: Path, node: int) -> dict[str, float]:
     # the trainer starts beside the server (trainer.start_with_server): what it waited, and the step after health
     if Event.MODEL_LOADED in t and Event.VLLM_HEALTHY in t and t[Event.VLLM_HEALTHY] > t[Event.MODEL_LOADED]:
         out["trainer loaded, waiting for vLLM"] = round(t[Event.VLLM_HEALTHY] - t[Event.MODEL_LOADED], 2)
+        if "trainer build + first step" in out:  # that span now holds the wait too: say so
+            out = {("trainer build + wait + first step" if k == "trainer build + first step" else k): v for k, v in out.items()}
     if Event.VLLM_HEALTHY in t and Event.FIRST_STEP in t:
         out["vLLM healthy -> step 1"] = round(t[Event.FIRST_STEP] - t[Event.VLLM_HEALTHY], 2)
     return out

@@ -149,6 +149,7 @@ def test_status_shows_where_the_start_up_stands_and_what_each_phase_took(tmp_pat
     assert phases["server start"] == 59.0 and phases["trainer launch + rendezvous"] == 8.5
     assert phases["model load + shard"] == 5.0 and phases["total to step 1"] == 63.5
     assert phases["trainer loaded, waiting for vLLM"] == 45.0 and phases["vLLM healthy -> step 1"] == 3.5
+    assert phases["trainer build + wait + first step"] == 48.5 and "trainer build + first step" not in phases
     # a restart (a new attempt in the same file) starts over
     write_events(tmp_path, 0, [(e.BOOTSTRAP_START, 300.0), (e.VLLM_START, 300.5)])
     assert startup_now(tmp_path, 0, now=310.5) == "vLLM starting (10 s); trainer not launched yet"
