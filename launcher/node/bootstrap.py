@@ -1,5 +1,6 @@
-"""One per node (under srun, or on this machine for `slurm-grpo local`): start the node's vLLM server,
-wait for /health with a deadline, start torchrun for the node's trainer ranks, supervise both.
+"""One per node (under srun, or on this machine for `slurm-grpo local`): start the node's vLLM server and torchrun
+for the node's trainer ranks together (they load while vLLM starts and wait for its /health themselves; with
+trainer.start_with_server false, torchrun once the server is healthy), watch /health with a deadline, supervise both.
 
     python -m launcher.node.bootstrap <job_dir>/plan.json [--node N]
 
