@@ -148,7 +148,7 @@ class NodeRollout:
         self.client: VllmServer | None = None
         self.ahead: AheadQueue | None = None
         start = s.server_start_timeout_s
-        if par.is_leader:  # its first request (TRL's get_server_info, while TRL builds) waits for the server's start
+        if par.is_leader:  # its first request waits for the server's start (a push without a step first: finish)
             self.client = VllmServer(s.server_url, s.model, par.node, s.request_timeout_s, start)
             if s.max_staleness:  # its own client: the main thread's is busy with pushes and parity
                 self.ahead = AheadQueue(VllmServer(s.server_url, s.model, par.node, s.request_timeout_s), s.request_timeout_s)
