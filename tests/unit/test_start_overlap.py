@@ -35,6 +35,8 @@ class Health(LocalHttpServer):
         super().__init__(HealthHandler)
         self.up = threading.Event()
         self.asked = 0
+        self.up_after = 0
+        """> 0: healthy from that ask on (the server comes up while the client waits)."""
         self.posts: list[str] = []
         self.start()
 
@@ -44,6 +46,8 @@ class HealthHandler(JsonHandler):
 
     def do_GET(self) -> None:
         self.server.asked += 1
+        if self.server.up_after and self.server.asked >= self.server.up_after:
+            self.server.up.set()
         self.answer({}, 200 if self.server.up.is_set() else 503)
 
     def do_POST(self) -> None:
@@ -96,13 +100,9 @@ def test_a_signal_before_the_server_is_healthy_stops_the_node_as_before(node_run
 def test_the_trainers_first_request_waits_for_the_servers_health_then_never_again(health, monkeypatch):
     monkeypatch.setattr(VllmServer, "START_POLL_S", 0.01)
     client = VllmServer(health.url, "m", 0, timeout_s=10, start_timeout_s=60)
-    timer = threading.Timer(0.2, health.up.set)  # the server comes up while the first request waits
-    timer.start()
-    try:
-        client.pause_keep(step=0)
-    finally:
-        timer.cancel()
-    assert health.up.is_set() and health.asked >= 2 and health.posts == ["/pause?mode=keep"]
+    health.up_after = 3  # the server comes up while the first request waits
+    client.pause_keep(step=0)
+    assert health.asked == 3 and health.posts == ["/pause?mode=keep"]
     asked = health.asked
     client.resume(step=1)
     assert health.asked == asked and client.start_deadline is None, "the wait happens before the first request only"
