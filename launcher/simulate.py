@@ -137,6 +137,83 @@ def split_rows(gpus: int, tp: int, nodes: int, params_b: float, completions: int
     return rows
 
 
+SHARED_CALIBRATION = {
+    # every figure from gpu/RESULTS.md (one H200, pinned stack, configs/gpu_1gpu.yaml: the shared layout with one GPU,
+    # 64 completions of up to 128 tokens, side by side with TRL colocate on the same work)
+    "shared_gen_efficiency": 0.6 * (0.889 / 0.777 + 0.604 / 0.644) / 2,
+    # vLLM at a memory fraction of a GPU it shares: TRL colocate's efficiency (colocate_gen_efficiency, 0.6) times
+    # TRL's generation seconds over ours on the same work (0.36 B: 0.889 / 0.777, 1.3 B: 0.604 / 0.644), mean
+    "shared_push_s_per_gb": 0.399 / 2.600,
+    # our push into the engine on the rank's own GPU (gather + packed ipc + vLLM's load), per GB of bf16 weights:
+    # 1.3 B, 2.6 GB in 0.399 s (the per-byte regime; 0.36 B: 0.226 s for 0.72 GB is per-call bound)
+    "trl_load_s_per_gb": 0.213 / 2.600,
+    # TRL colocate's in-process load_weights, same shape: 0.213 s for 2.6 GB
+    "shared_async_contention": ((0.777 + 0.583 + 0.303) / 1.47 - max(0.777, 0.583 + 0.303)) / min(0.777, 0.583 + 0.303),
+    # max_staleness 1 on a GPU both sides share: step = max(gen, train + push) + c x min(...); c from the measured
+    # 1.47x steps per hour of k = 1 over k = 0 at 0.36 B (gen 0.777, train 0.583, push 0.303 s)
+}
+"""The shared layout's figures, each derived from a one-GPU measurement (the formula is the derivation)."""
+
+
+def shared_rows(gpus: int, tp: int, params_b: float, completions: int, tokens: int, train_rank_s: float, f: dict):
+    """The shared layout: the node's one server runs vLLM data parallel over all G GPUs (G / TP engines, each at a
+    memory fraction), every GPU also holds a trainer rank (G ranks), and each rank pushes the units it has just
+    gathered (FSDP2 all-gather over NVLink) to the engine on its own GPU by ipc, all ranks at once: the push costs one
+    gather of the model plus one engine's load, whatever G. Generation and training time-share every GPU:
+      sync   = gen + train + push        gen = work / (tps x G x shared_gen_efficiency), train = train_rank_s / G
+      async  = max(gen, train + push) + shared_async_contention x min(gen, train + push)   (max_staleness 1)
+    and TRL colocate with its measured load (the split table's TRL row moves bP over NVLink only)."""
+    tps = f["tokens_per_s_server"] * min(1.0, f["tps_anchor_params_b"] / max(params_b, 1e-6))
+    gb = f["bytes_per_param"] * params_b
+    gather = gb * 1e9 / (f["intra_bw_gbs"] * 1e9) if gpus > 1 else 0.0
+    gen = completions * tokens / (tps * gpus * f["shared_gen_efficiency"])
+    train = train_rank_s / gpus
+    push = gather + gb * f["shared_push_s_per_gb"]
+    c = f["shared_async_contention"]
+    label = f"shared, {gpus} GPUs: vLLM TP {tp} x DP {gpus // tp} + {gpus} ranks"
+    shared = SplitRow(
+        label, gpus, gpus, gen, train, push, gen + train + push, max(gen, train + push) + c * min(gen, train + push)
+    )
+    trl_gen = completions * tokens / (tps * gpus * f["colocate_gen_efficiency"])
+    trl_push = gather + gb * f["trl_load_s_per_gb"]
+    trl = SplitRow("TRL colocate, with its measured load", gpus, gpus, trl_gen, train, trl_push, trl_gen + train + trl_push, None)
+    return [shared, trl]
+
+
+def layout_choice(rows: list[SplitRow], shared: SplitRow) -> tuple[str, str]:
+    """Which layout wins (split or shared) and why, on the model's numbers: the shortest step of each, sync and async."""
+    best_sync, best_async = recommend(rows)
+    split_async = best_async.async_s or best_async.sync_s
+    shared_async = shared.async_s or shared.sync_s
+    both = (
+        f"synchronous {shared.sync_s:.1f} s (shared) vs {best_sync.sync_s:.1f} s (best split, {best_sync.vllm_gpus} serving); "
+        f"max_staleness 1 {shared_async:.1f} s vs {split_async:.1f} s"
+    )
+    return ("shared" if min(shared.sync_s, shared_async) < min(best_sync.sync_s, split_async) else "split"), both
+
+
+def layout_verdict(cfg: JobConfig) -> str | None:
+    """dry-run's word on the layout: the config's, and which one this model predicts faster for its node (with the
+    default figures; `slurm-grpo simulate` prints the tables). None on CPU and one-GPU nodes (no choice to make)."""
+    g, tp = cfg.slurm.gpus_per_node, cfg.vllm.tensor_parallel_size
+    if cfg.job.device != "cuda" or g <= tp or g % tp:
+        return None
+    shape = ModelShape.read(cfg.vllm.model)
+    params = shape.params / 1e9 if shape else 7.0
+    per = g - tp * cfg.vllm.data_parallel_size if cfg.slurm.layout == "split" else g - tp
+    f = {**DEFAULTS, **LAYOUT_DEFAULTS, **SHARED_CALIBRATION}
+    completions = cfg.trainer.per_device_train_batch_size * max(per, 1)
+    tokens = cfg.trainer.max_completion_length
+    rows = split_rows(g, tp, cfg.slurm.nodes, params, completions, tokens, f["train_s"] * max(per, 1), f)
+    shared = shared_rows(g, tp, params, completions, tokens, f["train_s"] * max(per, 1), f)[0]
+    which, why = layout_choice(rows, shared)
+    size = "" if shape else "; a 7 B model assumed, its config.json is not readable here"
+    return (
+        f"layout = {cfg.slurm.layout} (slurm.layout); the step model (`slurm-grpo simulate`{size}) predicts {which} "
+        f"faster per step on this node: {why}"
+    )
+
+
 def recommend(rows: list[SplitRow]) -> tuple[SplitRow, SplitRow]:
     """The per-node splits with the shortest synchronous and asynchronous steps."""
     ours = [r for r in rows if r.layout.startswith("per-node")]
@@ -224,6 +301,18 @@ def print_split(cfg: JobConfig, nodes: int, params: float, per: int, figures: di
         + "):"
     )
     print("\n".join(split_table(rows2)))
+    f3 = {**f2, **SHARED_CALIBRATION}
+    shared = shared_rows(g, tp, params, completions, cfg.trainer.max_completion_length, figures["train_s"] * per, f3)
+    print(
+        "the shared layout (every GPU serves and trains; calibrated on one H200, gpu/RESULTS.md: "
+        + ", ".join(f"{k}={v:.3g}" for k, v in SHARED_CALIBRATION.items())
+        + "):"
+    )
+    for r in shared:
+        a = f"{r.async_s:>11.2f}" if r.async_s is not None else f"{'-':>11}"
+        print(f"  {r.layout:<44} {r.gen_s:>7.2f} {r.train_s:>8.2f} {r.push_s:>7.3f} {r.sync_s:>10.2f} {a}")
+    which, why = layout_choice(rows2, shared[0])
+    print(f"layout by this model: {which} is faster per step ({why})")
     now = next((r for r in rows2 if r.vllm_gpus == tp * cfg.vllm.data_parallel_size and r.async_s), None)
     print(
         f"recommended: synchronous: {best_sync.vllm_gpus} of {g} GPUs serving (--set vllm.tensor_parallel_size={tp} "

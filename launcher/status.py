@@ -6,6 +6,7 @@ import json
 import re
 import shlex
 import subprocess
+import time
 from pathlib import Path
 from typing import Any
 
@@ -76,7 +77,41 @@ def startup_phases(job_dir: Path, node: int) -> dict[str, float]:
     out = {name: round(t[b] - t[a], 2) for name, a, b in PHASES if a in t and b in t}
     if Event.BOOTSTRAP_START in t and Event.FIRST_STEP in t:
         out["total to step 1"] = round(t[Event.FIRST_STEP] - t[Event.BOOTSTRAP_START], 2)
+    # the trainer starts beside the server (trainer.start_with_server): what it waited, and the step after health
+    if Event.MODEL_LOADED in t and Event.VLLM_HEALTHY in t and t[Event.VLLM_HEALTHY] > t[Event.MODEL_LOADED]:
+        out["trainer loaded, waiting for vLLM"] = round(t[Event.VLLM_HEALTHY] - t[Event.MODEL_LOADED], 2)
+        if "trainer build + first step" in out:  # that span now holds the wait too: say so
+            out = {("trainer build + wait + first step" if k == "trainer build + first step" else k): v for k, v in out.items()}
+    if Event.VLLM_HEALTHY in t and Event.FIRST_STEP in t:
+        out["vLLM healthy -> step 1"] = round(t[Event.FIRST_STEP] - t[Event.VLLM_HEALTHY], 2)
     return out
+
+
+STARTUP_STEPS = (
+    (Event.FIRST_STEP, "first step done"),
+    (Event.MODEL_LOADED, "loaded and sharded"),
+    (Event.RENDEZVOUS_DONE, "rendezvous done, loading"),
+    (Event.TRAINER_START, "launched"),
+)
+
+
+def startup_now(job_dir: Path, node: int, now: float | None = None) -> str | None:
+    """Where the node's latest attempt stands in its start-up: the server (starting for N s, or healthy) and the
+    trainer (launched, rendezvous done, loaded, first step done), from the events the bootstrap and the trainer
+    leader write; None once the first step is done or before the node started."""
+    ev = read_events(JobDir(job_dir).events(node))
+    starts = [i for i, e in enumerate(ev) if e.event == Event.BOOTSTRAP_START]
+    if not starts:
+        return None
+    t: dict[Event | str, float] = {}
+    for e in ev[starts[-1] :]:
+        t.setdefault(e.event, e.t)
+    if Event.FIRST_STEP in t or Event.BOOTSTRAP_END in t or Event.VLLM_START not in t:
+        return None
+    now = time.time() if now is None else now
+    server = "healthy" if Event.VLLM_HEALTHY in t else f"starting ({now - t[Event.VLLM_START]:.0f} s)"
+    trainer = next((what for event, what in STARTUP_STEPS if event in t), "not launched yet")
+    return f"vLLM {server}; trainer {trainer}"
 
 
 ENDED_RESUMABLE = ("NODE_FAIL", "TIMEOUT", "FAILED", "PREEMPTED", "OUT_OF_MEMORY", "CANCELLED")
@@ -143,6 +178,9 @@ def status(job_dir: Path) -> str:
             e = next(e for e in reversed(ev) if e.event in ended)
             health += "; " + (e.error if e.error is not None else f"vllm exited {e.code}")
         lines.append(f"node {n} ({host}): vLLM {health}; last event: {names[-1] if names else 'none'}")
+        now = startup_now(job_dir, n)
+        if now:
+            lines.append("  starting: " + now)
         phases = startup_phases(job_dir, n)
         if phases:
             lines.append("  start-up: " + ", ".join(f"{k} {v:.1f} s" for k, v in phases.items()))

@@ -111,9 +111,9 @@ class SlurmGrpoCallback(TrainerCallback):
         if self.rng_from is not None:
             checkpoint.restore_rng(self.rng_from, self.par.rank)
             self.rng_from = None
+        self.rollout.begin_step(state.global_step)  # first: it may wait for the server's start (not the step's time)
         self.profiler.begin(state.global_step + 1)
         self.step_t0 = time.time()
-        self.rollout.begin_step(state.global_step)
 
     # -------------------------------------------------------------- metrics
     def on_log(self, args, state, control, logs=None, **kw):

@@ -61,6 +61,41 @@ def write_summary_and_plot(job_dir: Path, extra: dict[str, Any]) -> dict[str, An
     return s
 
 
+PHASES = ("generation", "push", "parity", "training")
+"""Where a step's seconds go on a node, in the order the bars stack them."""
+
+
+def step_phases(r: StepRow, node: str) -> dict[str, float] | None:
+    """A step's seconds on one node: waiting for its batch, the push, the parity checks, and the rest of the step
+    (training: forward, backward, optimizer, TRL's own work). None when the row lacks the step's time."""
+    if r.step_s is None:
+        return None
+    gen, push, parity = r.gen_wait_s.get(node, 0.0), r.push_s.get(node, 0.0), r.parity_s.get(node, 0.0)
+    return {"generation": gen, "push": push, "parity": parity, "training": max(r.step_s - gen - push - parity, 0.0)}
+
+
+def step_seconds_bars(ax, steps: list[StepRow]) -> None:
+    """One stacked bar per step and node (side by side): the step's seconds by phase (step_phases)."""
+    nodes = sorted({n for r in steps for n in (*r.gen_wait_s, *r.push_s)}) or ["0"]
+    width = 0.8 / len(nodes)
+    colors = dict(zip(PHASES, ("tab:blue", "tab:orange", "tab:red", "tab:green"), strict=True))
+    for i, node in enumerate(nodes):
+        xs, parts = [], []
+        for r in steps:
+            p = step_phases(r, node)
+            if p is not None:
+                xs.append(r.step - 0.4 + width * (i + 0.5))
+                parts.append(p)
+        bottom = [0.0] * len(xs)
+        for phase in PHASES:
+            h = [p[phase] for p in parts]
+            ax.bar(xs, h, width, bottom=bottom, color=colors[phase], label=phase if i == 0 else None)
+            bottom = [b + v for b, v in zip(bottom, h, strict=True)]
+    title = "step seconds by phase" + (f" (nodes {', '.join(nodes)} side by side)" if len(nodes) > 1 else "")
+    ax.set_title(title)
+    ax.legend(fontsize=7)
+
+
 def plot(steps: list[StepRow], out: Path) -> None:
     import matplotlib
 
@@ -71,8 +106,7 @@ def plot(steps: list[StepRow], out: Path) -> None:
     fig, ax = plt.subplots(1, 3, figsize=(13, 3.6))
     ax[0].plot(x, [r.reward for r in steps], marker=".")
     ax[0].set_title("mean reward")
-    ax[1].plot(x, [r.kl or 0.0 for r in steps], marker=".")
-    ax[1].set_title("KL (0 when beta = 0)")
+    step_seconds_bars(ax[1], steps)
     nodes = sorted({n for r in steps for n in r.push_s})
     for n in nodes:
         ax[2].plot(x, [r.push_s.get(n, float("nan")) for r in steps], marker=".", label=f"node {n}")

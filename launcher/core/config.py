@@ -81,6 +81,8 @@ class SlurmConfig:
     """On preemption or the time-limit warning, checkpoint and requeue the job."""
     container: ContainerConfig = field(default_factory=ContainerConfig)
     """Run each node's processes in a container: {image, runtime, mounts, workdir} (keys below)."""
+    layout: Literal["split", "shared"] = "split"
+    """How a node's GPUs are shared out: split = vLLM on the first TP x DP GPUs, a trainer rank on each of the others; shared = vLLM data parallel over all of the node's GPUs (DP = GPUs / TP) at vllm.gpu_memory_utilization, a trainer rank on every GPU beside an engine, the push by ipc (a one-GPU node is always shared). `slurm-grpo simulate` models both; dry-run says which the config gets and why."""
 
     def check(self) -> None:
         _positive("slurm.nodes", self.nodes, "ask for at least one node")
@@ -137,6 +139,8 @@ class VllmConfig:
     """Weight push transport; auto picks ipc on a GPU shared with the trainer, nccl on other GPUs, gloo on CPU."""
     cpu_kvcache_gib: int = 1
     """CPU builds only: KV cache size in GiB (VLLM_CPU_KVCACHE_SPACE)."""
+    cache_dir: str = ""
+    """Where each node's server keeps its compile caches (vLLM's torch.compile, Inductor, Triton; a folder per node), so a restart skips the compile; empty = the job folder's cache/ (a requeue or resume finds it); a shared folder lets other jobs of the same model reuse it."""
 
     def check(self) -> None:
         if not self.model:
@@ -151,6 +155,11 @@ class VllmConfig:
             raise ConfigError(f"vllm.max_model_len must be 0 (the model's own) or positive, got {self.max_model_len}")
         _positive("vllm.health_timeout_s", self.health_timeout_s, "servers need time to load the model")
         _port("vllm.port", self.port)
+        if self.cache_dir and not self.cache_dir.startswith("/"):
+            raise ConfigError(
+                f"vllm.cache_dir {self.cache_dir!r} must be an absolute path (every node reads it); "
+                "e.g. /shared/cache/vllm, or leave it empty for the job folder's cache/"
+            )
 
 
 @dataclass(frozen=True)
@@ -223,6 +232,10 @@ class TrainerConfig:
     """The bootstrap stops the node if the trainer writes no metrics for this long after its first step; 0 = off."""
     grpo: dict[str, Any] = field(default_factory=dict)
     """Any other trl.GRPOConfig field, passed through as is (e.g. {loss_type: dapo})."""
+    start_with_server: bool = True
+    """Start the trainer ranks together with the node's server: they launch, rendezvous, load and shard while vLLM starts, and wait for its /health (vllm.health_timeout_s) only before their first request; false = start them once the server is healthy (a GPU too full for both to load at once)."""
+    parity_every: int = 10
+    """Every push is proven by parity after it (the server's logprobs equal the trainer's); the probe before it, which only measures how far the server lagged, runs at an attempt's first push and every N steps; 0 = only at the first push."""
 
     MAX_STALENESS: ClassVar[int] = 4
     """max_staleness above this is refused: the policy would learn from completions of a model that old."""
@@ -254,6 +267,10 @@ class TrainerConfig:
             raise ConfigError(f"trainer.temperature must be positive, got {self.temperature}")
         if self.save_steps < 0 or self.stall_timeout_s < 0 or self.parity_tolerance < 0:
             raise ConfigError("trainer.save_steps, trainer.stall_timeout_s and trainer.parity_tolerance must be >= 0")
+        if self.parity_every < 0:
+            raise ConfigError(
+                f"trainer.parity_every must be >= 0 (the stale probe's period in steps; 0 = only at the first push), got {self.parity_every}"
+            )
         if not 0 <= self.max_staleness <= self.MAX_STALENESS:
             raise ConfigError(
                 f"trainer.max_staleness must be 0 (synchronous) to {self.MAX_STALENESS} (steps off), got {self.max_staleness}; "
@@ -750,7 +767,9 @@ def check_job(cfg: JobConfig) -> None:
     """The rules between keys: each section's check() has already passed."""
     s, v, t, j = cfg.slurm, cfg.vllm, cfg.trainer, cfg.job
     serving = v.tensor_parallel_size * v.data_parallel_size
-    if serving >= s.gpus_per_node and not (s.gpus_per_node == 1 and serving == 1):
+    if s.layout == "shared":
+        check_shared_layout(cfg)
+    elif serving >= s.gpus_per_node and not (s.gpus_per_node == 1 and serving == 1):
         raise ConfigError(
             f"vllm.tensor_parallel_size x data_parallel_size ({v.tensor_parallel_size} x {v.data_parallel_size}) leaves "
             f"no trainer GPU on a {s.gpus_per_node}-GPU node; lower them or ask for more GPUs per node (slurm.gpus_per_node)"
@@ -778,6 +797,22 @@ def check_job(cfg: JobConfig) -> None:
     if j.device == "cpu" and t.dtype != "float32":
         raise ConfigError(
             "trainer.dtype must be float32 with job.device cpu (vLLM's CPU build and gloo run float32 here); set trainer.dtype: float32"
+        )
+
+
+def check_shared_layout(cfg: JobConfig) -> None:
+    """slurm.layout shared: every GPU holds an engine and a trainer rank, so TP must divide the node and DP follows."""
+    s, v = cfg.slurm, cfg.vllm
+    g, tp, dp = s.gpus_per_node, v.tensor_parallel_size, v.data_parallel_size
+    if g % tp:
+        raise ConfigError(
+            f"slurm.layout shared puts vLLM engines of vllm.tensor_parallel_size ({tp}) GPUs on all {g} GPUs of a node: "
+            f"TP must divide slurm.gpus_per_node; pick a TP that divides {g}"
+        )
+    if dp not in (1, g // tp):
+        raise ConfigError(
+            f"slurm.layout shared sets vLLM's data parallel size to GPUs / TP = {g} / {tp} = {g // tp}; "
+            f"vllm.data_parallel_size {dp} says otherwise: remove it (or set it to {g // tp})"
         )
 
 

@@ -167,6 +167,12 @@ class JobDir:
     def tensorboard(self) -> Path:
         return self.root / "tensorboard"
 
+    def compile_cache(self, node: int, shared: str = "") -> Path:
+        """Node `node`'s compile caches (vLLM's torch.compile artifacts, Inductor's and Triton's kernels): under the
+        config's vllm.cache_dir when it names one, else in the job folder, so a requeue or a resume of the job finds
+        them and skips the compile. One folder per node: nodes never write the same files at once."""
+        return (Path(shared) if shared else self.root / "cache") / f"node{node}"
+
     # a sweep folder
     @property
     def sweep(self) -> Path:

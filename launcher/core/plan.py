@@ -40,7 +40,8 @@ class NodePlan:
     weight_transfer_port: int
     ranks: list[RankPlan]
     shared_gpu: bool = False
-    """vLLM and the single trainer rank share one GPU (one-GPU machines): vLLM gets a memory fraction."""
+    """vLLM and the trainer share the node's GPUs (slurm.layout shared; a one-GPU node): vLLM gets a memory fraction
+    of each, a trainer rank sits on each."""
 
 
 @dataclass(frozen=True)
@@ -117,7 +118,7 @@ def resolve_backend(cfg: JobConfig, shared_gpu: bool) -> str:
 def check_layout(cfg: JobConfig, shared: bool) -> None:
     """The node's GPUs hold the server and at least one trainer rank, and TP divides the model's heads."""
     tp, dp, g = cfg.vllm.tensor_parallel_size, cfg.vllm.data_parallel_size, cfg.slurm.gpus_per_node
-    if shared and cfg.job.device == "cpu":
+    if shared and cfg.job.device == "cpu" and cfg.slurm.gpus_per_node == 1:
         raise ConfigError(
             "slurm.gpus_per_node 1 with job.device cpu leaves no slot for a trainer rank beside vLLM; "
             "use gpus_per_node >= 2 (one vLLM slot plus trainer slots)"
@@ -154,10 +155,12 @@ def plan(cfg: JobConfig, job_dir: str) -> Plan:
     """The numbers; `derivation` writes the rule behind each one."""
     s, v, t = cfg.slurm, cfg.vllm, cfg.trainer
     tp, dp, g = v.tensor_parallel_size, v.data_parallel_size, s.gpus_per_node
-    shared = g == 1 and tp * dp == 1
+    shared = s.layout == "shared" or (g == 1 and tp * dp == 1)
+    if shared:  # vLLM data parallel over every GPU of the node, a trainer rank on each beside an engine
+        dp = g // tp
     check_layout(cfg, shared)
-    vllm_gpus = [0] if shared else list(range(tp * dp))
-    trainer_gpus = [0] if shared else list(range(tp * dp, g))
+    vllm_gpus = list(range(g)) if shared else list(range(tp * dp))
+    trainer_gpus = list(range(g)) if shared else list(range(tp * dp, g))
     per_node = len(trainer_gpus)
     world = per_node * s.nodes
     check_batch(cfg, world, per_node)
@@ -209,12 +212,24 @@ def derivation(p: Plan) -> list[str]:
     shared, batch = n0.shared_gpu, t.per_device_train_batch_size
     how = "set" if v.weight_transfer_backend != "auto" else "auto: " + p.device + (", shared GPU" if shared else "")
     sharding = "shard over the node's ranks, replicate across nodes" if t.fsdp == "hsdp" else "shard over all ranks"
+    if shared and g > 1:
+        gpus = [
+            f"layout = shared (slurm.layout): vLLM data parallel over all {g} GPUs, DP = gpus_per_node / TP = {g} / {tp} "
+            f"= {dp} engines at gpu_memory_utilization {v.gpu_memory_utilization:g} of each GPU = {n0.vllm_gpus}",
+            f"trainer ranks per node = gpus_per_node = {per_node}, one beside each engine; the push today: the node "
+            "leader to every engine (each rank to its own GPU's engine: not built, it waits for a multi-GPU machine)",
+        ]
+    else:
+        gpus = [
+            f"layout = {'shared (a one-GPU node always is)' if shared else 'split (slurm.layout)'}: vLLM GPUs per node = "
+            f"first tensor_parallel_size x data_parallel_size = {tp} x {dp} = {n0.vllm_gpus}"
+            + (" (shared with the trainer: one-GPU node)" if shared else ""),
+            f"trainer ranks per node = gpus_per_node - TP x DP = {g} - {tp * dp} = {per_node}"
+            if not shared
+            else "trainer ranks per node = 1 (shares GPU 0 with vLLM)",
+        ]
     return [
-        f"vLLM GPUs per node = first tensor_parallel_size x data_parallel_size = {tp} x {dp} = {n0.vllm_gpus}"
-        + (" (shared with the trainer: one-GPU node)" if shared else ""),
-        f"trainer ranks per node = gpus_per_node - TP x DP = {g} - {tp * dp} = {per_node}"
-        if not shared
-        else "trainer ranks per node = 1 (shares GPU 0 with vLLM)",
+        *gpus,
         f"world size = ranks per node x nodes = {per_node} x {p.num_nodes} = {world}",
         f"completions per step = per_device_train_batch_size x world = {batch} x {world} = {batch * world} "
         f"= {batch * world // t.num_generations} prompts x {t.num_generations} generations",

@@ -166,6 +166,8 @@ class NodeFigures:
     """Pushes so far that paused requests sent ahead (max_staleness >= 2) and resumed them after."""
     pushes_paused_running: int = 0
     """Of those, the ones where a paused request was still generating."""
+    parity_s: float | None = None
+    """Seconds the step's parity checks took (the trainer's forward and the server's probes, stale and after)."""
 
     @classmethod
     def from_dict(cls, d: Mapping[str, Any]) -> NodeFigures:
@@ -206,6 +208,8 @@ class StepRow:
     ahead_misses: dict[str, int] = field(default_factory=dict)
     pushes_paused: dict[str, int] = field(default_factory=dict)
     pushes_paused_running: dict[str, int] = field(default_factory=dict)
+    parity_s: dict[str, float] = field(default_factory=dict)
+    """Seconds of the step's parity checks per node (trainer.parity_every)."""
     is_ratio_mean: float | None = None
     """TRL's importance-sampling ratio (asynchronous generation)."""
     logp_mismatch_mean: float | None = None
@@ -230,6 +234,7 @@ class StepRow:
         "ahead_misses",
         "pushes_paused",
         "pushes_paused_running",
+        "parity_s",
     )
     """The fields that hold one value per node."""
 
@@ -269,6 +274,7 @@ class StepRow:
             ahead_misses={str(n): f.ahead_misses for n, f in nodes},
             pushes_paused={str(n): f.pushes_paused for n, f in nodes},
             pushes_paused_running={str(n): f.pushes_paused_running for n, f in nodes},
+            parity_s={str(n): round(f.parity_s, 4) for n, f in nodes if f.parity_s is not None},
             is_ratio_mean=logs.get("sampling/importance_sampling_ratio/mean"),
             logp_mismatch_mean=logs.get("sampling/sampling_logp_difference/mean"),
             gen_tokens_per_s=round(sum(tps.values()), 1) if tps else None,
@@ -422,6 +428,8 @@ class Summary:
     parity_max: float | None
     gen_tokens_per_s_median: float | None
     step_s_median: float | None
+    parity_s_median: dict[str, float] = field(default_factory=dict)
+    """The parity checks' seconds per step, per node (trainer.parity_every)."""
 
     def to_dict(self) -> dict[str, Any]:
         return dataclasses.asdict(self)
@@ -439,9 +447,12 @@ def summarize(rows: Iterable[Row], k: int = 0) -> Summary | None:
         return None
     k = k or max(1, min(5, len(steps) // 4))
     push: dict[str, list[float]] = {}
+    parity_s: dict[str, list[float]] = {}
     for r in steps:
         for node, s in r.push_s.items():
             push.setdefault(node, []).append(s)
+        for node, s in r.parity_s.items():
+            parity_s.setdefault(node, []).append(s)
     parity = [r.parity_max for r in steps if r.parity_max is not None]
     tps = [r.gen_tokens_per_s for r in steps if r.gen_tokens_per_s]
     step_s = [r.step_s for r in steps if r.step_s is not None]
@@ -455,6 +466,7 @@ def summarize(rows: Iterable[Row], k: int = 0) -> Summary | None:
         parity_max=float(f"{max(parity):.3g}") if parity else None,
         gen_tokens_per_s_median=round(_median(tps), 1) if tps else None,
         step_s_median=round(_median(step_s), 3) if len(step_s) == len(steps) else None,
+        parity_s_median={n: round(_median(v), 4) for n, v in sorted(parity_s.items())},
     )
 
 
@@ -462,9 +474,11 @@ def format_summary(s: Summary | None) -> str:
     if s is None:
         return "no training steps recorded yet"
     push = ", ".join(f"node {n}: {v:.3f} s" for n, v in s.push_s_median.items()) or "none"
+    checks = ", ".join(f"node {n}: {v:.3f} s" for n, v in s.parity_s_median.items())
+    parity_s = f" (its checks, median per step: {checks})" if checks else ""
     return (
         f"steps {s.steps} (last {s.last_step}); reward first {s.window} steps {s.reward_first:.4f} -> "
-        f"last {s.window} {s.reward_last:.4f}; push median {push}; parity max {s.parity_max}; "
+        f"last {s.window} {s.reward_last:.4f}; push median {push}; parity max {s.parity_max}{parity_s}; "
         f"generation {s.gen_tokens_per_s_median} tokens/s; step {s.step_s_median} s"
     )
 

@@ -1,5 +1,6 @@
-"""One per node (under srun, or on this machine for `slurm-grpo local`): start the node's vLLM server,
-wait for /health with a deadline, start torchrun for the node's trainer ranks, supervise both.
+"""One per node (under srun, or on this machine for `slurm-grpo local`): start the node's vLLM server and torchrun
+for the node's trainer ranks together (they load while vLLM starts and wait for its /health themselves; with
+trainer.start_with_server false, torchrun once the server is healthy), watch /health with a deadline, supervise both.
 
     python -m launcher.node.bootstrap <job_dir>/plan.json [--node N]
 
@@ -135,36 +136,63 @@ class Supervised(Protocol):
     def describe(self) -> str: ...
 
 
+class HealthWatch:
+    """The node's server until it first answers /health, one look at a time (`poll`), so the bootstrap can watch it
+    while the trainer ranks start beside it (trainer.start_with_server). NodeFailure when the server exits first
+    or the deadline (vllm.health_timeout_s, from the server's start) passes, naming the node, the server and its log."""
+
+    def __init__(self, proc: Supervised, url: str, deadline_s: float, where: str) -> None:
+        self.proc, self.url, self.deadline_s, self.where = proc, url, deadline_s, where
+        self.t0 = time.time()
+        self.took: float | None = None
+        """Seconds from the server's start to its first healthy answer; None until then."""
+
+    def poll(self) -> bool:
+        """True once the server has answered /health (it is not asked again)."""
+        if self.took is not None:
+            return True
+        rc = self.proc.poll()
+        if rc is not None:
+            raise _exited_before_healthy(self.proc, rc, self.url, self.where)
+        try:
+            with urllib.request.urlopen(self.url + "/health", timeout=5) as r:
+                if r.status == 200:
+                    self.took = time.time() - self.t0
+                    return True
+        except (urllib.error.URLError, OSError, TimeoutError):
+            pass
+        if time.time() - self.t0 > self.deadline_s:
+            proc = self.proc
+            raise NodeFailure(
+                f"{self.where}: vLLM server {proc.describe()} not healthy at {self.url} after "
+                f"{self.deadline_s:.0f} s (vllm.health_timeout_s)\n  last lines of {proc.log_path}:\n{tail(proc.log_path)}"
+            )
+        return False
+
+
+def _exited_before_healthy(proc: Supervised, rc: int, url: str, where: str) -> NodeFailure:
+    hint = ""
+    text = tail(proc.log_path, 200)
+    if "Failed to load plugin" in text or "Unsupported backend" in text or "gloo" in text and "not registered" in text:
+        hint = (
+            "\n  hint: the project's vLLM plugin did not load (is slurm-grpo installed with `pip install -e .` "
+            "in the job's environment, and is there no folder named 'trainer' shadowing it in the cwd?)"
+        )
+    return NodeFailure(
+        f"{where}: vLLM server {proc.describe()} exited with code {rc} before it "
+        f"was healthy at {url}{hint}\n  last lines of {proc.log_path}:\n{tail(proc.log_path)}"
+    )
+
+
 def wait_healthy(proc: Supervised, url: str, deadline_s: float, where: str, check: Callable[[], None] = lambda: None) -> float:
     """Seconds until the server answers /health; NodeFailure if it exits first or the deadline passes.
     check: called every poll (the other nodes' abort file), raises to stop waiting."""
-    t0 = time.time()
+    health = HealthWatch(proc, url, deadline_s, where)
     while True:
         check()
-        rc = proc.poll()
-        if rc is not None:
-            hint = ""
-            text = tail(proc.log_path, 200)
-            if "Failed to load plugin" in text or "Unsupported backend" in text or "gloo" in text and "not registered" in text:
-                hint = (
-                    "\n  hint: the project's vLLM plugin did not load (is slurm-grpo installed with `pip install -e .` "
-                    "in the job's environment, and is there no folder named 'trainer' shadowing it in the cwd?)"
-                )
-            raise NodeFailure(
-                f"{where}: vLLM server {proc.describe()} exited with code {rc} before it "
-                f"was healthy at {url}{hint}\n  last lines of {proc.log_path}:\n{tail(proc.log_path)}"
-            )
-        try:
-            with urllib.request.urlopen(url + "/health", timeout=5) as r:
-                if r.status == 200:
-                    return time.time() - t0
-        except (urllib.error.URLError, OSError, TimeoutError):
-            pass
-        if time.time() - t0 > deadline_s:
-            raise NodeFailure(
-                f"{where}: vLLM server {proc.describe()} not healthy at {url} after "
-                f"{deadline_s:.0f} s (vllm.health_timeout_s)\n  last lines of {proc.log_path}:\n{tail(proc.log_path)}"
-            )
+        if health.poll():
+            assert health.took is not None
+            return health.took
         time.sleep(POLL_S)
 
 
@@ -240,11 +268,16 @@ def run_node(p: Plan, node: int) -> int:
         run.events(Event.VLLM_START, pid=vllm.popen.pid)
         url = p.nodes[node].server_url
         run.say(f"vLLM starting: {vllm.describe()}")
-        took = wait_healthy(vllm, url, p.config.vllm.health_timeout_s, run.where, check=run.check_peers)
-        run.events(Event.VLLM_HEALTHY, seconds=took)
-        run.say(f"vLLM healthy at {url} after {took:.1f} s")
+        health = HealthWatch(vllm, url, p.config.vllm.health_timeout_s, run.where)
+        if not p.config.trainer.start_with_server:  # the trainer starts once the server is healthy
+            while not health.poll():
+                run.check_peers()
+                time.sleep(POLL_S)
+            server_healthy(run, health)
         if stop_requested:
             raise NodeFailure(f"node {node}: stopped by signal {stop_requested[0]} before training started")
+        # otherwise the ranks launch, rendezvous, load and shard while the server starts, and wait for its /health
+        # (trainer.rollout.server) only before their first request; supervise watches the server's start meanwhile
         cmd = trainer_command(p, node, rendezvous_host(p), python, allocated)
         cmd = NodeCommand(cmd.name, torchrun_compatible(cmd.argv), {**cmd.env, Env.ATTEMPT: attempt}, cmd.log)
         # torchrun's own shutdown waits up to its --shutdown-timeout for the ranks' checkpoint: outwait it
@@ -252,7 +285,7 @@ def run_node(p: Plan, node: int) -> int:
         procs.append(trainer)
         run.events(Event.TRAINER_START, pid=trainer.popen.pid)
         run.say(f"trainer started: {trainer.describe()}")
-        code = supervise(run, vllm, trainer, stop_requested)
+        code = supervise(run, vllm, trainer, stop_requested, health)
         failed = False
         return code
     except ConfigError as e:  # a plan the node cannot run (e.g. fewer GPUs allocated than planned)
@@ -265,6 +298,11 @@ def run_node(p: Plan, node: int) -> int:
             pr.stop(FAILED_STOP_GRACE_S if failed else None)
         kill_all(descendants(os.getpid()))  # anything re-parented to us (subreaper) that outlived its parent
         run.events(Event.BOOTSTRAP_END)
+
+
+def server_healthy(run: NodeRun, health: HealthWatch) -> None:
+    run.events(Event.VLLM_HEALTHY, seconds=health.took)
+    run.say(f"vLLM healthy at {health.url} after {health.took:.1f} s")
 
 
 def fail(run: NodeRun, e: NodeFailure) -> int:
@@ -292,14 +330,25 @@ def preempt_checkpoint(job_dir: Path, attempt: str) -> tuple[int, Path] | None:
     return done[-1] if meta.reason == "preempt" and meta.attempt == attempt else None
 
 
-def supervise(run: NodeRun, vllm: Supervised, trainer: Supervised, stop_requested: list[int]) -> int:
+def supervise(
+    run: NodeRun, vllm: Supervised, trainer: Supervised, stop_requested: list[int], health: HealthWatch | None = None
+) -> int:
     """Watch the node's two processes until the trainer ends: 0 when it finished, PREEMPTED_EXIT when it
     checkpointed on a preemption signal; NodeFailure (naming the node, the process and its log) for a dead
-    server, a failed trainer, a stalled run, another node's abort or a node that stopped answering."""
+    server, a failed trainer, a stalled run, another node's abort or a node that stopped answering.
+    health: the server's start, while it is not yet healthy (the trainer started beside it): its deadline and its
+    exit before it answered are the node's failure; None = healthy already."""
     forwarded = False
     stall = run.plan.config.trainer.stall_timeout_s
+    starting = health is not None and health.took is None
     while True:
         run.check_peers()
+        if starting and health is not None:
+            if stop_requested:
+                raise NodeFailure(f"node {run.node}: stopped by signal {stop_requested[0]} before training started")
+            if health.poll():
+                server_healthy(run, health)
+                starting = False
         if stop_requested and not forwarded:
             # preemption or time-limit warning: the trainer checkpoints at its next step boundary and exits
             run.say(f"signal {stop_requested[0]}: asking the trainer to checkpoint")

@@ -90,6 +90,10 @@ def vllm_command(plan: Plan, node: int, python: str = "python", allocated: str |
         "VLLM_NO_USAGE_STATS": "1",
         "DO_NOT_TRACK": "1",
     }
+    # compile caches where a requeue or resume of this job finds them (default: /tmp of whichever node ran it)
+    cache = JobDir(Path(plan.job_dir)).compile_cache(node, v.cache_dir)
+    env.update({"VLLM_CACHE_ROOT": str(cache / "vllm"), "TORCHINDUCTOR_CACHE_DIR": str(cache / "inductor")})
+    env["TRITON_CACHE_DIR"] = str(cache / "triton")
     if plan.device == "cpu":
         env.update({"VLLM_CPU_KVCACHE_SPACE": str(v.cpu_kvcache_gib), PLUGIN_ENV: "1", "CUDA_VISIBLE_DEVICES": ""})
     return NodeCommand(name="vllm", argv=argv, env=env, log=str(IN_JOB.log(node, "vllm")))

@@ -430,7 +430,8 @@ def test_dead_trainer_rank_on_one_node_stops_both_nodes_fsdp_across_nodes(tmp_pa
         raise AssertionError("no rank 3 under node 1's torchrun")
 
     job, error, took, state = run_fault_job(
-        cluster, tmp_path, tiny_model, "rank death", inject, "trainer.fsdp=fsdp", check_running=fsdp_trains_and_both_servers_get_the_weights
+        cluster, tmp_path, tiny_model, "rank death", inject, "trainer.fsdp=fsdp", "trainer.parity_every=1",
+        check_running=fsdp_trains_and_both_servers_get_the_weights
     )  # fmt: skip
     report("trainer rank 3 (node 1) killed -> whole 2-node job gone", took, state)
     assert "trainer" in error and "node1-trainer.log" in error, error
@@ -451,6 +452,7 @@ def test_a_two_point_sweep_runs_as_one_job_array_side_by_side_and_the_parallel_t
     argv = cli_argv(
         PY, "sweep", "configs/cluster_cpu.yaml", f"vllm.model={tiny_model}", f"job.job_dir={sweep}", f"job.python={PY}",
         f"trainer.dataset={REPO}/data/letters.jsonl", "slurm.nodes=1", "trainer.max_steps=3", "trainer.save_steps=0",
+        "trainer.parity_every=1",  # the stale probe before every push (the assertion on it below)
     ) + ["--grid", "trainer.learning_rate=0.003,1e-9", "--parallel", "1"]  # fmt: skip
     r = subprocess.run(argv, capture_output=True, text=True, env=env, cwd=REPO, timeout=120)
     assert r.returncode == 0, r.stderr

@@ -355,6 +355,7 @@ def test_two_steps_off_on_a_data_parallel_server_pauses_pushes_and_every_engine_
         "vllm.data_parallel_size=2",  # slots 0-1 serve, slot 2 trains
         "trainer.max_staleness=2",
         "trainer.max_steps=8",
+        "trainer.parity_every=1",  # the stale probe before every push: each engine's weights really changed
         f"trainer.max_completion_length={long}",
         "trainer.grpo={generation_kwargs: {ignore_eos: true}}",
     )

@@ -25,7 +25,7 @@ from tests.support.fakes import FakeVllm, clean_env, fake_vllm, free_ports
 HEALTH_TIMEOUT_S = 2
 
 
-def cpu_config(tmp_path: Path, model: str, **vllm: object) -> C.JobConfig:
+def cpu_config(tmp_path: Path, model: str, trainer: dict | None = None, **vllm: object) -> C.JobConfig:
     vport, rdzv, weights = free_ports(3)
     return C.from_dict(
         {
@@ -37,13 +37,14 @@ def cpu_config(tmp_path: Path, model: str, **vllm: object) -> C.JobConfig:
                 "dtype": "float32",
                 "rendezvous_port": rdzv,
                 "weight_transfer_port": weights,
+                **(trainer or {}),
             },
         }
     )
 
 
-def job(tmp_path: Path, model: str) -> Path:
-    cfg = cpu_config(tmp_path, model, health_timeout_s=HEALTH_TIMEOUT_S)
+def job(tmp_path: Path, model: str, **trainer: object) -> Path:
+    cfg = cpu_config(tmp_path, model, trainer, health_timeout_s=HEALTH_TIMEOUT_S)
     d = tmp_path / "job"
     write_job_dir(cfg, plan(cfg, str(d)))
     return d
@@ -89,8 +90,13 @@ def test_a_server_that_never_becomes_healthy_fails_at_the_deadline_naming_node_u
     tail = r.stderr[r.stderr.index(f"last lines of {log}:") :]
     assert tail.rstrip().endswith("\n    fake vLLM: loading the weights, slowly"), tail  # what the server printed last
     ev = events(d)
-    assert "vllm_start" in ev and "vllm_healthy" not in ev and "trainer_start" not in ev and "failed" in ev, ev
+    # the trainer started beside the server (trainer.start_with_server) and was stopped with it
+    assert "vllm_start" in ev and "vllm_healthy" not in ev and "trainer_start" in ev and "failed" in ev, ev
     assert not alive(pid), "the server outlived its node's failure"
+    trainer_pid = next(
+        json.loads(x)["pid"] for x in (d / "logs" / "node0-events.jsonl").read_text().splitlines() if '"trainer_start"' in x
+    )
+    assert not alive(trainer_pid), "the trainer outlived its node's failure"
     abort = list((d / "logs").glob("abort-*.json"))
     assert len(abort) == 1 and "not healthy" in abort[0].read_text()  # the other nodes stop too
 
@@ -104,7 +110,7 @@ def test_a_server_that_never_becomes_healthy_fails_at_the_deadline_naming_node_u
 )
 def test_a_server_that_exits_before_it_is_healthy_is_named_with_its_code_and_log(tmp_path, tiny_model, say, code, hint):
     fake = fake_vllm(tmp_path, say, exit_code=code)
-    d = job(tmp_path, tiny_model)
+    d = job(tmp_path, tiny_model, start_with_server=False)  # the trainer waits for the server's health: never started
     port = json.loads((d / "plan.json").read_text())["vllm_port"]
     r = bootstrap(str(d / "plan.json"), "--node", "0", fake=fake)
     assert r.returncode == 1, r.stdout + r.stderr

@@ -138,6 +138,7 @@ def test_bad_config(raw, needle):
 CHOICE_ERRORS = [
     ("slurm", {"container": {"image": "x.sif", "runtime": "docker"}},
      "slurm.container.runtime 'docker' must be pyxis (srun --container-image) or apptainer"),
+    ("slurm", {"layout": "mixed"}, "slurm.layout 'mixed' must be split or shared"),
     ("vllm", {"dtype": "fp8"}, "vllm.dtype 'fp8' must be one of auto, bfloat16, float16, float32"),
     ("vllm", {"weight_transfer_backend": "rdma"}, "vllm.weight_transfer_backend 'rdma' must be auto, nccl, gloo or ipc"),
     ("trainer", {"dtype": "int8"}, "trainer.dtype 'int8' must be bfloat16 or float32"),

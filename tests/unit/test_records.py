@@ -41,7 +41,7 @@ TRL_LOGS = {
 FIGURES = {
     0: NodeFigures(push_s=0.123456, gen_s=2.0, gen_wait_s=0.5, parity=1e-5, parity_stale=0.2, parity_engines=[1e-5],
                    gen_tokens=400, server_requests=3, prompts_digest="abc", staleness=1, ahead_misses=2,
-                   pushes_paused=1, pushes_paused_running=1),
+                   pushes_paused=1, pushes_paused_running=1, parity_s=0.031234),
     1: NodeFigures(push_s=0.2, gen_s=4.0, gen_wait_s=4.0, parity=3e-5, parity_stale=None, gen_tokens=200, staleness=0),
 }  # fmt: skip
 
@@ -58,12 +58,13 @@ def test_a_step_row_is_built_from_the_nodes_figures_with_todays_keys_and_values(
     row = StepRow.build(7, {**TRL_LOGS, "learning_rate": 3e-4}, 3.14159, FIGURES, rng_digest="0123456789ab")
     d = row.to_dict()
     assert d["lr"] == 3e-4 and d["rng_digest"] == "0123456789ab"
-    assert set(d) == TODAYS_STEP_KEYS | {"kind"} and d["kind"] == "step"
+    assert set(d) == TODAYS_STEP_KEYS | {"kind", "parity_s"} and d["kind"] == "step"
     assert d["push_s"] == {"0": 0.1235, "1": 0.2} and d["step_s"] == 3.142
     assert d["gen_tokens_per_s_node"] == {"0": 200.0, "1": 50.0} and d["gen_tokens_per_s"] == 250.0
     assert d["parity_max"] == 3e-5 and d["parity_stale"] == {"0": 0.2, "1": None}
     assert d["parity_engines"] == {"0": [1e-5], "1": None} and d["ahead_misses"] == {"0": 2, "1": 0}
     assert d["is_ratio_mean"] == 1.02 and d["logp_mismatch_mean"] == 0.003
+    assert d["parity_s"] == {"0": 0.0312}, "the parity seconds, their own column (node 1 measured none)"
 
 
 def test_every_row_kind_survives_the_file(tmp_path):
@@ -129,6 +130,10 @@ def test_summarize_reads_typed_rows_and_format_summary_prints_them():
         "parity max 8e-06; generation 50.0 tokens/s; step 6.0 s"
     )
     assert summarize(rows, k=1) is not None and summarize(rows, k=1).reward_first == 0.1  # type: ignore[union-attr]
+    timed = [StepRow(step=i, reward=0.0, parity_s={"0": 0.01 * i, "1": 0.02}) for i in range(1, 4)]
+    s2 = summarize(timed)
+    assert s2 is not None and s2.parity_s_median == {"0": 0.02, "1": 0.02}
+    assert "parity max None (its checks, median per step: node 0: 0.020 s, node 1: 0.020 s);" in format_summary(s2)
 
 
 def test_a_summary_of_no_steps_says_so_and_a_missing_step_time_gives_none():

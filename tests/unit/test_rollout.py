@@ -157,7 +157,7 @@ def train_step(model: torch.nn.Module, seed: int) -> None:
             p.add_(0.05 * torch.randn(p.shape, generator=g))
 
 
-def rollout_for(tiny: Path, par: Parallel, server: FakeVllm, max_staleness: int) -> NodeRollout:
+def rollout_for(tiny: Path, par: Parallel, server: FakeVllm, max_staleness: int, parity_every: int = 1) -> NodeRollout:
     settings = GenerationSettings(
         server_url=server.url,
         model="tiny",
@@ -175,6 +175,7 @@ def rollout_for(tiny: Path, par: Parallel, server: FakeVllm, max_staleness: int)
         parity_action="fail",
         max_staleness=max_staleness,
         max_steps=10,
+        parity_every=parity_every,
     )
     rollout: NodeRollout
     rollout = NodeRollout(
@@ -296,3 +297,41 @@ def test_at_max_staleness_2_a_push_with_a_later_batch_outstanding_pauses_it(tiny
     assert (f0.server_requests, f1.server_requests, f2.server_requests) == (7, 15, 23)
     assert f2.parity is not None and f2.parity < 1e-3 and f2.parity_stale is not None and f2.parity_stale > 1e-3
     assert rollout.by_node == {0: f2} and isinstance(f2, NodeFigures)
+
+
+def test_parity_every_n_proves_every_push_but_probes_staleness_every_n_steps_with_one_trainer_forward_a_push(tiny, par, server):
+    """trainer.parity_every 3: every push is followed by the after-push probe (the proof it landed); the stale probe
+    before it runs at steps 3 and 6 only (not at step 0: nothing trained yet); the trainer's side of both is one
+    forward per push. The parity seconds are the node's own figure."""
+    rollout = rollout_for(tiny, par, server, max_staleness=0, parity_every=3)
+    forwards = []
+    rollout.pusher.model.register_forward_hook(lambda *_: forwards.append(rollout.step))
+    for step in range(7):
+        rollout.begin_step(step)
+        if step:
+            train_step(rollout.pusher.model, seed=20 + step)
+        rollout.push(step)
+        f = rollout.figures
+        assert f.parity is not None and f.parity < 1e-3, (step, f.parity)  # every push proven
+        assert (f.parity_stale is not None) == (step in (3, 6)), (step, f.parity_stale)
+        if step in (3, 6):
+            assert f.parity_stale is not None and f.parity_stale > 1e-3, "the server lagged one step behind"
+        assert f.parity_s is not None and f.parity_s > 0
+    assert forwards == list(range(7)), "one trainer forward per push, shared by the stale and the after-push probe"
+    kinds = [(h["step"], h["kind"]) for h in rollout.parity.history]
+    assert [k for k in kinds if k[1] == "stale"] == [(3, "stale"), (6, "stale")], kinds
+    assert [k[0] for k in kinds if k[1] == "after_push"] == list(range(7)), kinds
+    assert server.calls.count("plp") == 9 and rollout.pusher.pushes == 7
+
+
+def test_a_resumed_attempts_first_push_is_probed_before_it(tiny, par, server):
+    """The first push of an attempt past step 0 (a resume: its server holds the base model) gets the stale probe
+    whatever parity_every says; later ones only on the period (0: never again)."""
+    rollout = rollout_for(tiny, par, server, max_staleness=0, parity_every=0)
+    for step in (16, 17):
+        rollout.begin_step(step)
+        rollout.push(step)
+        if step == 16:
+            assert rollout.figures.parity_stale is not None and rollout.figures.parity_stale > 1e-3
+    assert rollout.figures.parity_stale is None and rollout.figures.parity is not None
+    assert [h["kind"] for h in rollout.parity.history] == ["stale", "after_push", "after_push"]

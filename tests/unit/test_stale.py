@@ -19,7 +19,10 @@ from launcher.core.jobdir import Env
 from launcher.node.stale import StaleError, clean_node, orphaned_segments
 
 LISTEN = (
-    "import socket,time; s=socket.socket(); s.bind(('127.0.0.1', {port})); s.listen(); print('up', flush=True); time.sleep(300)"
+    # SO_REUSEADDR as servers bind: the port may hold TIME_WAIT connections of the run that just ended (the node's
+    # /health polls, which the server closes), and a listener must still bind it
+    "import socket,time; s=socket.socket(); s.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1); "
+    "s.bind(('127.0.0.1', {port})); s.listen(); print('up', flush=True); time.sleep(300)"
 )
 NOBODY = 65534
 needs_root = pytest.mark.skipif(

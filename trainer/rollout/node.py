@@ -67,6 +67,11 @@ class GenerationSettings:
     max_steps: int = 0
     server_engines: int = 1
     """vLLM engines behind the node's server (vllm.data_parallel_size): parity is checked on each."""
+    parity_every: int = 1
+    """The stale parity probe's period in steps (trainer.parity_every); the after-push check runs at every push."""
+    server_start_timeout_s: float = 0.0
+    """> 0: the trainer started beside its server (trainer.start_with_server), which may still be starting: every rank
+    waits for its /health, up to this long (vllm.health_timeout_s), before its first request or step; 0 = it is up."""
 
     @staticmethod
     def from_plan(plan: Plan, node: int, dtype: torch.dtype) -> GenerationSettings:
@@ -91,6 +96,8 @@ class GenerationSettings:
             max_staleness=t.max_staleness,
             max_steps=t.max_steps,
             server_engines=plan.data_parallel_size,
+            parity_every=t.parity_every,
+            server_start_timeout_s=float(plan.config.vllm.health_timeout_s) if t.start_with_server else 0.0,
         )
 
 
@@ -141,10 +148,15 @@ class NodeRollout:
         s = settings
         self.client: VllmServer | None = None
         self.ahead: AheadQueue | None = None
-        if par.is_leader:
-            self.client = VllmServer(s.server_url, s.model, par.node, s.request_timeout_s)
+        start = s.server_start_timeout_s
+        if par.is_leader:  # its first request waits for the server's start (a push without a step first: finish)
+            self.client = VllmServer(s.server_url, s.model, par.node, s.request_timeout_s, start)
             if s.max_staleness:  # its own client: the main thread's is busy with pushes and parity
                 self.ahead = AheadQueue(VllmServer(s.server_url, s.model, par.node, s.request_timeout_s), s.request_timeout_s)
+        self.server_start = (
+            (self.client or VllmServer(s.server_url, s.model, par.node, s.request_timeout_s, start)) if start else None
+        )
+        """Until the first step: the server may still be starting (trainer.start_with_server)."""
         self.pusher = NodePusher(model, self.client, s.push, par.device)
         self.parity = ParityChecker(
             model,
@@ -156,9 +168,13 @@ class NodeRollout:
             s.parity_probe,
             s.push.dtype,
             s.server_engines,
+            s.parity_every,
         )
 
     def begin_step(self, step: int) -> None:
+        if self.server_start is not None:  # every rank, before the first step's collectives: none waits in one
+            self.server_start.wait_started()
+            self.server_start = None
         self.step = step
 
     def _note(self, **figures: Any) -> None:
@@ -219,16 +235,23 @@ class NodeRollout:
 
     # ------------------------------------------------------------------ weights
     def push(self, step: int) -> None:
-        """Push and check parity: before (how stale the server was) and after (the push landed). Collective."""
+        """Push and check parity: after the push (it landed) always, before it (how stale the server was) when due
+        (trainer.parity_every); one trainer forward serves both (trainer.rollout.parity). Collective."""
         in_flight, running = self.ahead.wait(step) if self.ahead is not None else (False, False)
         try:
-            stale = self.parity.check(step, kind="stale") if step > 0 else None
+            t0 = time.time()
+            mine = self.parity.trainer_side()
+            stale = self.parity.compare(step, "stale", mine) if self.parity.stale_due(step) else None
+            parity_s = time.time() - t0
             push_s = self.pusher.push(step, keep_in_flight=in_flight)
-            after = self.parity.check(step, kind="after_push")
+            t1 = time.time()
+            after = self.parity.compare(step, "after_push", mine)
+            parity_s += time.time() - t1
         except ServerError as e:
             raise ServerError(f"weight push at step {step} (node {self.par.node}) failed: {e}") from e
         if self.par.is_leader:
-            self._note(push_s=push_s, parity=after, parity_stale=stale, parity_engines=self.parity.history[-1]["per_engine"])
+            per_engine = self.parity.history[-1]["per_engine"]
+            self._note(push_s=push_s, parity=after, parity_stale=stale, parity_engines=per_engine, parity_s=parity_s)
             if in_flight:  # pushes that paused later steps' requests; _running: one was still generating then
                 self._note(
                     pushes_paused=self.figures.pushes_paused + 1,

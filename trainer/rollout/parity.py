@@ -6,9 +6,18 @@ model on the same tokens (the forward is a collective over the mesh); the leader
 push the largest difference must be within the tolerance (by dtype unless set), else it fails or
 warns as configured. Before a push (`stale`) it measures how far the server's weights lag behind. With vLLM data parallelism the
 probe goes to every engine of the server (each holds its own copy of the weights) and the figure is the worst.
+
+What it costs, and why it is cheap (`trainer.parity_every`): the trainer's side runs once per push, before it (the
+weights the push sends are the weights the trainer holds until the next optimizer step, so the one forward serves
+both comparisons; its host sync also orders the optimizer's writes before the push's gather). The proof that the
+push landed (after the push) is asked of every push, one request per engine, all engines at once. The stale probe
+only measures how far the server lagged: it runs at the first push of an attempt (a resumed server starts from the
+base model) and every `parity_every` steps.
 """
 
 from __future__ import annotations
+
+from concurrent.futures import ThreadPoolExecutor
 
 import torch
 
@@ -42,32 +51,64 @@ class ParityChecker:
         probe_text: str,
         compute_dtype: torch.dtype,
         engines: int = 1,
+        stale_every: int = 1,
     ):
         self.model, self.client, self.par, self.action = model, client, par, action
         self.engines = engines
         """The server's vLLM engines (vllm.data_parallel_size): each is probed on its own."""
+        self.stale_every = stale_every
+        """trainer.parity_every: the stale probe's period in steps (0 = only at an attempt's first push)."""
         self.ids = tokenizer(probe_text)["input_ids"][:48]
         assert len(self.ids) >= 2, "parity probe text tokenizes to fewer than 2 tokens"
         self.tolerance = tolerance or DEFAULT_TOLERANCE.get(compute_dtype, 0.5)
         self.history: list[dict] = []
+        self.checks = 0
+        """Pushes checked so far in this attempt."""
+        # with several engines, one client per engine so the probes go out at once (a Session is not shared by threads)
+        self._engine_clients: list[VllmServer] = []
+        if client is not None and engines > 1:
+            self._engine_clients = [
+                VllmServer(client.base_url, client.model, client.node, client.timeout_s) for _ in range(engines)
+            ]
 
-    def check(self, step: int, kind: str) -> float | None:
-        """Collective over every rank (the FSDP forward). Returns max |diff| on the node leader, None elsewhere."""
+    def stale_due(self, step: int) -> bool:
+        """Whether the push at `step` is preceded by a stale probe: never before step 0's (nothing trained yet), always
+        at an attempt's first push (a resumed server holds the base model), then every `stale_every` steps."""
+        if step == 0:
+            return False
+        return self.checks == 0 or (self.stale_every > 0 and step % self.stale_every == 0)
+
+    def trainer_side(self) -> list[float]:
+        """The trainer's logprobs of the probe with the weights it holds now. Collective over every rank (the FSDP
+        forward); run it once per push, before the push."""
         was_training = self.model.training
         self.model.eval()
         mine = trainer_prompt_logprobs(self.model, self.ids, self.par.device)
         if was_training:
             self.model.train()
+        return mine
+
+    def server_side(self, step: int) -> list[list[float]]:
+        """Each engine's logprobs of the probe (node leader only): one request per engine, all at once."""
+        assert self.client is not None
+        if self.engines == 1:
+            return [self.client.prompt_logprobs(self.ids, step)]
+        with ThreadPoolExecutor(self.engines) as pool:
+            futures = [pool.submit(c.prompt_logprobs, self.ids, step, e) for e, c in enumerate(self._engine_clients)]
+            return [f.result() for f in futures]
+
+    def compare(self, step: int, kind: str, mine: list[float]) -> float | None:
+        """The server's probe against the trainer's (`mine`, from trainer_side). Leader: the largest difference (and
+        the check: after a push it must be within the tolerance); None on the other ranks (no request)."""
+        if kind == "after_push":
+            self.checks += 1
         if self.client is None:  # not the node leader
             return None
-        targets = [None] if self.engines == 1 else list(range(self.engines))
-        per_engine, theirs = [], []
-        for engine in targets:
-            theirs = self.client.prompt_logprobs(self.ids, step, engine)
-            per_engine.append(max(abs(a - b) for a, b in zip(mine, theirs, strict=True)))
+        theirs = self.server_side(step)
+        per_engine = [max(abs(a - b) for a, b in zip(mine, t, strict=True)) for t in theirs]
         diff = max(per_engine)
         self.history.append(
-            {"step": step, "kind": kind, "max_diff": diff, "per_engine": per_engine, "server": theirs, "trainer": mine}
+            {"step": step, "kind": kind, "max_diff": diff, "per_engine": per_engine, "server": theirs[-1], "trainer": mine}
         )
         if kind == "after_push" and diff > self.tolerance:
             worst = f" (engine {per_engine.index(diff)} of {self.engines})" if self.engines > 1 else ""
@@ -80,3 +121,7 @@ class ParityChecker:
                 raise ParityError(msg)
             print("WARNING: " + msg, flush=True)
         return diff
+
+    def check(self, step: int, kind: str) -> float | None:
+        """Both sides at once (a forward and the server's probe): collective over every rank."""
+        return self.compare(step, kind, self.trainer_side())

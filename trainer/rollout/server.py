@@ -6,7 +6,7 @@ every failure raises ServerError naming the node, the URL, the route and the tra
   prompt_logprobs      POST /v1/completions (prompt_logprobs of a fixed sequence; engine= picks a DP engine)
   pause_keep, resume   POST /pause?mode=keep, POST /resume
   reset_prefix_cache   POST /reset_prefix_cache[?reset_running_requests=true]
-  health               GET /health
+  health               GET /health (and wait_started: the first request of a trainer started beside its server)
   init_weight_transfer, start_weight_update, update_weights, finish_weight_update
                        POST /init_weight_transfer_engine, /start_weight_update, /update_weights, /finish_weight_update
 """
@@ -47,10 +47,38 @@ class VllmServer:
     RESET_TRIES = 20
     RESET_PAUSE_S = 0.1
 
-    def __init__(self, base_url: str, model: str, node: int, timeout_s: float):
+    START_POLL_S = 0.5
+
+    def __init__(self, base_url: str, model: str, node: int, timeout_s: float, start_timeout_s: float = 0.0):
         self.base_url, self.model, self.node, self.timeout_s = base_url.rstrip("/"), model, node, timeout_s
         self.session = requests.Session()
         self.requests_sent = 0
+        self.start_timeout_s = start_timeout_s
+        self.start_deadline: float | None = time.monotonic() + start_timeout_s if start_timeout_s else None
+        """Set while the server may still be starting (the trainer started beside it, trainer.start_with_server): the
+        first request waits for /health until then (vllm.health_timeout_s from this client's creation)."""
+
+    def wait_started(self) -> float:
+        """Wait until the server answers /health (once; at once if it was not starting). Seconds waited. ServerError
+        naming the node, the server and its log when the deadline passes (the node's bootstrap, which started the server
+        earlier and watches the same deadline, has usually stopped the node by then, naming the server's last lines)."""
+        if self.start_deadline is None:
+            return 0.0
+        t0 = time.monotonic()
+        while True:
+            try:
+                if self.session.get(self.base_url + self.HEALTH, timeout=5).status_code == 200:
+                    break
+            except requests.RequestException:
+                pass
+            if time.monotonic() > self.start_deadline:
+                raise ServerError(
+                    f"node {self.node}: vLLM server {self.base_url} not healthy {self.start_timeout_s:.0f} s after the "
+                    f"trainer started beside it (vllm.health_timeout_s); see {server_log(self.node)}"
+                )
+            time.sleep(self.START_POLL_S)
+        self.start_deadline = None
+        return time.monotonic() - t0
 
     def _fail(self, route: str, why: str, step: int, timeout_s: float | None = None) -> ServerError:
         """timeout_s: the deadline this call had, when the caller gave its own (the push's trainer.push_timeout_s)."""
@@ -76,6 +104,8 @@ class VllmServer:
         """step: the training step, named in errors so they say when they happened. The deadline (timeout_s, else
         trainer.request_timeout_s) is the whole answer's: a server that stalls, or one that trickles its answer, is
         cut off when it passes (each read waits at most the time left)."""
+        if self.start_deadline is not None:  # the first request of a trainer started beside its server
+            self.wait_started()
         timeout = timeout_s or self.timeout_s
         deadline = time.monotonic() + timeout
         try:
