@@ -264,7 +264,7 @@ def _string_fields(cls: type, where: str) -> list[tuple[str, typing.Any]]:
             continue
         if isinstance(ann, type) and dataclasses.is_dataclass(ann):
             out += _string_fields(ann, key)
-        elif ann is str or typing.get_origin(ann) in (list, dict, typing.Literal):
+        elif ann is str or typing.get_origin(ann) in (dict, typing.Literal) or typing.get_args(ann) == (str,):
             out.append((key, ann))
     return out
 

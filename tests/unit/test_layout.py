@@ -4,6 +4,7 @@ model (launcher.simulate.shared_rows) that chose it, against its one-GPU calibra
 
 from __future__ import annotations
 
+import json
 import re
 
 import pytest
@@ -41,7 +42,7 @@ def test_every_gpu_holds_an_engine_and_a_trainer_rank(tp):
     assert v.env["CUDA_VISIBLE_DEVICES"] == t.env["CUDA_VISIBLE_DEVICES"] == "4,5,6,7,0,1,2,3"
     assert v.argv[v.argv.index("--data-parallel-size") + 1] == str(8 // tp)
     assert v.argv[v.argv.index("--gpu-memory-utilization") + 1] == "0.3"
-    assert v.env["VLLM_ALLOW_INSECURE_SERIALIZATION"] == "1"
+    assert json.loads(v.argv[v.argv.index("--weight-transfer-config") + 1]) == {"backend": "mapped_ipc"}
     assert "--nproc-per-node" in t.argv and t.argv[t.argv.index("--nproc-per-node") + 1] == "8"
 
 
