@@ -78,12 +78,12 @@ if shape:  # the estimate dry-run prints for this run, next to what was measured
     res["options"] = options(plan).describe()
     res["estimate_gpu_gb_per_rank"] = round(e.gpu_gb, 1)
     res["estimate_host_gb_offloaded"] = round(e.host_gb_per_node, 1)
-# training seconds per step: the step minus its generation and its push (both measured per step)
-train = [(r.step_s or 0.0) - (r.gen_s.get("0") or 0) - (r.push_s.get("0") or 0) for r in later]
+# training seconds per step: the step minus its generation, its push and its parity probe (each measured per step)
+train = [(r.step_s or 0.0) - (r.gen_s.get("0") or 0) - (r.push_s.get("0") or 0) - (r.parity_s.get("0") or 0) for r in later]
 res["train_s_median"] = round(statistics.median(train), 3) if train else None
 res["gen_s_median"] = statistics.median(r.gen_s["0"] for r in later if r.gen_s.get("0")) if later else None
 # side by side with TRL colocate on the same work (gpu/trl_colocate.py's trl.json), phase by phase
-parity = [sum(r.parity_s.values()) for r in later if getattr(r, "parity_s", None)]
+parity = [r.parity_s["0"] for r in later if r.parity_s.get("0") is not None]
 res["parity_s_median"] = round(statistics.median(parity), 4) if parity else None
 trl_file = out / "trl.json"
 if trl_file.exists() and res["step_s_median"]:
