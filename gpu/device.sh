@@ -5,7 +5,8 @@
 # run `slurm-grpo local` with the one-GPU config (vLLM and the FSDP2 trainer share the GPU, packed ipc push) and,
 # with TRL=1, TRL's own GRPOTrainer in colocate mode on the same model, prompts, reward, batch and steps
 # (gpu/trl_colocate.py). Results under $OUT.   Env: STEPS, RUN_TIMEOUT, MODEL_ARGS, CONFIG, TRL, TAG,
-# EXTRA (more `--set k=v` of the local run), FLOOR=0 (skip the copy-floor measurement).
+# EXTRA (more `--set k=v` of the local run), FLOOR=0 (skip the copy-floor measurement), RESTART_STEPS=N (then resume the
+# same job folder for N more steps: the restart's start-up phases and vLLM's compile-cache lines).
 set -uo pipefail
 OUT=${OUT:-/tmp/out}
 STEPS=${STEPS:-30}
@@ -39,6 +40,17 @@ cp $JOB/metrics.jsonl $JOB/summary.json "$OUT/" 2>/dev/null
 tar -czf "$OUT/logs.tgz" -C $JOB logs config.yaml plan.json 2>/dev/null
 cp -r $JOB/profile "$OUT/" 2>/dev/null  # trainer.profile_steps' tables, when asked for
 python3 gpu/report.py $JOB "$OUT" > /dev/null || true
+if [ -n "${RESTART_STEPS:-}" ]; then  # a restart of the same job: it resumes, and vLLM finds its compile cache in the job folder
+  log "restart: the same job folder, $RESTART_STEPS more steps"
+  cp "$OUT/gpu_results.json" "$OUT/gpu_results.first.json"
+  timeout "${RESTART_TIMEOUT:-200}" python3 -m launcher local $CONFIG --set job.job_dir=$JOB --set vllm.model=$MODEL \
+    --set "trainer.max_steps=$((STEPS + RESTART_STEPS))" ${EXTRA:-} 2>&1 | grep -v "^\[\#" | tail -6
+  python3 -c "import json,sys; from launcher.status import startup_phases; print(json.dumps(startup_phases(sys.argv[1], 0)))" $JOB \
+    | tee "$OUT/restart_phases.json"
+  grep -hoE "init engine \(profile, create kv cache, warmup model\) took [0-9.]+ s|torch\.compile takes [0-9.]+ s[^\n]*|Compiling model again due to a load failure[^\n]*|Directly load the compiled graph[^\n]*|Available KV cache memory[^\n]*" \
+    $JOB/logs/node0-vllm*.log > "$OUT/vllm_compile_lines.txt"; cat "$OUT/vllm_compile_lines.txt"
+  cp $JOB/metrics.jsonl "$OUT/" 2>/dev/null
+fi
 if [ "${TRL:-0}" = 1 ]; then
   log "TRL $(python3 -c 'import trl; print(trl.__version__)') GRPOTrainer, colocate mode, same work"
   nvidia-smi --query-gpu=memory.used --format=csv,noheader,nounits -lms 500 > "$OUT/trl_gpu_mem_used_mib.txt" 2>/dev/null &
