@@ -6,7 +6,8 @@
 # with TRL=1, TRL's own GRPOTrainer in colocate mode on the same model, prompts, reward, batch and steps
 # (gpu/trl_colocate.py). Results under $OUT.   Env: STEPS, RUN_TIMEOUT, MODEL_ARGS, CONFIG, TRL, TAG,
 # EXTRA (more `--set k=v` of the local run), FLOOR=0 (skip the copy-floor measurement), RESTART_STEPS=N (then resume the
-# same job folder for N more steps: the restart's start-up phases and vLLM's compile-cache lines).
+# same job folder for N more steps: the restart's start-up phases and vLLM's compile-cache lines; RESTART_EXTRA: its own
+# `--set k=v`, e.g. trainer.max_staleness=1 to time asynchronous steps on the warm restart).
 set -uo pipefail
 OUT=${OUT:-/tmp/out}
 STEPS=${STEPS:-30}
@@ -44,7 +45,7 @@ if [ -n "${RESTART_STEPS:-}" ]; then  # a restart of the same job: it resumes, a
   log "restart: the same job folder, $RESTART_STEPS more steps"
   cp "$OUT/gpu_results.json" "$OUT/gpu_results.first.json"
   timeout "${RESTART_TIMEOUT:-200}" python3 -m launcher local $CONFIG --set job.job_dir=$JOB --set vllm.model=$MODEL \
-    --set "trainer.max_steps=$((STEPS + RESTART_STEPS))" ${EXTRA:-} 2>&1 | grep -v "^\[\#" | tail -6
+    --set "trainer.max_steps=$((STEPS + RESTART_STEPS))" ${EXTRA:-} ${RESTART_EXTRA:-} 2>&1 | grep -v "^\[\#" | tail -6
   python3 -c "import json,sys; from launcher.status import startup_phases; print(json.dumps(startup_phases(sys.argv[1], 0)))" $JOB \
     | tee "$OUT/restart_phases.json"
   grep -hoE "init engine \(profile, create kv cache, warmup model\) took [0-9.]+ s|torch\.compile takes [0-9.]+ s[^\n]*|Compiling model again due to a load failure[^\n]*|Directly load the compiled graph[^\n]*|Available KV cache memory[^\n]*" \
