@@ -20,6 +20,9 @@ from launcher.core.plan import Plan
 from launcher.core.records import Event, FinalRow, NodeFinal
 from trainer import callback as grpo
 from trainer import checkpoint, data, loading, procmem, rewards, tracking, trl_glue
+from trainer.agents import figures as agent_figures
+from trainer.agents.generation import RankGeneration
+from trainer.agents.resolve import resolve as resolve_agents
 from trainer.metrics import MetricsWriter, write_summary_and_plot
 from trainer.parallel import Parallel
 from trainer.rollout.node import GenerationSettings, NodeRollout, TrlAdapter
@@ -127,6 +130,9 @@ def build(plan: Plan, par: Parallel, preemption: grpo.PreemptionFlag) -> Run:
     callback = grpo.SlurmGrpoCallback(
         job_dir, par, t, rollout, preemption, cursor, resume=resume, on_first_step=lambda: node_event(Event.FIRST_STEP)
     )
+    # multi-turn (tools, environments, rollout_func): each rank generates on its node's server by itself
+    backend: type[TrlAdapter] = RankGeneration if t.multi_turn else TrlAdapter
+    agents = resolve_agents(t.tools, t.environment, t.rollout_func, t.tool_timeout_s) if t.multi_turn else None
     trainer = trl_glue.build_trainer(
         model,
         tokenizer,
@@ -134,9 +140,12 @@ def build(plan: Plan, par: Parallel, preemption: grpo.PreemptionFlag) -> Run:
         [rewards.resolve(r) for r in t.reward_funcs],
         args,
         callback,
-        functools.partial(TrlAdapter, rollout),
-        TrlAdapter,
+        functools.partial(backend, rollout),
+        backend,
+        agents=agents.trainer_kwargs() if agents else None,
     )
+    if t.multi_turn:
+        agent_figures.attach(trainer, trl_glue.generation_backend(trainer), par.rank)
     if lookahead is not None:
         lookahead.attach(trainer)
     if resume is not None:
