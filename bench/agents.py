@@ -53,7 +53,7 @@ def figures(job: Path) -> dict:
         "steps": len(rows),
         "train_s": summary["train_s"],
         "steps_per_hour": round(3600 * len(rows) / summary["train_s"], 1),
-        "step_s_median": round(statistics.median(r.step_s for r in rows), 3),
+        "step_s_median": round(statistics.median(r.step_s or 0.0 for r in rows), 3),
         "turns_per_episode": mean("agents/turns_per_episode"),
         "tool_calls_per_episode": mean("tools/call_frequency"),
         "tool_failure_frequency": mean("tools/failure_frequency"),
