@@ -32,6 +32,8 @@ it, instead of deep in a job:
  13. GRPOTrainer._metrics[mode][name]: values the trainer averages into its next log record (`log_metric`).
  14. GRPOTrainer._compute_loss(model, inputs): inputs["tool_mask"] is the mask of tool-result tokens that reaches the
      loss (`before_loss`; the integration tier reads it there).
+ 15. GRPOTrainer._generate_and_score_completions(inputs): the batch's dataset rows, before its generation
+     (`before_generate_and_score`: the project's episode loop resets environments with them).
 """
 
 from __future__ import annotations
@@ -209,3 +211,14 @@ def before_loss(trainer, fn: Callable[[dict[str, Any]], None]) -> None:
         return make(model, inputs)
 
     trainer._compute_loss = compute_loss
+
+
+def before_generate_and_score(trainer, fn: Callable[[list[dict[str, Any]]], None]) -> None:
+    """(15) fn(rows) with the dataset rows of each batch, before the trainer generates and scores it."""
+    make = trainer._generate_and_score_completions
+
+    def generate_and_score(inputs):
+        fn(inputs)
+        return make(inputs)
+
+    trainer._generate_and_score_completions = generate_and_score

@@ -757,10 +757,10 @@ def _check_agents(t: TrainerConfig) -> None:
             )
     if t.tool_timeout_s <= 0:
         raise ConfigError(f"trainer.tool_timeout_s must be positive, got {t.tool_timeout_s}; every tool call needs a deadline")
-    if t.multi_turn and t.max_staleness:
+    if t.rollout_func and t.max_staleness:
         raise ConfigError(
-            f"trainer.max_staleness ({t.max_staleness}) with tools, an environment or a rollout_func is not supported yet: "
-            "a multi-turn episode is generated turn by turn on the rank; set trainer.max_staleness: 0"
+            f"trainer.max_staleness ({t.max_staleness}) with a rollout_func is not supported: your loop runs inside the "
+            "trainer's step, it cannot run ahead; set trainer.max_staleness: 0, or use trainer.tools/environment"
         )
 
 

@@ -58,7 +58,7 @@ BAD = [
     ({"environment": ["m.e:E"]}, "trainer.environment must be a string or a mapping (key: value), got"),
     ({"rollout_func": "m:f", "tools": ["m:t"]}, "trainer.rollout_func runs your own episode loop"),
     ({"tools": ["m:t"], "tool_timeout_s": 0}, "trainer.tool_timeout_s must be positive"),
-    ({"environment": "m:E", "max_staleness": 1}, "trainer.max_staleness (1) with tools, an environment or a rollout_func"),
+    ({"rollout_func": "m:f", "max_staleness": 1}, "trainer.max_staleness (1) with a rollout_func is not supported"),
     ({"reward_funcs": []}, "trainer.reward_funcs is empty"),
 ]
 

@@ -14,6 +14,7 @@ finished the previous step's episodes: no request of the node is in flight while
 from __future__ import annotations
 
 import time
+from collections.abc import Callable
 from typing import Any
 
 from trainer.rollout.node import NodeRollout, TrlAdapter
@@ -31,6 +32,8 @@ class RankGeneration(TrlAdapter):
         """Generation requests this rank sent since the last `take_figures` (one per turn of its batch)."""
         self.gen_s = 0.0
         self.tokens = 0
+        self.before_push: Callable[[], None] | None = None
+        """Waits for this rank's episodes running ahead (trainer.agents.ahead_rollout), so none straddles a push."""
 
     def generate(self, prompts: list[list[int]], images, num_generations: int, profiler=None):
         """One completion per prompt entry, from this rank's own request (TRL passes the prompts already repeated
@@ -47,6 +50,8 @@ class RankGeneration(TrlAdapter):
     def sync_weights(self) -> None:
         """Once per step on every rank: the push (a collective: every rank of the node has finished its episodes),
         then every node's figures (push, parity) gathered, as the single-turn path does after its generation."""
+        if self.before_push is not None:
+            self.before_push()
         self.rollout.push(self.rollout.step)
         self.rollout.gather_figures()
 
