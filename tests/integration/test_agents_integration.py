@@ -33,18 +33,17 @@ class Run:
         return [r for r in read(self.trace / f"rank{rank}.jsonl") if r["kind"] == kind]
 
 
-@pytest.fixture(scope="module")
-def run(tmp_path_factory) -> Run:
+def local_run(tmp: Path, steps: int, *extra: str) -> Run:
     import subprocess
 
-    tmp = tmp_path_factory.mktemp("agents")
     model, job, trace = tmp / "tool-model", tmp / "job", tmp / "trace"
     subprocess.run([PY, "-m", "trainer.agents.tiny_tool_model", str(model)], check=True, cwd=REPO, capture_output=True)
     sets = [
         f"vllm.model={model}",
         f"job.job_dir={job}",
         *port_sets(),
-        f"trainer.max_steps={STEPS}",
+        f"trainer.max_steps={steps}",
+        *extra,
         "trainer.environment=tests.support.agent_envs:RankCountdown",
         f"trainer.tool_timeout_s={TOOL_TIMEOUT_S}",
         "trainer.per_device_train_batch_size=2",
@@ -61,6 +60,21 @@ def run(tmp_path_factory) -> Run:
         timeout=900,
     )
     return Run(job, trace, r, time.time() - t0)
+
+
+@pytest.fixture(scope="module")
+def run(tmp_path_factory) -> Run:
+    """TRL's own tool loop (trainer.max_staleness 0)."""
+    return local_run(tmp_path_factory.mktemp("agents"), STEPS)
+
+
+AHEAD_STEPS = 4
+
+
+@pytest.fixture(scope="module")
+def ahead_run(tmp_path_factory) -> Run:
+    """The project's episode loop, one step off (trainer.max_staleness 1): the second server start of this module."""
+    return local_run(tmp_path_factory.mktemp("agents-ahead"), AHEAD_STEPS, "trainer.max_staleness=1")
 
 
 def tokenizer(run: Run):
@@ -132,3 +146,28 @@ def test_the_environments_reward_reaches_the_trainer_and_pushes_land(run):
         assert s["push_s"]["0"] > 0 and s["parity_max"] is not None and s["parity_max"] < 1e-3
     summary = json.loads((run.job / "summary.json").read_text())
     assert summary["final_step"] == STEPS
+
+
+def test_one_step_off_whole_episodes_run_ahead_and_train_with_their_staleness(ahead_run):
+    """max_staleness 1: step 1 generates then (staleness 0), every later step trains on episodes that ran whole in the
+    background during the step before (staleness 1), on both ranks, with the same turns, failures and masks as the
+    synchronous run; the environment's reward reaches the trainer through the project's reward per class."""
+    run = ahead_run
+    assert run.result.returncode == 0, run.result.stdout[-3000:] + run.result.stderr[-3000:]
+    steps = [r for r in read(run.job / "metrics.jsonl") if r.get("kind") == "step"]
+    assert [s["agents"]["agents/staleness"] for s in steps] == [0.0] + [1.0] * (AHEAD_STEPS - 1)
+    assert [s["reward"] for s in steps] == [pytest.approx(2.0)] * AHEAD_STEPS
+    for s in steps:
+        assert s["push_s"]["0"] > 0 and s["parity_max"] is not None and s["parity_max"] < 1e-3
+    tok = tokenizer(run)
+    for rank, calls, failures in ((0, 1, 0), (1, 5, 2)):
+        gen = run.rows(rank, "generated")
+        assert [r["step"] for r in gen] == list(range(AHEAD_STEPS))
+        for row in gen:
+            assert (row["figures"]["agents/tool_calls"], row["figures"]["agents/tool_failures"]) == (2 * calls, 2 * failures)
+            for ids in row["completion_ids"]:
+                assert tok.decode(ids).count(CALL_TURN) == calls and tok.decode(ids).endswith("ok<|im_end|>")
+        for row in run.rows(rank, "loss"):
+            for ids, keep, tool in zip(row["completion_ids"], row["completion_mask"], row["tool_mask"], strict=True):
+                trained = [t for t, k, m in zip(ids, keep, tool, strict=True) if k and m]
+                assert tok.decode(trained) == CALL_TURN * calls + "ok<|im_end|>"

@@ -7,6 +7,7 @@ class that reads get_reward()'s value."""
 
 from __future__ import annotations
 
+import os
 import statistics
 from collections.abc import Callable
 from typing import Any
@@ -14,7 +15,7 @@ from typing import Any
 from trainer import trl_glue
 from trainer.agents.deadline import CLOCK
 from trainer.agents.episodes import AheadEpisodes, Episode, EpisodeLoop, LoopSettings, rollout_output
-from trainer.agents.figures import turns
+from trainer.agents.figures import Trace, log, trace, turns
 from trainer.agents.generation import RankGeneration
 from trainer.agents.resolve import Agents
 from trainer.rollout.server import VllmServer
@@ -104,6 +105,7 @@ class AheadRollout:
         self.loop: EpisodeLoop | None = None
         self.ahead: AheadEpisodes | None = None
         self.backend: RankGeneration | None = None
+        self.write: Trace = lambda kind, **data: None
 
     def attach(self, trainer, backend: RankGeneration) -> None:
         """After the trainer is built: its tokenizer and settings, a background client, the push waits for it."""
@@ -122,6 +124,7 @@ class AheadRollout:
         self.ahead = AheadEpisodes(self.loop, lambda prompts: client.complete(prompts, **sampling, step=backend.rollout.step))
         backend.before_push = lambda: self.ahead.wait_all(self.timeout_s) if self.ahead else None
         trl_glue.before_generate_and_score(trainer, self._keep_rows)
+        self.write = trace(trainer, int(os.environ.get("RANK", "0")))
 
     def _keep_rows(self, inputs: list[dict]) -> None:
         self.rows = [dict(x) for x in inputs]
@@ -144,16 +147,25 @@ class AheadRollout:
         out["env_class"] = [type(ep.env).__name__ if ep.env is not None else "" for ep in eps]
         return out
 
-    @staticmethod
-    def _log(trainer, eps: list[Episode], staleness: int) -> None:
+    def _log(self, trainer, eps: list[Episode], staleness: int) -> None:
         per_episode = turns([ep.mask for ep in eps], len(eps))
-        calls = sum(ep.tool_calls for ep in eps)
+        calls, tools = sum(ep.tool_calls for ep in eps), CLOCK.take()
         figures = {
             "agents/staleness": staleness,
             "agents/turns_per_episode": statistics.mean(per_episode) if per_episode else 0.0,
+            "agents/turns_max": max(per_episode, default=0),
             "tools/call_frequency": calls / max(1, len(eps)),
             "tools/failure_frequency": sum(ep.tool_failures for ep in eps) / max(1, calls),
-            "agents/tool_s": CLOCK.take()["seconds"],
+            "agents/tool_calls": calls,
+            "agents/tool_failures": sum(ep.tool_failures for ep in eps),
+            "agents/tool_timeouts": tools["timeouts"],
+            "agents/tool_s": tools["seconds"],
         }
-        for name, value in figures.items():
-            trl_glue.log_metric(trainer, name, float(value))
+        log(trainer, figures)
+        self.write(
+            "generated",
+            prompt_ids=[ep.prompt_ids for ep in eps],
+            completion_ids=[ep.completion_ids for ep in eps],
+            tool_mask=[ep.mask for ep in eps],
+            figures=figures,
+        )

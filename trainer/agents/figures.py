@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import json
 import os
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -27,14 +28,43 @@ def turns(tool_mask: list[list[int]] | None, episodes: int) -> list[int]:
     return [1 + sum(1 for i, m in enumerate(mask) if m == 0 and (i == 0 or mask[i - 1] == 1)) for mask in tool_mask]
 
 
-def attach(trainer, backend: RankGeneration, rank: int) -> None:
-    trace = os.environ.get(TRACE_ENV)
-    path = Path(trace) / f"rank{rank}.jsonl" if trace else None
+Trace = Callable[..., None]
+
+
+def trace(trainer, rank: int) -> Trace:
+    """write(kind, **data): a line of this rank's trace (nothing unless TRACE_ENV is set); the batch each loss sees is
+    traced from now on."""
+    folder = os.environ.get(TRACE_ENV)
+    path = Path(folder) / f"rank{rank}.jsonl" if folder else None
 
     def write(kind: str, **data: Any) -> None:
         if path is not None:
             with path.open("a") as f:
                 f.write(json.dumps({"kind": kind, "rank": rank, "step": trainer.state.global_step, **data}) + "\n")
+
+    def before_loss(inputs: dict[str, Any]) -> None:
+        mask = inputs.get("tool_mask")
+        write(
+            "loss",
+            completion_ids=inputs["completion_ids"].tolist(),
+            completion_mask=inputs["completion_mask"].tolist(),
+            tool_mask=mask.tolist() if mask is not None else None,
+        )
+
+    if path is not None:
+        path.parent.mkdir(parents=True, exist_ok=True)
+        trl_glue.before_loss(trainer, before_loss)
+    return write
+
+
+def log(trainer, figures: dict[str, float]) -> None:
+    for name, value in figures.items():
+        trl_glue.log_metric(trainer, name, float(value))
+
+
+def attach(trainer, backend: RankGeneration, rank: int) -> None:
+    """TRL's own tool loop (synchronous): the figures of each generated batch, after TRL's loop finished it."""
+    write = trace(trainer, rank)
 
     def after_generate(prompt_ids, completion_ids, tool_mask) -> None:
         per_episode = turns(tool_mask, len(completion_ids))
@@ -50,20 +80,7 @@ def attach(trainer, backend: RankGeneration, rank: int) -> None:
             "agents/gen_s": gen["gen_s"],
             "agents/gen_tokens": gen["tokens"],
         }
-        for name, value in figures.items():
-            trl_glue.log_metric(trainer, name, float(value))
+        log(trainer, figures)
         write("generated", prompt_ids=prompt_ids, completion_ids=completion_ids, tool_mask=tool_mask, figures=figures)
 
-    def before_loss(inputs: dict[str, Any]) -> None:
-        mask = inputs.get("tool_mask")
-        write(
-            "loss",
-            completion_ids=inputs["completion_ids"].tolist(),
-            completion_mask=inputs["completion_mask"].tolist(),
-            tool_mask=mask.tolist() if mask is not None else None,
-        )
-
     trl_glue.after_generate(trainer, after_generate)
-    if path is not None:
-        path.parent.mkdir(parents=True, exist_ok=True)
-        trl_glue.before_loss(trainer, before_loss)
