@@ -1,8 +1,10 @@
 """Multi-turn figures on CPU: the tool-calling tiny model in the countdown environment (configs/agents_cpu.yaml),
-one `slurm-grpo local` run, and with --cluster-env one 2-node job on the test cluster (configs/cluster_cpu.yaml with the
+one `slurm-grpo local` run per trainer.max_staleness (TRL's own tool loop at 0, the project's episodes run ahead
+at 1), and with --cluster-env one 2-node job on the test cluster (configs/cluster_cpu.yaml with the
 same agent settings, each node's ranks generating on their own node's server):
 
-    python -m bench.agents [--steps 12] [--cluster-env /tmp/slurm-grpo-cluster/env.sh] [--out bench/results/<date>-agents]
+    python -m bench.agents [--steps 12] [--staleness 0,1] [--cluster-env /tmp/slurm-grpo-cluster/env.sh]
+                           [--out bench/results/<date>-agents]
 
 Prints and writes (results.json, RESULTS.md) per run: steps per hour of training, turns per episode, tool calls per
 episode, tool seconds and generation seconds per step (rank 0's), step seconds, reward, push seconds per node.
@@ -60,19 +62,21 @@ def figures(job: Path) -> dict:
         "tool_s_per_step_rank0": mean("agents/tool_s"),
         "gen_s_per_step_rank0": mean("agents/gen_s"),
         "requests_per_step_rank0": mean("agents/requests"),
+        "staleness_mean": mean("agents/staleness"),
         "reward_mean": round(statistics.mean(r.reward for r in rows), 4),
         "push_s_median": {n: round(statistics.median(r.push_s[n] for r in rows if n in r.push_s), 4) for n in nodes},
         "parity_max": max((r.parity_max or 0.0) for r in rows),
     }
 
 
-def local_run(model: str, steps: int, job: Path) -> dict:
-    sets = [f"vllm.model={model}", f"job.job_dir={job}", f"trainer.max_steps={steps}"]
+def local_run(model: str, steps: int, job: Path, staleness: int = 0) -> dict:
+    sets = [f"vllm.model={model}", f"job.job_dir={job}", f"trainer.max_steps={steps}", f"trainer.max_staleness={staleness}"]
     t0 = time.time()
     r = subprocess.run(cli_argv(PY, "local", "configs/agents_cpu.yaml", *sets), cwd=REPO, capture_output=True, text=True)
     if r.returncode != 0:
         raise RuntimeError(f"local run failed:\n{r.stdout[-2000:]}\n{r.stderr[-2000:]}")
-    return {"where": "local, 1 node (vLLM CPU + 2 ranks)", "wall_s": round(time.time() - t0, 1), **figures(job)}
+    where = "local, 1 node (vLLM CPU + 2 ranks)" + (f", max_staleness {staleness}" if staleness else "")
+    return {"where": where, "wall_s": round(time.time() - t0, 1), **figures(job)}
 
 
 def cluster_run(model: str, steps: int, job: Path, env_file: str) -> dict:
@@ -110,13 +114,16 @@ def main() -> int:
     ap = argparse.ArgumentParser(prog="python -m bench.agents")
     ap.add_argument("--steps", type=int, default=12)
     ap.add_argument("--cluster-env", default="")
+    ap.add_argument("--staleness", default="0,1", help="trainer.max_staleness of each local run (default 0,1)")
     ap.add_argument("--out", default=str(REPO / "bench" / "results" / f"{time.strftime('%Y-%m-%d')}-agents"))
     a = ap.parse_args()
     work = Path(tempfile.mkdtemp(prefix="bench-agents-", dir="/tmp"))
     model = str(work / "tool-model")
     subprocess.run([PY, "-m", "trainer.agents.tiny_tool_model", model], check=True, cwd=REPO, capture_output=True)
-    runs = [local_run(model, a.steps, work / "local")]
-    print(json.dumps(runs[-1], indent=1), flush=True)
+    runs = []
+    for k in map(int, a.staleness.split(",")):
+        runs.append(local_run(model, a.steps, work / f"local-k{k}", k))
+        print(json.dumps(runs[-1], indent=1), flush=True)
     if a.cluster_env:
         runs.append(cluster_run(model, a.steps, work / "cluster", a.cluster_env))
         print(json.dumps(runs[-1], indent=1), flush=True)
