@@ -43,7 +43,7 @@ def greedy(model, eos: int):
     return generate
 
 
-def test_the_episode_loop_gives_what_trls_own_loop_gives(tool_model, monkeypatch):
+def test_the_episode_loop_gives_what_trls_own_loop_gives(tool_model, monkeypatch, tmp_path):
     from datasets import Dataset
     from trl import GRPOConfig, GRPOTrainer
 
@@ -54,7 +54,7 @@ def test_the_episode_loop_gives_what_trls_own_loop_gives(tool_model, monkeypatch
     rows = [{"prompt": [{"role": "user", "content": "count down, please"}]} for _ in range(2)]
     factory = environment_with_deadlines(RankCountdown, TOOL_TIMEOUT_S)
     args = GRPOConfig(
-        output_dir="/tmp/agents-episodes-test", use_cpu=True, per_device_train_batch_size=2, num_generations=2,
+        output_dir=str(tmp_path / "trl"), use_cpu=True, per_device_train_batch_size=2, num_generations=2,
         max_completion_length=MAX_COMPLETION, temperature=0.05, report_to="none", max_tool_calling_iterations=8,
         logging_steps=1, disable_tqdm=True,
     )  # fmt: skip
