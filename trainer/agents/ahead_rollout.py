@@ -119,6 +119,9 @@ class AheadRollout:
             args.chat_template_kwargs or {},
         )
         self.backend = backend
+        # a batch of episodes ends by itself (every request, every tool call has its deadline, and the turns are
+        # bounded); this bound on waiting for one is a safety net: a request's deadline per turn, at most 64 turns
+        self.timeout_s *= 1 + min(self.loop.settings.max_iterations, 63)
         s, sampling = backend.rollout.settings, backend.sampling
         client = VllmServer(s.server_url, s.model, s.node, s.request_timeout_s)  # the background thread's own
         self.ahead = AheadEpisodes(self.loop, lambda prompts: client.complete(prompts, **sampling, step=backend.rollout.step))
