@@ -20,6 +20,7 @@ from trl import GRPOTrainer
 
 from launcher.core import config as C
 from trainer import data, rewards
+from trainer.agents.resolve import resolve as resolve_agents
 from trainer.trl_glue import grpo_config
 
 
@@ -65,6 +66,8 @@ def main(config: str, model_path: str, out: str, steps: int) -> None:
     model = AutoModelForCausalLM.from_pretrained(model_path, dtype=torch.float32)
     tok = AutoTokenizer.from_pretrained(model_path)
     steps_cb = StepTimes()
+    # multi-turn configs (configs/agents_1gpu.yaml): the same tools / environment, with the same deadlines, in TRL's loop
+    agents = resolve_agents(t.tools, t.environment, t.rollout_func, t.tool_timeout_s) if t.multi_turn else None
     tr = GRPOTrainer(
         model=model,
         reward_funcs=[rewards.resolve(r) for r in t.reward_funcs],
@@ -72,6 +75,7 @@ def main(config: str, model_path: str, out: str, steps: int) -> None:
         train_dataset=data.load_prompts(t.dataset),
         processing_class=tok,
         callbacks=[steps_cb],
+        **(agents.trainer_kwargs() if agents else {}),
     )
     gen_s: list[float] = []
     push_s: list[float] = []

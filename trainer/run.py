@@ -20,6 +20,10 @@ from launcher.core.plan import Plan
 from launcher.core.records import Event, FinalRow, NodeFinal
 from trainer import callback as grpo
 from trainer import checkpoint, data, loading, procmem, rewards, tracking, trl_glue
+from trainer.agents import figures as agent_figures
+from trainer.agents.ahead_rollout import AheadRollout, environment_rewards
+from trainer.agents.generation import RankGeneration
+from trainer.agents.resolve import resolve as resolve_agents
 from trainer.metrics import MetricsWriter, write_summary_and_plot
 from trainer.parallel import Parallel
 from trainer.rollout.node import GenerationSettings, NodeRollout, TrlAdapter
@@ -127,16 +131,30 @@ def build(plan: Plan, par: Parallel, preemption: grpo.PreemptionFlag) -> Run:
     callback = grpo.SlurmGrpoCallback(
         job_dir, par, t, rollout, preemption, cursor, resume=resume, on_first_step=lambda: node_event(Event.FIRST_STEP)
     )
+    # multi-turn (tools, environments, rollout_func): each rank generates on its node's server by itself
+    backend: type[TrlAdapter] = RankGeneration if t.multi_turn else TrlAdapter
+    agents = resolve_agents(t.tools, t.environment, t.rollout_func, t.tool_timeout_s) if t.multi_turn else None
+    reward_fns = [rewards.resolve(r) for r in t.reward_funcs]
+    # k >= 1: episodes run ahead in the background, whole, in the project's loop (TRL's runs inside its step)
+    ahead = None
+    if agents is not None and lookahead is not None and not t.rollout_func:
+        ahead = AheadRollout(agents, lookahead, t.max_staleness, t.max_steps, t.request_timeout_s)
+        reward_fns += environment_rewards(agents)
     trainer = trl_glue.build_trainer(
         model,
         tokenizer,
         data.load_prompts(t.dataset),
-        [rewards.resolve(r) for r in t.reward_funcs],
+        reward_fns,
         args,
         callback,
-        functools.partial(TrlAdapter, rollout),
-        TrlAdapter,
+        functools.partial(backend, rollout),
+        backend,
+        agents={"rollout_func": ahead} if ahead is not None else agents.trainer_kwargs() if agents else None,
     )
+    if ahead is not None:
+        ahead.attach(trainer, trl_glue.generation_backend(trainer))
+    elif t.multi_turn:
+        agent_figures.attach(trainer, trl_glue.generation_backend(trainer), par.rank)
     if lookahead is not None:
         lookahead.attach(trainer)
     if resume is not None:

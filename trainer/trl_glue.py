@@ -24,6 +24,16 @@ it, instead of deep in a job:
   9. model._is_distributed_loading_by_transformers: transformers' Trainer leaves a model that set it unwrapped (no
      DDP/FSDP on top of ours); `mark_self_sharded` sets it.
  10. GRPOConfig (`grpo_config`): public, but the options the project sets are named here only.
+ 11. GRPOTrainer(tools=, environment_factory=, rollout_func=): TRL's multi-turn arguments (public, "experimental"),
+     passed by `build_trainer`'s `agents`.
+ 12. GRPOTrainer._generate(prompts) -> (prompt_ids, completion_ids, tool_mask, completions, logprobs, extra_fields,
+     images, tool_images): wrapped on the instance (`after_generate`), where an episode batch is complete (its turns
+     are counted from tool_mask: 0 on tool-result tokens).
+ 13. GRPOTrainer._metrics[mode][name]: values the trainer averages into its next log record (`log_metric`).
+ 14. GRPOTrainer._compute_loss(model, inputs): inputs["tool_mask"] is the mask of tool-result tokens that reaches the
+     loss (`before_loss`; the integration tier reads it there).
+ 15. GRPOTrainer._generate_and_score_completions(inputs): the batch's dataset rows, before its generation
+     (`before_generate_and_score`: the project's episode loop resets environments with them).
 """
 
 from __future__ import annotations
@@ -89,14 +99,31 @@ def grpo_config(job_dir: Path, t: TrainerConfig, device: str, **overrides: Any):
     return GRPOConfig(**{**settings, **t.grpo, **overrides})
 
 
-def build_trainer(model, tokenizer, dataset, rewards, args, callback, make_backend: Callable[..., Any], backend_type: type):
+def build_trainer(
+    model,
+    tokenizer,
+    dataset,
+    rewards,
+    args,
+    callback,
+    make_backend: Callable[..., Any],
+    backend_type: type,
+    agents: dict[str, Any] | None = None,
+):
     """TRL's GRPOTrainer with `make_backend` as its generation backend (1, 2) and `callback` first in line (3): its
-    on_log adds the project's figures to the record the reporting callbacks (W&B, TensorBoard) send next."""
+    on_log adds the project's figures to the record the reporting callbacks (W&B, TensorBoard) send next.
+    agents: tools=, environment_factory=, rollout_func= (11)."""
     from trl import GRPOTrainer
 
     with trl_generation_backend(make_backend):
         tr = GRPOTrainer(
-            model=model, reward_funcs=rewards, args=args, train_dataset=dataset, processing_class=tokenizer, callbacks=[callback]
+            model=model,
+            reward_funcs=rewards,
+            args=args,
+            train_dataset=dataset,
+            processing_class=tokenizer,
+            callbacks=[callback],
+            **(agents or {}),
         )
     if not isinstance(generation_backend(tr), backend_type):
         raise RuntimeError("GRPOTrainer did not use the node-local generation backend; TRL changed how it builds it")
@@ -149,3 +176,49 @@ def mark_self_sharded(model: torch.nn.Module) -> None:
     """(9) transformers' Trainer then leaves the model alone (no DDP/accelerate FSDP wrap on top of ours): the same
     flag `from_pretrained(distributed_config=...)` sets."""
     model._is_distributed_loading_by_transformers = True  # type: ignore[assignment]
+
+
+GenerateOutput = tuple
+"""(prompt_ids, completion_ids, tool_mask or None, completions, logprobs, extra_fields, images, tool_images)"""
+
+
+def after_generate(trainer, fn: Callable[[list[list[int]], list[list[int]], list[list[int]] | None], None]) -> None:
+    """(12) fn(prompt_ids, completion_ids, tool_mask) after each of the trainer's generations of a batch (every turn
+    of every episode done; tool_mask None for single-turn)."""
+    make = trainer._generate
+
+    def generate(prompts):
+        out = make(prompts)
+        fn(out[0], out[1], out[2])
+        return out
+
+    trainer._generate = generate
+
+
+def log_metric(trainer, name: str, value: float) -> None:
+    """(13) `value` joins the trainer's next log record under `name` (averaged with others logged before it)."""
+    mode = "train" if trainer.model.training else "eval"
+    trainer._metrics[mode][name].append(value)
+
+
+def before_loss(trainer, fn: Callable[[dict[str, Any]], None]) -> None:
+    """(14) fn(inputs) before each loss computation: the batch the loss sees (completion_ids, completion_mask,
+    tool_mask when multi-turn)."""
+    make = trainer._compute_loss
+
+    def compute_loss(model, inputs):
+        fn(inputs)
+        return make(model, inputs)
+
+    trainer._compute_loss = compute_loss
+
+
+def before_generate_and_score(trainer, fn: Callable[[list[dict[str, Any]]], None]) -> None:
+    """(15) fn(rows) with the dataset rows of each batch, before the trainer generates and scores it."""
+    make = trainer._generate_and_score_completions
+
+    def generate_and_score(inputs):
+        fn(inputs)
+        return make(inputs)
+
+    trainer._generate_and_score_completions = generate_and_score

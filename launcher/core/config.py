@@ -14,6 +14,7 @@ import dataclasses
 import importlib.util
 import inspect
 import re
+import types
 import typing
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -201,8 +202,7 @@ class TrainerConfig:
     bucket_mb: int = 64
     """Largest gathered bucket of parameters during a push, in MB (bounds the push's extra memory)."""
     ipc_buffer_mb: int = 2048
-    """ipc push only (vLLM and the trainer on one GPU): the staging buffer on the GPU, kept for the run and mapped by the
-    server once; a model up to this size moves in one request, a bigger one in windows of it. Counted in the memory estimate."""
+    """ipc push only (vLLM and the trainer on one GPU): the staging buffer on the GPU, kept for the run and mapped by the server once; a model up to this size moves in one request, a bigger one in windows of it. Counted in the memory estimate."""
     parity_tolerance: float = 0.0
     """Largest allowed |logprob(vLLM) - logprob(trainer)| after a push; 0 = by dtype (float32 1e-3, bf16 0.25)."""
     parity_action: Literal["fail", "warn"] = "fail"
@@ -226,8 +226,7 @@ class TrainerConfig:
     max_staleness: int = 0
     """Asynchronous generation per node: 0 = generate, then train (synchronous); k = each node's server generates the batches of the next k steps with the weights it has while the node's ranks train, so a completion is used at most k optimizer steps after the weights that started it (TRL's importance-sampling correction on vLLM's logprobs). With k >= 2 a push pauses requests in flight (vLLM /pause mode keep) and they finish under the new weights."""
     profile_steps: list[int] = field(default_factory=list)
-    """[first, last]: run torch.profiler over these steps on each node leader and write its tables (CPU and device time
-    per operator, sorted) to profile/node{N}-rank{R}.txt in the job folder; [] = off. Costs time while it runs."""
+    """[first, last]: run torch.profiler over these steps on each node leader and write its tables (CPU and device time per operator, sorted) to profile/node{N}-rank{R}.txt in the job folder; [] = off. Costs time while it runs."""
     stall_timeout_s: int = 900
     """The bootstrap stops the node if the trainer writes no metrics for this long after its first step; 0 = off."""
     grpo: dict[str, Any] = field(default_factory=dict)
@@ -236,6 +235,14 @@ class TrainerConfig:
     """Start the trainer ranks together with the node's server: they launch, rendezvous, load and shard while vLLM starts, and wait for its /health (vllm.health_timeout_s) only before their first request; false = start them once the server is healthy (a GPU too full for both to load at once)."""
     parity_every: int = 10
     """Every push is proven by parity after it (the server's logprobs equal the trainer's); the probe before it, which only measures how far the server lagged, runs at an attempt's first push and every N steps; 0 = only at the first push."""
+    tools: list[str] = field(default_factory=list)
+    """Tools the model may call, 'pkg.module:function' each (type hints and a Google-style docstring: TRL renders its schema into the prompt). Run on the calling rank's CPU, next to its node's server; multi-turn settings (max_tool_calling_iterations, ...) go in trainer.grpo."""
+    environment: str | dict[str, str] = ""
+    """Environment factory 'pkg.module:factory' (one instance per rollout: reset(**row), its public methods are tools, an optional get_reward() scores the episode), or a mapping name -> factory routed by the dataset's 'environment' column; "" = none."""
+    rollout_func: str = ""
+    """Your own episode loop 'pkg.module:function' (TRL's rollout_func(prompts, trainer) -> dict of prompt_ids, completion_ids, logprobs[, env_mask, extra fields]); its trainer's generation backend (generate(prompts=ids, images=None, num_generations=1)) asks this rank's node server with no collective; "" = none."""
+    tool_timeout_s: float = 60.0
+    """Deadline for one tool call (or environment method); a call that raises or passes it becomes a recorded tool failure the model sees as {"error": ...}, never a stuck rank."""
 
     MAX_STALENESS: ClassVar[int] = 4
     """max_staleness above this is refused: the policy would learn from completions of a model that old."""
@@ -243,7 +250,7 @@ class TrainerConfig:
     def check(self) -> None:
         if not self.dataset:
             raise ConfigError("trainer.dataset is required: a JSONL/Parquet file or a `datasets` folder with a 'prompt' column")
-        _check_reward_funcs(self.reward_funcs)
+        _check_reward_funcs(self.reward_funcs, self.environment)
         for name in (
             "max_steps",
             "per_device_train_batch_size",
@@ -284,6 +291,12 @@ class TrainerConfig:
         _port("trainer.rendezvous_port", self.rendezvous_port)
         _port("trainer.weight_transfer_port", self.weight_transfer_port)
         _check_grpo(self.grpo)
+        _check_agents(self)
+
+    @property
+    def multi_turn(self) -> bool:
+        """Tools, an environment or a rollout_func: each rank generates on its node's server by itself."""
+        return bool(self.tools or self.environment or self.rollout_func)
 
 
 @dataclass(frozen=True)
@@ -424,12 +437,22 @@ def _coerce(where: str, value: Any, annotation: Any) -> Any:
         return text
     if origin is list:
         return _coerce_list(where, value, annotation)
+    if origin in (typing.Union, types.UnionType):  # trainer.environment: one factory or a mapping of them
+        kinds = typing.get_args(annotation)
+        for kind in kinds:
+            if isinstance(value, dict) if typing.get_origin(kind) is dict else isinstance(value, str):
+                return _coerce(where, value, kind)
+        raise ConfigError(f"{where} must be {' or '.join(_kind_name(k) for k in kinds)}, got {value!r}")
     if origin is dict:
         if not isinstance(value, dict):
             raise ConfigError(f"{where} must be a mapping (key: value), got {value!r}")
         _, item = typing.get_args(annotation)
         return {str(k): _coerce(f"{where}.{k}", v, item) for k, v in value.items()}
     raise AssertionError(f"unsupported annotation {annotation!r} for {where}")
+
+
+def _kind_name(kind: Any) -> str:
+    return "a mapping (key: value)" if typing.get_origin(kind) is dict else "a string"
 
 
 def _coerce_list(where: str, value: Any, annotation: Any) -> list[Any]:
@@ -729,8 +752,8 @@ def _port(where: str, port: int) -> None:
         raise ConfigError(f"{where} ({port}) must be between 1024 and 65535 (ports below 1024 need root)")
 
 
-def _check_reward_funcs(entries: list[str]) -> None:
-    if not entries:
+def _check_reward_funcs(entries: list[str], environment: str | dict[str, str] = "") -> None:
+    if not entries and not environment:  # an environment may own the reward (get_reward), checked on the ranks' side
         raise ConfigError(
             "trainer.reward_funcs is empty; name at least one reward, e.g. [letter_a_fraction] or pkg.module:function"
         )
@@ -741,6 +764,37 @@ def _check_reward_funcs(entries: list[str]) -> None:
                 raise ConfigError(f"trainer.reward_funcs entry {r!r} is not a dotted path 'pkg.module:function'")
         elif not r.isidentifier():
             raise ConfigError(f"trainer.reward_funcs entry {r!r} is neither a built-in reward name nor 'pkg.module:function'")
+
+
+def _check_dotted(where: str, entry: str) -> None:
+    mod, _, fn = entry.partition(":")
+    if not re.match(r"^[A-Za-z_][\w.]*$", mod) or not fn.isidentifier():
+        raise ConfigError(f"{where} {entry!r} is not a dotted path 'pkg.module:function'")
+
+
+def _check_agents(t: TrainerConfig) -> None:
+    """trainer.tools, trainer.environment, trainer.rollout_func: dotted paths, in a combination that runs."""
+    for entry in t.tools:
+        _check_dotted("trainer.tools entry", entry)
+    envs = t.environment if isinstance(t.environment, dict) else ({"": t.environment} if t.environment else {})
+    for name, entry in envs.items():
+        _check_dotted("trainer.environment" + (f".{name}" if name else ""), entry)
+    if isinstance(t.environment, dict) and not t.environment:
+        raise ConfigError('trainer.environment is an empty mapping; give name: pkg.module:factory entries, or "" for none')
+    if t.rollout_func:
+        _check_dotted("trainer.rollout_func", t.rollout_func)
+        if t.tools or t.environment:
+            raise ConfigError(
+                "trainer.rollout_func runs your own episode loop, so trainer.tools and trainer.environment would run a "
+                "second one on its output; call your tools inside the rollout_func, or drop rollout_func"
+            )
+    if t.tool_timeout_s <= 0:
+        raise ConfigError(f"trainer.tool_timeout_s must be positive, got {t.tool_timeout_s}; every tool call needs a deadline")
+    if t.rollout_func and t.max_staleness:
+        raise ConfigError(
+            f"trainer.max_staleness ({t.max_staleness}) with a rollout_func is not supported: your loop runs inside the "
+            "trainer's step, it cannot run ahead; set trainer.max_staleness: 0, or use trainer.tools/environment"
+        )
 
 
 def _check_grpo(grpo: dict[str, Any]) -> None:

@@ -2,9 +2,9 @@
 readable there. A missing model or a malformed data line then fails in seconds, naming the node and the
 file, instead of after a minute of vLLM start-up or inside a torchrun traceback.
 
-`submit_path_problems` runs the same checks on the submit host before sbatch (plus: reward modules importable,
-the setup venv present), so a typo fails at once instead of after the job waited in the queue. `local_problems` runs
-them before `slurm-grpo local` starts anything, and resolves the rewards as the trainer will (this host runs it)."""
+`submit_path_problems` runs the same checks on the submit host before sbatch (plus: reward, tool, environment and
+rollout_func modules importable, the setup venv present), so a typo fails at once instead of after the job waited in the queue. `local_problems` runs
+them before `slurm-grpo local` starts anything, and resolves the rewards, tools, environments and rollout_func as the trainer will (this host runs it)."""
 
 from __future__ import annotations
 
@@ -159,6 +159,7 @@ def submit_path_problems(config: JobConfig) -> list[str]:
     """What the nodes would find missing, checked on the submit host: each a one-line error."""
     problems = input_problems(config)
     problems += [p for p in map(reward_module_problem, config.trainer.reward_funcs) if p]
+    problems += agent_module_problems(config)
     venv = config.slurm.setup_vars.get("venv", "")
     if venv and not (Path(venv).expanduser() / "bin" / "activate").is_file():
         problems.append(
@@ -177,13 +178,15 @@ def reward_import_problems(entries: list[str], python: str = sys.executable) -> 
     dotted = [e for e in entries if ":" in e]
     if not dotted:
         return []
-    argv = [python, "-m", "trainer.rewards", *dotted]
+    return _child_problems([python, "-m", "trainer.rewards", *dotted], f"trainer.reward_funcs {dotted}")
+
+
+def _child_problems(argv: list[str], what: str) -> list[str]:
+    """Run a trainer-side checker (its last stdout line: a JSON list of one-line problems) and return its problems."""
     try:
         r = subprocess.run(argv, capture_output=True, text=True, timeout=REWARD_CHECK_TIMEOUT_S, stdin=subprocess.DEVNULL)
     except subprocess.TimeoutExpired:
-        return [
-            f"trainer.reward_funcs {dotted}: importing them took over {REWARD_CHECK_TIMEOUT_S} s here; fix the module's imports"
-        ]
+        return [f"{what}: importing them took over {REWARD_CHECK_TIMEOUT_S} s here; fix the module's imports"]
     lines = r.stdout.strip().splitlines()
     try:
         found = json.loads(lines[-1]) if lines else None
@@ -192,10 +195,54 @@ def reward_import_problems(entries: list[str], python: str = sys.executable) -> 
     if isinstance(found, list) and (found or r.returncode == 0):
         return [str(x) for x in found]
     last = (r.stderr.strip().splitlines() or ["(no output)"])[-1]
-    return [f"trainer.reward_funcs {dotted}: checking them with `{' '.join(argv[:3])}` failed (exit {r.returncode}: {last})"]
+    return [f"{what}: checking them with `{' '.join(argv[:3])}` failed (exit {r.returncode}: {last})"]
 
 
 def local_problems(config: JobConfig, python: str = sys.executable) -> list[str]:
     """What `slurm-grpo local` would find only after vLLM started: the nodes' checks, run here, and the rewards
     resolved as the trainer will. (No venv check: local runs in this interpreter.)"""
-    return input_problems(config) + reward_import_problems(config.trainer.reward_funcs, python)
+    return (
+        input_problems(config)
+        + reward_import_problems(config.trainer.reward_funcs, python)
+        + agent_import_problems(config, python)
+    )
+
+
+def agent_entries(config: JobConfig) -> list[tuple[str, str]]:
+    """(config key, 'pkg.module:name') of every tool, environment factory and rollout_func."""
+    t = config.trainer
+    out = [("trainer.tools", e) for e in t.tools]
+    if isinstance(t.environment, dict):
+        out += [(f"trainer.environment.{n}", e) for n, e in t.environment.items()]
+    elif t.environment:
+        out.append(("trainer.environment", t.environment))
+    if t.rollout_func:
+        out.append(("trainer.rollout_func", t.rollout_func))
+    return out
+
+
+def agent_module_problems(config: JobConfig) -> list[str]:
+    """Each tool, environment or rollout_func whose module cannot be found from the submit host (found, not run)."""
+    out = []
+    for key, entry in agent_entries(config):
+        problem = reward_module_problem(entry)
+        if problem:
+            out.append(problem.replace("trainer.reward_funcs", key, 1))
+    return out
+
+
+def agent_import_problems(config: JobConfig, python: str = sys.executable) -> list[str]:
+    """Tools, environments and rollout_func resolved exactly as this host's trainer ranks will (trainer.agents.resolve
+    in a child, as for the rewards): importable, the right kind of object, tools the model can be told about."""
+    t = config.trainer
+    if not t.multi_turn:
+        return []
+    envs = (
+        [f"{n}={e}" for n, e in t.environment.items()]
+        if isinstance(t.environment, dict)
+        else [t.environment] * bool(t.environment)
+    )
+    argv = [python, "-m", "trainer.agents.resolve"]
+    argv += [x for e in t.tools for x in ("--tool", e)] + [x for e in envs for x in ("--environment", e)]
+    argv += ["--rollout-func", t.rollout_func] if t.rollout_func else []
+    return _child_problems(argv, "trainer.tools/environment/rollout_func")

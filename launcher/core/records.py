@@ -215,6 +215,9 @@ class StepRow:
     logp_mismatch_mean: float | None = None
     """TRL's vLLM-vs-trainer logprob difference."""
     gen_tokens_per_s: float | None = None
+    agents: dict[str, float] = field(default_factory=dict)
+    """Multi-turn figures of rank 0 (trainer.agents.figures: agents/turns_per_episode, agents/tool_s, ...) and TRL's
+    tools/call_frequency, tools/failure_frequency; empty for single-turn runs."""
     time: float | None = None
     """When the row was written (the writer adds it)."""
     kind: Literal["step"] = "step"
@@ -278,6 +281,7 @@ class StepRow:
             is_ratio_mean=logs.get("sampling/importance_sampling_ratio/mean"),
             logp_mismatch_mean=logs.get("sampling/sampling_logp_difference/mean"),
             gen_tokens_per_s=round(sum(tps.values()), 1) if tps else None,
+            agents={k: float(v) for k, v in logs.items() if k.startswith(("agents/", "tools/"))},
         )
 
     def to_dict(self) -> dict[str, Any]:

@@ -137,3 +137,52 @@ def test_10_the_grpo_config_options_the_project_sets_exist():
     fields = set(GRPOConfig.__dataclass_fields__)
     for name in ("steps_per_generation", "num_iterations", "num_generations", "max_completion_length", "vllm_mode", "use_vllm"):
         assert name in fields, f"GRPOConfig has no {name} (trl_glue.grpo_config)"
+
+
+def test_11_grpo_trainer_takes_the_multi_turn_arguments():
+    from trl import GRPOTrainer
+
+    params = inspect.signature(GRPOTrainer.__init__).parameters
+    for name in ("tools", "environment_factory", "rollout_func"):
+        assert name in params, f"GRPOTrainer takes no {name}= (trl_glue.build_trainer's agents)"
+    assert "max_tool_calling_iterations" in __import__("trl").GRPOConfig.__dataclass_fields__
+
+
+def test_12_to_15_the_multi_turn_hooks():
+    """after_generate reads _generate's (prompt_ids, completion_ids, tool_mask, ...); log_metric appends to
+    _metrics[mode][name]; before_loss sees _compute_loss's inputs with tool_mask; before_generate_and_score sees the rows."""
+    assert list(inspect.signature(_grpo("_generate")).parameters) == ["self", "prompts"]
+    assert "return prompt_ids, completion_ids, tool_mask, completions, logprobs, extra_fields" in grpo_src("_generate")
+    assert 'self._metrics[mode]["tools/call_frequency"].append' in grpo_src("_generate"), "TRL keeps its metrics elsewhere"
+    assert list(inspect.signature(_grpo("_compute_loss")).parameters) == ["self", "model", "inputs"]
+    assert 'inputs["tool_mask"]' in grpo_src("_compute_loss"), "the loss no longer reads tool_mask (before_loss)"
+    assert list(inspect.signature(_grpo("_generate_and_score_completions")).parameters) == ["self", "inputs"]
+    # the project's episode loop mirrors these parts of TRL's own (trainer.agents.episodes; test_agents_episodes)
+    assert 'tool_mask = extra_fields.pop("env_mask", None)' in grpo_src("_generate")
+    assert "def _get_tool_suffix_ids(self, tool_messages)" in grpo_src("_get_tool_suffix_ids")
+
+    class Fake:
+        def __init__(self):
+            self.calls = []
+            self.model = torch.nn.Linear(1, 1)
+            self._metrics = {"train": __import__("collections").defaultdict(list)}
+
+        def _generate(self, prompts):
+            return ([[1]], [[2, 3]], [[1, 0]], None, None, {}, None, None)
+
+        def _compute_loss(self, model, inputs):
+            return 0.0
+
+        def _generate_and_score_completions(self, inputs):
+            return {}
+
+    fake, seen = Fake(), []
+    trl_glue.after_generate(fake, lambda p, c, m: seen.append((p, c, m)))
+    trl_glue.before_loss(fake, lambda inputs: seen.append(inputs))
+    trl_glue.before_generate_and_score(fake, lambda rows: seen.append(rows))
+    fake._generate(["p"])
+    fake._compute_loss(None, {"tool_mask": 1})
+    fake._generate_and_score_completions([{"prompt": "p"}])
+    trl_glue.log_metric(fake, "agents/x", 2.0)
+    assert seen == [([[1]], [[2, 3]], [[1, 0]]), {"tool_mask": 1}, [{"prompt": "p"}]]
+    assert fake._metrics["train"]["agents/x"] == [2.0]

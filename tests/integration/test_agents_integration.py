@@ -1,0 +1,173 @@
+"""Multi-turn agents, integration tier: one real local run (vLLM CPU server, two FSDP2 ranks, TRL's tool loop) of
+the tool-calling tiny model in tests.support.agent_envs.RankCountdown, shared by the tests below (module-scoped:
+one server start). Rank 0's episodes take 2 turns, rank 1's take 6 (one call hangs past the deadline, one raises),
+in the same steps, each rank generating on the node's server by itself. The ranks trace what they generated and the
+batch each loss saw (trainer.agents.figures.TRACE_ENV)."""
+
+from __future__ import annotations
+
+import json
+import time
+from pathlib import Path
+
+import pytest
+
+from tests.conftest import PY, REPO, cli, read
+from tests.support.fakes import clean_env, port_sets
+from trainer.agents.figures import TRACE_ENV
+from trainer.agents.tiny_tool_model import CALL
+
+pytestmark = pytest.mark.integration
+
+STEPS = 2
+TOOL_TIMEOUT_S = 2
+CALL_TURN = f"<tool_call>{CALL}</tool_call><|im_end|>"
+"""What the model writes in a turn that calls the tool."""
+
+
+class Run:
+    def __init__(self, job: Path, trace: Path, result, seconds: float) -> None:
+        self.job, self.trace, self.result, self.seconds = job, trace, result, seconds
+
+    def rows(self, rank: int, kind: str) -> list[dict]:
+        return [r for r in read(self.trace / f"rank{rank}.jsonl") if r["kind"] == kind]
+
+
+def local_run(tmp: Path, steps: int, *extra: str) -> Run:
+    import subprocess
+
+    model, job, trace = tmp / "tool-model", tmp / "job", tmp / "trace"
+    subprocess.run([PY, "-m", "trainer.agents.tiny_tool_model", str(model)], check=True, cwd=REPO, capture_output=True)
+    sets = [
+        f"vllm.model={model}",
+        f"job.job_dir={job}",
+        *port_sets(),
+        f"trainer.max_steps={steps}",
+        *extra,
+        "trainer.environment=tests.support.agent_envs:RankCountdown",
+        f"trainer.tool_timeout_s={TOOL_TIMEOUT_S}",
+        "trainer.per_device_train_batch_size=2",
+        "trainer.num_generations=2",
+        "trainer.max_completion_length=640",
+        "trainer.grpo={max_tool_calling_iterations: 8}",
+    ]
+    t0 = time.time()
+    r = cli(
+        "local",
+        str(REPO / "configs/agents_cpu.yaml"),
+        *[x for s in sets for x in ("--set", s)],
+        env=clean_env(PYTHONPATH=str(REPO), **{TRACE_ENV: str(trace)}),
+        timeout=900,
+    )
+    return Run(job, trace, r, time.time() - t0)
+
+
+@pytest.fixture(scope="module")
+def run(tmp_path_factory) -> Run:
+    """TRL's own tool loop (trainer.max_staleness 0)."""
+    return local_run(tmp_path_factory.mktemp("agents"), STEPS)
+
+
+AHEAD_STEPS = 4
+
+
+@pytest.fixture(scope="module")
+def ahead_run(tmp_path_factory) -> Run:
+    """The project's episode loop, one step off (trainer.max_staleness 1): the second server start of this module."""
+    return local_run(tmp_path_factory.mktemp("agents-ahead"), AHEAD_STEPS, "trainer.max_staleness=1")
+
+
+def tokenizer(run: Run):
+    from transformers import AutoTokenizer
+
+    return AutoTokenizer.from_pretrained(run.job.parent / "tool-model")
+
+
+def test_two_ranks_with_different_numbers_of_turns_in_the_same_steps_finish(run):
+    """No hang: rank 1 sends three times the requests of rank 0 in every step, with no collective between them."""
+    assert run.result.returncode == 0, run.result.stdout[-3000:] + run.result.stderr[-3000:]
+    gen = {rank: run.rows(rank, "generated") for rank in (0, 1)}
+    assert [r["step"] for r in gen[0]] == [r["step"] for r in gen[1]] == list(range(STEPS))
+    assert [r["figures"]["agents/requests"] for r in gen[0]] == [2.0] * STEPS  # a call turn and an answer turn
+    assert [r["figures"]["agents/requests"] for r in gen[1]] == [6.0] * STEPS
+    assert [r["figures"]["agents/turns_per_episode"] for r in gen[1]] == [6.0] * STEPS
+
+
+def test_tool_results_are_appended_and_the_model_goes_on_to_its_answer(run):
+    tok = tokenizer(run)
+    for rank, results in ((0, ["DONE"]), (1, ["AGAIN", "gave no result within", "the counter is jammed", "AGAIN", "DONE"])):
+        for row in run.rows(rank, "generated"):
+            for ids in row["completion_ids"]:
+                text = tok.decode(ids)
+                assert text.count(CALL_TURN) == len(results) and text.endswith("ok<|im_end|>"), text
+                responses = text.split("<tool_response>\n")[1:]
+                assert len(responses) == len(results)
+                for got, want in zip(responses, results, strict=True):
+                    assert want in got.split("\n</tool_response>")[0], (got, want)
+
+
+def test_tool_tokens_are_masked_out_of_the_loss(run):
+    """The batch the loss saw: tool_mask is 0 on exactly the tool results (the template's tool turn around them) and
+    1 on what the model wrote; the model-written tokens are the call turns and the answer, nothing else."""
+    tok = tokenizer(run)
+    for rank, calls in ((0, 1), (1, 5)):
+        rows = run.rows(rank, "loss")
+        assert len(rows) == STEPS, rows
+        for row in rows:
+            for ids, keep, tool in zip(row["completion_ids"], row["completion_mask"], row["tool_mask"], strict=True):
+                trained = [t for t, k, m in zip(ids, keep, tool, strict=True) if k and m]
+                masked = [t for t, k, m in zip(ids, keep, tool, strict=True) if k and not m]
+                assert tok.decode(trained) == CALL_TURN * calls + "ok<|im_end|>"
+                assert tok.decode(masked).count("<tool_response>") == calls and CALL not in tok.decode(masked)
+                results = sum(1 for i, m in enumerate(tool) if m == 0 and (i == 0 or tool[i - 1] == 1))
+                assert results == calls  # one masked run per tool result
+
+
+def test_a_tool_that_hangs_or_raises_is_a_recorded_failure_within_the_deadline(run):
+    steps = [r for r in read(run.job / "metrics.jsonl") if r.get("kind") == "step"]
+    assert len(steps) == STEPS
+    for s in steps:
+        # every step: 4 episodes, 1 + 1 + 5 + 5 calls, 2 + 2 failures (TRL's own counts over both ranks)
+        assert s["agents"]["tools/call_frequency"] == pytest.approx(12 / 4)
+        assert s["agents"]["tools/failure_frequency"] == pytest.approx(4 / 12)
+    for row in run.rows(1, "generated"):
+        f = row["figures"]
+        assert (f["agents/tool_calls"], f["agents/tool_failures"], f["agents/tool_timeouts"]) == (10.0, 4.0, 2.0)
+        # two hangs cut at the deadline each, not the tool's 120 s sleep
+        assert 2 * TOOL_TIMEOUT_S <= f["agents/tool_s"] < 2 * TOOL_TIMEOUT_S + 10
+    assert run.seconds < 600
+
+
+def test_the_environments_reward_reaches_the_trainer_and_pushes_land(run):
+    steps = [r for r in read(run.job / "metrics.jsonl") if r.get("kind") == "step"]
+    # get_reward: 1 successful call on rank 0's episodes, 3 on rank 1's; the trainer's reward is their mean
+    assert [s["reward"] for s in steps] == [pytest.approx(2.0)] * STEPS
+    for s in steps:
+        assert s["push_s"]["0"] > 0 and s["parity_max"] is not None and s["parity_max"] < 1e-3
+    summary = json.loads((run.job / "summary.json").read_text())
+    assert summary["final_step"] == STEPS
+
+
+def test_one_step_off_whole_episodes_run_ahead_and_train_with_their_staleness(ahead_run):
+    """max_staleness 1: step 1 generates then (staleness 0), every later step trains on episodes that ran whole in the
+    background during the step before (staleness 1), on both ranks, with the same turns, failures and masks as the
+    synchronous run; the environment's reward reaches the trainer through the project's reward per class."""
+    run = ahead_run
+    assert run.result.returncode == 0, run.result.stdout[-3000:] + run.result.stderr[-3000:]
+    steps = [r for r in read(run.job / "metrics.jsonl") if r.get("kind") == "step"]
+    assert [s["agents"]["agents/staleness"] for s in steps] == [0.0] + [1.0] * (AHEAD_STEPS - 1)
+    assert [s["reward"] for s in steps] == [pytest.approx(2.0)] * AHEAD_STEPS
+    for s in steps:
+        assert s["push_s"]["0"] > 0 and s["parity_max"] is not None and s["parity_max"] < 1e-3
+    tok = tokenizer(run)
+    for rank, calls, failures in ((0, 1, 0), (1, 5, 2)):
+        gen = run.rows(rank, "generated")
+        assert [r["step"] for r in gen] == list(range(AHEAD_STEPS))
+        for row in gen:
+            assert (row["figures"]["agents/tool_calls"], row["figures"]["agents/tool_failures"]) == (2 * calls, 2 * failures)
+            for ids in row["completion_ids"]:
+                assert tok.decode(ids).count(CALL_TURN) == calls and tok.decode(ids).endswith("ok<|im_end|>")
+        for row in run.rows(rank, "loss"):
+            for ids, keep, tool in zip(row["completion_ids"], row["completion_mask"], row["tool_mask"], strict=True):
+                trained = [t for t, k, m in zip(ids, keep, tool, strict=True) if k and m]
+                assert tok.decode(trained) == CALL_TURN * calls + "ok<|im_end|>"

@@ -1,0 +1,204 @@
+"""The project's own episode loop, for multi-turn with trainer.max_staleness k >= 1: an episode of step s+k runs whole
+(every turn and tool call) in the background on this rank, under the weights the server had when it started, while
+the ranks train; TRL's own loop cannot (it runs inside TRL's generation step). It is handed to TRL as a rollout_func
+and mirrors TRL 1.16's tool loop token for token (tests/unit/test_agents_episodes.py runs both on the same episodes):
+
+  prompt    the chat template with the episode's tools, after reset(**row) appended its observation
+  turn      one completion per live episode, parsed by TRL's parse_response; its tool calls run (with deadlines) and
+            their results come back through the template's tool turn (the ids after the assistant turn's end), masked
+            out of the loss (env_mask 0, logprob 0.0); a result that would pass max_completion_length or the model's
+            length ends the episode instead; at most max_tool_calling_iterations rounds
+  reward    get_reward() at the episode's end, handed to TRL as the extra field `env_reward` (a reward function named
+            after the environment's class reads it), the episode's messages as `messages`, its staleness as `staleness`
+
+Each episode gets a fresh environment instance (instances of a step s+k episode must not be reset while step s's
+rewards read theirs). Weights: RankGeneration.sync_weights waits for every episode this rank has running before the
+push, so none straddles two weight versions; an episode used at step g started at step g - staleness.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import concurrent.futures
+import copy
+import inspect
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from typing import Any
+
+from trainer.agents.deadline import RESERVED
+
+Generate = Callable[[list[list[int]]], list[tuple[list[int], list[float]]]]
+"""One completion (token ids, logprob of each) per prompt entry."""
+
+
+@dataclass
+class Episode:
+    prompt: list[dict]
+    """The conversation before generation (after reset's observation)."""
+    env: Any
+    tools: dict[str, Callable]
+    prompt_ids: list[int] = field(default_factory=list)
+    completion_ids: list[int] = field(default_factory=list)
+    logprobs: list[float] = field(default_factory=list)
+    mask: list[int] = field(default_factory=list)
+    messages: list[dict] = field(default_factory=list)
+    """What TRL's loop calls the completion: the assistant and tool messages of the episode."""
+    tool_calls: int = 0
+    tool_failures: int = 0
+
+
+@dataclass(frozen=True)
+class LoopSettings:
+    max_completion_length: int
+    max_model_len: int
+    max_iterations: int
+
+
+class EpisodeLoop:
+    """Runs a batch of episodes with `generate`; pure with respect to the trainer (safe on a background thread).
+
+    render(prompt, tools) -> prompt ids (TRL's tokenization with tools); suffix(tool_messages) -> the ids of the
+    template's tool turn (TRL's _get_tool_suffix_ids); parse(ids, prefix, tools) -> an assistant message (TRL's
+    parse_response)."""
+
+    def __init__(
+        self,
+        factories: dict[str | None, Callable[[], Any]],
+        standalone_tools: list[Callable],
+        render: Callable[[list[dict], list[Callable]], list[int]],
+        suffix: Callable[[list[dict]], list[int]],
+        parse: Callable[[list[int], list[int], list[Callable]], dict],
+        settings: LoopSettings,
+    ) -> None:
+        self.factories, self.standalone_tools = factories, standalone_tools
+        self.render, self.suffix, self.parse, self.settings = render, suffix, parse, settings
+
+    def start(self, rows: list[dict]) -> list[Episode]:
+        episodes = []
+        multi = None not in self.factories
+        for row in rows:
+            env = self.factories[row.get("environment") if multi else None]() if self.factories else None
+            prompt = copy.deepcopy(row["prompt"])
+            if env is not None:
+                observation = env.reset(**({k: v for k, v in row.items() if k != "environment"} if multi else row))
+                if observation is not None:  # appended to the last message, as TRL does
+                    prompt = prompt[:-1] + [{**prompt[-1], "content": prompt[-1]["content"] + observation}]
+            methods = [
+                getattr(env, n)
+                for n, _ in inspect.getmembers(type(env), predicate=inspect.isfunction)
+                if n not in RESERVED and not n.startswith("_")
+            ] if env is not None else []  # fmt: skip
+            tools = {t.__name__: t for t in self.standalone_tools + methods}
+            episodes.append(Episode(prompt=prompt, env=env, tools=tools))
+        return episodes
+
+    def run(self, rows: list[dict], generate: Generate) -> list[Episode]:
+        s = self.settings
+        eps = self.start(rows)
+        for ep in eps:
+            ep.prompt_ids = self.render(ep.prompt, list(ep.tools.values()))
+        for ep, (ids, lps) in zip(eps, generate([ep.prompt_ids for ep in eps]), strict=True):
+            ep.completion_ids, ep.logprobs, ep.mask = list(ids), list(lps), [1] * len(ids)
+            ep.messages = [self.parse(ids, ep.prompt_ids, list(ep.tools.values()))]
+        live = [ep for ep in eps if ep.messages[-1].get("tool_calls")]
+        iteration = 0
+        while live and iteration < s.max_iterations:
+            pending = []
+            for ep in live:
+                before = (len(ep.messages), len(ep.prompt))
+                ep.prompt.append(ep.messages[-1])
+                results = [self.call(ep, c) for c in ep.messages[-1]["tool_calls"]]
+                tool_messages = [
+                    {"role": "tool", "name": name, "content": r if isinstance(r, list) else str(r)} for name, r in results
+                ]
+                ep.prompt += tool_messages
+                ep.messages += tool_messages
+                ids = ep.prompt_ids + ep.completion_ids + self.suffix(tool_messages)
+                if len(ids) - len(ep.prompt_ids) > s.max_completion_length or len(ids) >= s.max_model_len:
+                    del ep.messages[before[0] :], ep.prompt[before[1] :]  # the episode ends as it was
+                    continue
+                pending.append((ep, ids))
+            if not pending:
+                break
+            outs = generate([ids for _, ids in pending])
+            live = []
+            for (ep, ids), (post, post_lps) in zip(pending, outs, strict=True):
+                tool_len = len(ids) - len(ep.prompt_ids) - len(ep.completion_ids)
+                room = s.max_completion_length - (len(ids) - len(ep.prompt_ids))
+                post, post_lps = list(post[: max(room, 0)]), list(post_lps[: max(room, 0)])
+                ep.mask += [0] * tool_len + [1] * len(post)
+                ep.logprobs += [0.0] * tool_len + post_lps
+                ep.completion_ids = ids[len(ep.prompt_ids) :] + post
+                if post:
+                    ep.messages.append(self.parse(post, ids, list(ep.tools.values())))
+                    if ep.messages[-1].get("tool_calls"):
+                        live.append(ep)
+            iteration += 1
+        return eps
+
+    def call(self, ep: Episode, tool_call: dict) -> tuple[str, Any]:
+        """One tool call as TRL's loop makes it: a failure becomes {"error": ...} for the model."""
+        ep.tool_calls += 1
+        if tool_call.get("type") != "function":
+            ep.tool_failures += 1
+            return tool_call.get("name", "unknown"), {"error": f"Unsupported tool call type: {tool_call.get('type')}"}
+        name, args = tool_call["function"]["name"], tool_call["function"]["arguments"]
+        try:
+            if name not in ep.tools:
+                raise ValueError(f"Tool {name} not found.")
+            out = ep.tools[name](**args)
+            return name, asyncio.run(out) if inspect.iscoroutine(out) else out
+        except Exception as e:
+            ep.tool_failures += 1
+            return name, {"error": str(e)}
+
+
+def rollout_output(eps: list[Episode], staleness: int) -> dict[str, list]:
+    """TRL's rollout_func output (prompt_ids, completion_ids, logprobs, env_mask) and the extra fields."""
+    return {
+        "prompt_ids": [ep.prompt_ids for ep in eps],
+        "completion_ids": [ep.completion_ids for ep in eps],
+        "logprobs": [ep.logprobs for ep in eps],
+        "env_mask": [ep.mask for ep in eps],
+        "env_reward": [ep.env.get_reward() if callable(getattr(ep.env, "get_reward", None)) else None for ep in eps],
+        "messages": [ep.messages for ep in eps],
+        "staleness": [staleness] * len(eps),
+    }
+
+
+class AheadEpisodes:
+    """This rank's episodes of the next steps, run in the background (one thread: the turns of one batch at a time)
+    with a client of their own; by the step they are for."""
+
+    def __init__(self, loop: EpisodeLoop, generate: Generate) -> None:
+        self.loop, self.generate = loop, generate
+        self.pool = concurrent.futures.ThreadPoolExecutor(1, thread_name_prefix="episodes-ahead")
+        self.pending: dict[int, tuple[list[dict], int, concurrent.futures.Future]] = {}
+
+    def send(self, step: int, rows: list[dict], weights_step: int) -> None:
+        if step not in self.pending:
+            self.pending[step] = (rows, weights_step, self.pool.submit(self.loop.run, rows, self.generate))
+
+    def take(self, step: int, prompts: list, timeout_s: float) -> tuple[list[Episode], int] | None:
+        """The episodes sent for `step` if they were for these prompts (else None: a lookahead miss)."""
+        sent = self.pending.pop(step, None)
+        if sent is None:
+            return None
+        rows, weights_step, future = sent
+        eps = future.result(timeout=timeout_s)
+        if [r["prompt"] for r in rows] != list(prompts):
+            return None
+        return eps, weights_step
+
+    def wait_all(self, timeout_s: float) -> None:
+        """Before a push: nothing of this rank is generating (every episode sent finishes under the weights it began)."""
+        futures = [f for _, _, f in self.pending.values()]
+        done, running = concurrent.futures.wait(futures, timeout=timeout_s)
+        if running:
+            raise TimeoutError(f"{len(running)} batches of episodes sent ahead did not finish within {timeout_s:g} s")
+        for f in done:
+            f.result()  # an episode's own error surfaces here, before the push
+
+    def close(self) -> None:
+        self.pool.shutdown(wait=False, cancel_futures=True)
