@@ -40,6 +40,8 @@ def render_setup(cfg: JobConfig) -> list[str]:
         "nccl_ifname": "",
         "ib_hca": "",
         "apptainer_module": "",
+        "hf_home": "",
+        "apptainer_ld_library_path": "",
     }
     try:
         text = env.from_string(path.read_text()).render({**known, **cfg.slurm.setup_vars})

@@ -185,7 +185,8 @@ def core_set(spec: str) -> set[int]:
 
 def core_list(cores: set[int]) -> str:
     """{1, 2, 3, 7} -> '1-3,7' (taskset's form)."""
-    out, run = [], []
+    out: list[list[int]] = []
+    run: list[int] = []
     for c in sorted(cores):
         if run and c != run[-1] + 1:
             out.append(run)
@@ -306,23 +307,23 @@ def stage_setup(cfg: JobConfig) -> list[str]:
         return []
     name = staged_name(cfg)
     q = shlex.quote
-    fail = 'echo "slurm.stage_env: {what} on $(hostname) failed; {fix}" >&2; exit 1'
+    fail = 'echo "slurm.stage_env on $(hostname): {what}" >&2; exit 1'
     per_node = [
-        f'cd "${STAGE_VAR}"',
-        f"[ -s {q(name)} ] || {{ {fail.format(what=f'{name} missing after sbcast', fix='see sbcast above')}; }}",
+        f'cd "${STAGE_VAR}" || {{ {fail.format(what=f"no folder ${STAGE_VAR}")}; }}',
+        f"[ -s {q(name)} ] || {{ {fail.format(what=f'{name} is missing or empty after sbcast (see its errors above)')}; }}",
     ]
     if stage_kind(src) == "venv":
         unpack = f"tar -xf {q(name)} -C env && {{ [ ! -x env/bin/conda-unpack ] || env/bin/conda-unpack; }} && touch env/.staged"
         per_node += [
             "exec 9>.lock && flock 9",
             f"[ -e env/.staged ] || {{ rm -rf env && mkdir env && {unpack}; }} || "
-            f"{{ {fail.format(what=f'unpacking {name}', fix='is it a tar of a venv, and is there room?')}; }}",
+            f"{{ {fail.format(what=f'unpacking {name} failed (a tar of a venv? room in slurm.stage_dir?)')}; }}",
         ]
     script = "; ".join(per_node)
     step = 'srun --nodes="$SLURM_JOB_NUM_NODES" --ntasks-per-node=1 --kill-on-bad-exit=1'
     lines = [
-        f"# slurm.stage_env: copy {src} to node-local storage with sbcast before any Python starts (imports from the",
-        "# shared file system by every process of every node take minutes at scale); removed when this script ends",
+        "# slurm.stage_env: the environment is copied to node-local storage with sbcast before any Python starts (imports",
+        "# from the shared file system by every process of every node take minutes at scale); removed when this script ends",
         f"export {STAGE_VAR}={stage_dir_shell(cfg.slurm.stage_dir)}",
         f'{step} mkdir -p "${STAGE_VAR}" || {{ echo "slurm.stage_env: cannot create ${STAGE_VAR} on a node (see above)" >&2; exit 1; }}',
         f"trap '{step} rm -rf \"${STAGE_VAR}\" || true' EXIT",

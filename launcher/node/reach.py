@@ -12,7 +12,7 @@ from pathlib import Path
 
 from launcher.core.jobdir import JobDir
 from launcher.core.plan import Plan
-from launcher.core.platform import node_visibility
+from launcher.core.platform import MASKS, node_visibility
 from launcher.node.commands import NodeCommand, trainer_command, vllm_command
 from launcher.node.diagnose import tail
 from launcher.node.peers import NodeFailure
@@ -28,7 +28,7 @@ def reach_command(p: Plan, node: int, python: str) -> NodeCommand | None:
         return None
     # the two processes' own environments must show the node alike: on rocm neither narrows it
     env_v, env_t = vllm_command(p, node, python).env, trainer_command(p, node, "127.0.0.1", python).env
-    masks = {k for k in (*env_v, *env_t) if k.endswith("_VISIBLE_DEVICES")}
+    masks = {k for k in (*env_v, *env_t) if k in MASKS}
     assert not masks, f"rocm node processes must not get a device mask, got {sorted(masks)}"
     argv = [python, "-m", "trainer.reach", "--leader", str(n.trainer_gpus[0]), "--server", *map(str, n.vllm_gpus)]
     return NodeCommand(name="reach", argv=argv, env=env_t, log=str(JobDir(Path()).log(node, "reach")))
