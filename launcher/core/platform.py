@@ -331,6 +331,7 @@ def stage_setup(cfg: JobConfig) -> list[str]:
         f'${STAGE_VAR} failed (sbcast names the node above); check the file and room in slurm.stage_dir" >&2; exit 1; }}',
         f"{step} sh -c {q(script)}",
     ]
+    lines.append(f'echo "slurm.stage_env: {name} staged in ${STAGE_VAR} on $SLURM_JOB_NUM_NODES node(s), ${{SECONDS}} s into the job"')
     if stage_kind(src) == "venv":
         lines.append(f'export PATH="${STAGE_VAR}/env/bin:$PATH" VIRTUAL_ENV="${STAGE_VAR}/env"')
     return lines
