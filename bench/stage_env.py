@@ -69,7 +69,7 @@ def figures(job: Path, start: float) -> dict[str, float]:
     first = {e: min(x["t"] for x in ev if x["event"] == e) for e in ("bootstrap_start", "vllm_healthy", "trainer_start")}
     last = {e: max(x["t"] for x in ev if x["event"] == e) for e in ("bootstrap_start", "vllm_healthy", "trainer_start")}
     rows = [json.loads(x) for x in (job / "metrics.jsonl").read_text().splitlines()]
-    step1 = min(r["t"] for r in rows if r.get("step") == 1 and "reward" in r)
+    step1 = min(r["time"] for r in rows if r.get("step") == 1 and "reward" in r)
     said = "".join(f.read_text(errors="replace") for f in (job / "submitit").rglob("*.out"))
     m = re.search(r"staged in \S+ on \d+ node\(s\), (\d+) s into the job", said)
     return {
@@ -96,12 +96,13 @@ def main() -> int:
     if not model.exists():
         subprocess.run([PY, "-m", "launcher", "make-tiny-model", str(model)], check=True, cwd=REPO, capture_output=True)
     packed = work / "env.tar"
-    t0 = time.time()
+    pack_s = None  # None: packed by an earlier run
     if not packed.exists():
+        t0 = time.time()
         subprocess.run(["tar", "-cf", str(packed), "-C", str(REPO / ".venv"), "."], check=True)
-    pack_s = time.time() - t0
+        pack_s = round(time.time() - t0, 1)
     size_gb = packed.stat().st_size / 1e9
-    results: dict = {"env_tar_gb": round(size_gb, 2), "pack_s": round(pack_s, 1), "runs": []}
+    results: dict = {"env_tar_gb": round(size_gb, 2), "pack_s": pack_s, "runs": []}
     for i in range(a.runs):
         for mode, sets in (("shared", [f"job.python={PY}"]), ("staged", ["job.python=python", f"slurm.stage_env={packed}"])):
             job = work / f"job-{mode}-{i}"
