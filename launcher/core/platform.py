@@ -58,14 +58,6 @@ def of_plan(p: Plan) -> Platform:
     return ROCM if p.platform == "rocm" else CUDA
 
 
-def words(p: Plan | JobConfig, text: str) -> str:
-    """A text the user reads (dry-run, errors), in the platform's own names: NCCL -> RCCL, CUDA IPC -> HIP IPC."""
-    pf = of_plan(p) if hasattr(p, "platform") else of(p)  # type: ignore[arg-type]
-    if pf is CUDA:
-        return text
-    return re.sub(r"\bNCCL\b(?!_)", "RCCL", text.replace("CUDA IPC", "HIP IPC"))
-
-
 def device_index(platform: str, local_rank: int, gpu: int) -> int:
     """The device a trainer rank passes to set_device: on cuda its index in torchrun's mask (the node's trainer GPUs),
     on rocm its node-local GPU index (the rank sees all of the node's GPUs)."""
@@ -256,20 +248,21 @@ def process_env(p: Plan, role: str) -> dict[str, str]:
 
 
 def derivation_lines(p: Plan) -> list[str]:
-    """The plan's lines about the platform (dry-run prints them under the plan)."""
-    if p.platform != "rocm":
+    """The plan's lines about the platform (dry-run prints them under the plan); none on cuda."""
+    pf = of_plan(p)
+    if pf.per_process_mask:
         return []
     n0 = p.nodes[0]
     push = (
-        "an RCCL broadcast from the trainer leader to vLLM's workers (vLLM's nccl engine on ROCm)"
+        f"an {pf.collective} broadcast from the trainer leader to vLLM's workers (vLLM's nccl engine on ROCm)"
         if p.weight_transfer_backend == "nccl"
-        else "HIP IPC on the shared GCD"
+        else f"{pf.ipc} on the shared {pf.gpu}"
     )
     return [
-        "platform = rocm: every node process sees all of the node's GCDs (no per-process mask; ROCm renumbers masked "
-        f"devices per process, which breaks RCCL and HIP IPC between them): vLLM on GCDs {n0.vllm_gpus} by its own device "
-        f"selection, trainer rank i calls set_device({n0.trainer_gpus[0]} + i)",
-        f"weight push on rocm = {push}",
+        f"platform = {pf.name}: every node process sees all of the node's {pf.gpu}s (no per-process mask; ROCm renumbers "
+        f"masked devices per process, which breaks {pf.collective} and {pf.ipc} between them): vLLM on {pf.gpu}s "
+        f"{n0.vllm_gpus} by its own device selection, trainer rank i calls set_device({n0.trainer_gpus[0]} + i)",
+        f"weight push on {pf.name} = {push}",
     ]
 
 
@@ -331,7 +324,9 @@ def stage_setup(cfg: JobConfig) -> list[str]:
         f'${STAGE_VAR} failed (sbcast names the node above); check the file and room in slurm.stage_dir" >&2; exit 1; }}',
         f"{step} sh -c {q(script)}",
     ]
-    lines.append(f'echo "slurm.stage_env: {name} staged in ${STAGE_VAR} on $SLURM_JOB_NUM_NODES node(s), ${{SECONDS}} s into the job"')
+    lines.append(
+        f'echo "slurm.stage_env: {name} staged in ${STAGE_VAR} on $SLURM_JOB_NUM_NODES node(s), ${{SECONDS}} s into the job"'
+    )
     if stage_kind(src) == "venv":
         lines.append(f'export PATH="${STAGE_VAR}/env/bin:$PATH" VIRTUAL_ENV="${STAGE_VAR}/env"')
     return lines

@@ -90,13 +90,6 @@ def test_the_dry_run_names_rccl_on_rocm_and_nccl_on_cuda():
     assert "platform = rocm" not in out and "RCCL" not in out and "CUDA_VISIBLE_DEVICES=0 " in out
 
 
-def test_words_rename_the_library_but_not_its_variables():
-    rocm, cuda = make("rocm"), make("cuda")
-    text = "NCCL refused; set NCCL_SOCKET_IFNAME; CUDA IPC handle"
-    assert P.words(rocm, text) == "RCCL refused; set NCCL_SOCKET_IFNAME; HIP IPC handle"
-    assert P.words(cuda, text) == text
-
-
 def test_one_shared_gcd_uses_hip_ipc_and_gets_no_reach_check():
     p = make("rocm", gpus=1, nodes=1, tp=1)
     assert p.weight_transfer_backend == "ipc" and p.nodes[0].shared_gpu
