@@ -33,6 +33,9 @@ OVERHEAD_GB = 2.0
 
 KNOWN_GPUS_GB = {"b200": 180, "h200": 141, "gh200": 96, "h100": 80, "h800": 80, "a100": 80, "l40s": 48, "a6000": 48, "a10": 24}
 """Memory of a GPU by the name a cluster puts in its partition or constraint (an '-40gb'-style suffix wins)."""
+KNOWN_GPUS_GB |= {"mi300x": 192, "mi250x": 64, "mi250": 64}
+"""AMD: an MI300X is one device of 192 GB; an MI250X (Frontier) is two GCDs of 64 GB, each its own device: the figure
+is one GCD's, as the plan's GPUs are GCDs there."""
 
 
 COMMON_SHAPES = {
@@ -170,6 +173,16 @@ def gpu_memory_gb(explicit: float, *names: str) -> float:
             if re.search(rf"(^|[^a-z0-9]){name}([^a-z0-9]|$)", low) or low.startswith(name):
                 return float(size.group(1)) if size else float(gb)
     return 0.0
+
+
+def gpu_name(*names: str) -> str:
+    """The known GPU named in the partition/constraint strings ('' if none): the same match as gpu_memory_gb."""
+    for text in names:
+        low = text.lower()
+        for name in KNOWN_GPUS_GB:
+            if re.search(rf"(^|[^a-z0-9]){name}([^a-z0-9]|$)", low) or low.startswith(name):
+                return name
+    return ""
 
 
 def cheapest_fit(shape: ModelShape, lay: Layout, reference_model: bool = False) -> Options | None:

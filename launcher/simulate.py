@@ -25,7 +25,8 @@ from pathlib import Path
 from launcher.core.config import ConfigError, JobConfig, load
 from launcher.core.plan import plan
 from launcher.core.shape import ModelShape
-from launcher.memory import Layout, fit_table, layout
+from launcher.memory import Layout, fit_table, gpu_name, layout
+from launcher.startup import STARTUP_DEFAULTS, predict_startup, processes_per_node, startup_table
 
 DEFAULTS = {
     "tokens_per_s_server": 40_000.0,  # one H200, 0.36B bf16: measured 40-44k (shared/gpu); scale by 1/params for big models
@@ -35,6 +36,32 @@ DEFAULTS = {
     "inter_bw_gbs": 50.0,  # one 400 Gb/s NIC
     "train_s": 10.0,  # seconds of forward/backward/optimizer per step
 }
+
+
+GPU_FIGURES = {
+    # decode is memory-bound: a server's tokens/s scale from the H200 anchor (4.8 TB/s of HBM) by HBM bandwidth
+    "mi250x": {  # one GCD: 1.6 TB/s; GCD to GCD over Infinity Fabric 50-100 GB/s (200 within a package); 25 GB/s NICs
+        "tokens_per_s_server": 40_000.0 * 1.6 / 4.8,
+        "intra_bw_gbs": 50.0,
+        "inter_bw_gbs": 25.0,
+    },
+    "mi300x": {  # 5.3 TB/s; xGMI 64 GB/s per peer link and direction; a 400 Gb/s NIC per GPU
+        "tokens_per_s_server": 40_000.0 * 5.3 / 4.8,
+        "intra_bw_gbs": 64.0,
+        "inter_bw_gbs": 50.0,
+    },
+}
+GPU_FIGURES["mi250"] = GPU_FIGURES["mi250x"]
+"""Figures of a known non-default GPU (the defaults are an H100/H200's), from the vendors' data sheets: assumptions."""
+
+
+def gpu_of(cfg: JobConfig) -> str:
+    """The config's GPU, for its figures: named in slurm.constraint/partition, or a ROCm job's GPU by its memory."""
+    s = cfg.slurm
+    name = gpu_name(s.constraint, s.partition)
+    if not name and cfg.job.platform == "rocm":
+        name = {64: "mi250x", 192: "mi300x"}.get(int(s.gpu_memory_gb), "")
+    return name
 
 
 LAYOUT_DEFAULTS = {
@@ -321,6 +348,22 @@ def print_split(cfg: JobConfig, nodes: int, params: float, per: int, figures: di
         f"{best_sync.sync_s / (best_async.async_s or best_async.sync_s):.2f}x the steps per hour of the best synchronous split"
         + (f", {now.sync_s / (best_async.async_s or best_async.sync_s):.2f}x this config's" if now else "")
     )
+    if cfg.job.platform == "rocm" and best_async.vllm_gpus > tp:
+        print(
+            "  on rocm vllm.data_parallel_size stays 1 (vLLM masks each DP engine's devices, which breaks RCCL there): "
+            f"serve on {best_async.vllm_gpus} GCDs as vllm.tensor_parallel_size={best_async.vllm_gpus} if the model's heads "
+            "divide it (TP scales decode less than DP: read the gain as an upper bound)"
+        )
+
+
+def print_startup(cfg: JobConfig, nodes: list[int]) -> None:
+    """Start-up at the config's node counts and at 64-256 nodes: shared-FS imports vs slurm.stage_env."""
+    s, v = cfg.slurm, cfg.vllm
+    counts = sorted(set(nodes) | {64, 128, 256})
+    packed = s.stage_env.endswith((".tar", ".tar.gz", ".tgz"))
+    procs = processes_per_node(s.gpus_per_node, v.tensor_parallel_size, v.data_parallel_size)
+    print()
+    print("\n".join(startup_table(predict_startup(counts, procs, packed, STARTUP_DEFAULTS), STARTUP_DEFAULTS, packed)))
 
 
 def plot(path: str, nodes: list[int], rows: list[Row]) -> None:
@@ -345,7 +388,10 @@ def plot(path: str, nodes: list[int], rows: list[Row]) -> None:
 def main(a) -> int:
     cfg = load(a.config, a.overrides)
     nodes = parse_nodes(a.nodes)
-    figures = {**DEFAULTS, **(read_calibration(a.calibration) if a.calibration else {})}
+    gpu = gpu_of(cfg)
+    figures = {**DEFAULTS, **GPU_FIGURES.get(gpu, {}), **(read_calibration(a.calibration) if a.calibration else {})}
+    if gpu in GPU_FIGURES:
+        print(f"GPU {gpu}: its figures replace the H100/H200 defaults (launcher/simulate.py GPU_FIGURES)")
     if a.plot and not Path(a.plot).resolve().parent.is_dir():
         raise ConfigError(f"--plot {a.plot}: its folder does not exist; create it or give another path")
     shape = ModelShape.read(cfg.vllm.model)
@@ -360,6 +406,7 @@ def main(a) -> int:
         print("(GPU memory not in the config: the memory table assumes 80 GB; set slurm.gpu_memory_gb)")
     print()
     print("\n".join(fit_table(lay)))
+    print_startup(cfg, nodes)
     if a.plot:
         plot(a.plot, nodes, rows)
     if getattr(a, "json", ""):

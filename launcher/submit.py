@@ -14,6 +14,7 @@ from pathlib import Path
 
 import jinja2
 
+from launcher.core import platform
 from launcher.core.config import ConfigError, JobConfig, control_character
 from launcher.core.jobdir import Env, JobDir
 from launcher.core.plan import Plan
@@ -39,6 +40,8 @@ def render_setup(cfg: JobConfig) -> list[str]:
         "nccl_ifname": "",
         "ib_hca": "",
         "apptainer_module": "",
+        "hf_home": "",
+        "apptainer_ld_library_path": "",
     }
     try:
         text = env.from_string(path.read_text()).render({**known, **cfg.slurm.setup_vars})
@@ -60,7 +63,7 @@ def executor_parameters(cfg: JobConfig, p: Plan, array: ArraySpec | None = None)
         ntasks_per_node=1,
         gpus_per_node=s.gpus_per_node,
         signal_delay_s=s.signal_seconds,
-        setup=render_setup(cfg) + container_setup(cfg),
+        setup=render_setup(cfg) + container_setup(cfg) + platform.stage_setup(cfg),
         additional_parameters=extra,
         stderr_to_stdout=True,
         # one task per node must see all of the node's GPUs and CPUs; the bootstrap splits them
@@ -158,8 +161,12 @@ def job_command(cfg: JobConfig, p: Plan, array: ArraySpec | None = None) -> str:
         argv = bootstrap_argv("--sweep", cfg.job.python) + [array.sweep_dir]
     c = cfg.slurm.container
     if c.image and c.runtime == "apptainer":
-        wrap = ["apptainer", "exec", "--nv", "--bind", ",".join(container_mounts(cfg, p, array))]
-        argv = [*wrap, *(["--pwd", c.workdir] if c.workdir else []), c.image, *argv]
+        wrap = ["apptainer", "exec", platform.apptainer_gpu_flag(cfg), "--bind", ",".join(container_mounts(cfg, p, array))]
+        wrap += ["--pwd", c.workdir] if c.workdir else []
+        staged = platform.staged_image(cfg)  # slurm.stage_env: the node-local copy (a shell word, not quoted again)
+        if staged:
+            return f"{shlex.join(wrap)} {staged} {shlex.join(argv)}"
+        argv = [*wrap, c.image, *argv]
     return shlex.join(argv)
 
 

@@ -14,6 +14,7 @@ from torch.distributed.fsdp import CPUOffloadPolicy, MixedPrecisionPolicy, Offlo
 
 from launcher.core.jobdir import Env
 from launcher.core.plan import Plan
+from launcher.core.platform import MASKS, cores_of
 from trainer import trl_glue
 
 
@@ -43,8 +44,10 @@ class Parallel:
     def describe(self) -> str:
         """The world as this rank sees it, with the GPUs it was given and the NCCL it loaded (a site NCCL
         shadowing torch's own shows here)."""
-        gpus = f" (CUDA_VISIBLE_DEVICES={os.environ.get('CUDA_VISIBLE_DEVICES', '')!r}"
-        gpus += f", NCCL {'.'.join(map(str, torch.cuda.nccl.version()))})" if self.device.type == "cuda" else ")"
+        mask = next((k for k in MASKS if k in os.environ), "CUDA_VISIBLE_DEVICES")  # rocm: usually none (all GPUs)
+        gpus = f" ({mask}={os.environ.get(mask, '')!r}"
+        lib = "RCCL" if torch.version.hip else "NCCL"  # RCCL answers torch.cuda.nccl.version() on ROCm
+        gpus += f", {lib} {'.'.join(map(str, torch.cuda.nccl.version()))})" if self.device.type == "cuda" else ")"
         return (
             f"world {self.world}, node ranks {self.node_ranks}, leader {self.leader}, mesh {self.mesh}, "
             f"device {self.device}{gpus}"
@@ -65,6 +68,14 @@ def check_allreduce(rank: int, world: int, device: torch.device) -> dict[str, fl
     return {"got": got, "expected": expected}
 
 
+def bind_cores(plan: Plan, gpu: int) -> None:
+    """Run this rank on the cores nearest its GPU (slurm.gpu_cores: OLCF's -c7 binding with one task per node;
+    torchrun started on the union of its ranks' cores)."""
+    cores = cores_of(plan.config, [gpu])
+    if cores:
+        os.sched_setaffinity(0, cores)
+
+
 def init(plan: Plan) -> Parallel:
     rank, world, local = int(os.environ["RANK"]), int(os.environ["WORLD_SIZE"]), int(os.environ["LOCAL_RANK"])
     node = int(os.environ.get(Env.NODE, rank // plan.ranks_per_node))
@@ -77,6 +88,7 @@ def init(plan: Plan) -> Parallel:
     if plan.device == "cuda":
         device = torch.device("cuda", expect.cuda_index)
         torch.cuda.set_device(device)
+        bind_cores(plan, expect.gpu)
         backend = "cpu:gloo,cuda:nccl"  # gloo for object collectives on CPU tensors, NCCL for the model
     else:
         device, backend = torch.device("cpu"), "gloo"

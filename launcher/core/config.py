@@ -84,6 +84,12 @@ class SlurmConfig:
     """Run each node's processes in a container: {image, runtime, mounts, workdir} (keys below)."""
     layout: Literal["split", "shared"] = "split"
     """How a node's GPUs are shared out: split = vLLM on the first TP x DP GPUs, a trainer rank on each of the others; shared = vLLM data parallel over all of the node's GPUs (DP = GPUs / TP) at vllm.gpu_memory_utilization, a trainer rank on every GPU beside an engine, the push by ipc (a one-GPU node is always shared). `slurm-grpo simulate` models both; dry-run says which the config gets and why."""
+    stage_env: str = ""
+    """A packed environment on the shared file system, copied to each node's local storage with sbcast before any Python starts and used from there: a packed venv (.tar, .tar.gz, .tgz; made with venv-pack/conda-pack or tar of a venv) or a container image (.sif, .sqsh, .squashfs; the same file as slurm.container.image, runtime apptainer); empty = run from where it is."""
+    stage_dir: str = "/tmp/slurm-grpo-$USER-$SLURM_JOB_ID"
+    """Node-local folder slurm.stage_env is copied into ($USER and $SLURM_JOB_ID are expanded on the node, nothing else); on Frontier the NVMe: /mnt/bb/$USER/slurm-grpo-$SLURM_JOB_ID (with constraint nvme)."""
+    gpu_cores: list[str] = field(default_factory=list)
+    """CPU cores nearest each node-local GPU, one entry per GPU in index order (e.g. Frontier's 8 GCDs: 49-55, 57-63, 17-23, 25-31, 1-7, 9-15, 33-39, 41-47): vLLM runs on its GPUs' cores, each trainer rank on its GPU's (OLCF's -c7 binding, for one task per node); empty = no binding."""
 
     def check(self) -> None:
         _positive("slurm.nodes", self.nodes, "ask for at least one node")
@@ -311,6 +317,8 @@ class JobSection:
     """Python interpreter the job runs on the nodes (after the setup profile ran)."""
     node_timeout_s: int = 30
     """A node whose bootstrap shows no heartbeat (in the job folder) for this long is lost: the others stop, naming it."""
+    platform: Literal["cuda", "rocm"] = "cuda"
+    """GPU platform of job.device cuda: cuda (NVIDIA: CUDA_VISIBLE_DEVICES per process, NCCL, CUDA IPC) or rocm (AMD, e.g. Frontier: every node process sees all of the node's GPUs and picks its own by index, RCCL, HIP IPC only on a shared GCD); site profiles set it (configs/site/frontier.yaml)."""
 
     def check(self) -> None:
         if not _NAME.match(self.name):
@@ -848,6 +856,9 @@ def check_job(cfg: JobConfig) -> None:
         raise ConfigError(
             f"vllm.weight_transfer_backend {v.weight_transfer_backend} needs GPUs; with job.device cpu use gloo (or auto)"
         )
+    from launcher.core.platform import check_platform  # it imports this module
+
+    check_platform(cfg)  # job.platform (rocm's rules), slurm.stage_env/stage_dir, slurm.gpu_cores
     if j.device == "cpu" and t.dtype != "float32":
         raise ConfigError(
             "trainer.dtype must be float32 with job.device cpu (vLLM's CPU build and gloo run float32 here); set trainer.dtype: float32"

@@ -11,6 +11,7 @@ from dataclasses import asdict, dataclass, field, replace
 from pathlib import Path
 from typing import Any
 
+from launcher.core import platform as platform_mod
 from launcher.core.config import ConfigError, JobConfig, rebuild
 from launcher.core.shape import ModelShape
 
@@ -27,7 +28,8 @@ class RankPlan:
     gpu: int
     """The node-local GPU index this rank uses (a CPU slot on CPU builds)."""
     cuda_index: int
-    """The rank's CUDA device index inside its torchrun, whose CUDA_VISIBLE_DEVICES lists the node's trainer GPUs."""
+    """The rank's CUDA device index inside its torchrun, whose CUDA_VISIBLE_DEVICES lists the node's trainer GPUs
+    (on rocm every process sees all of the node's GPUs: this is `gpu`)."""
 
 
 @dataclass(frozen=True)
@@ -71,6 +73,8 @@ class Plan:
     """One line per derived number: the rule that produced it (written by `derivation(plan)`, printed by dry-run)."""
     data_parallel_size: int = 1
     """vLLM engines behind each node's server (vllm.data_parallel_size), each on tensor_parallel_size GPUs."""
+    platform: str = "cuda"
+    """job.platform: cuda (a mask per process) or rocm (every process sees the node's GPUs; launcher.core.platform)."""
 
     @property
     def server_world(self) -> int:
@@ -172,7 +176,13 @@ def plan(cfg: JobConfig, job_dir: str) -> Plan:
             server_url=f"http://127.0.0.1:{v.port}",
             weight_transfer_port=t.weight_transfer_port,
             ranks=[
-                RankPlan(global_rank=n * per_node + i, local_rank=i, node=n, gpu=gpu, cuda_index=i)
+                RankPlan(
+                    global_rank=n * per_node + i,
+                    local_rank=i,
+                    node=n,
+                    gpu=gpu,
+                    cuda_index=platform_mod.device_index(cfg.job.platform, i, gpu),
+                )
                 for i, gpu in enumerate(trainer_gpus)
             ],
             shared_gpu=shared,
@@ -200,8 +210,9 @@ def plan(cfg: JobConfig, job_dir: str) -> Plan:
         trainer_shutdown_s=shutdown,
         bootstrap_grace_s=shutdown + 10,
         data_parallel_size=dp,
+        platform=cfg.job.platform,
     )
-    return replace(p, derivation=derivation(p))
+    return replace(p, derivation=derivation(p) + platform_mod.derivation_lines(p))
 
 
 def derivation(p: Plan) -> list[str]:

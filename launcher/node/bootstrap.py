@@ -38,6 +38,7 @@ from launcher.node.commands import NodeCommand, trainer_command, vllm_command
 from launcher.node.diagnose import PEER_LOST, root_cause, tail
 from launcher.node.peers import Heartbeats, JobAbort, NodeFailure
 from launcher.node.procs import Proc, become_subreaper, descendants, kill_all
+from launcher.node.reach import check_reach, node_allocation
 
 POLL_S = 0.5
 FAILED_STOP_GRACE_S = 5.0
@@ -259,10 +260,11 @@ def run_node(p: Plan, node: int) -> int:
     procs: list[Proc] = []
     failed = True  # until a normal end (finished or preempted) says otherwise
     try:
-        # the GPUs SLURM (or the user) gave this node: the plan's indices map through them
-        allocated = os.environ.get("CUDA_VISIBLE_DEVICES") if p.device == "cuda" else None
+        # the GPUs SLURM (or the user) gave this node: the plan's indices map through them (rocm: all processes see them)
+        allocated = node_allocation(p)
         clear_leftovers(run, allocated)  # first: an earlier attempt's server may still hold the port preflight checks
         preflight(run)
+        check_reach(p, node, python, run.where, run.say)  # rocm: trainer leader and server GPUs reach each other
         vllm = Proc(vllm_command(p, node, python, allocated), job_dir, node, ignore_signals=(signal.SIGUSR1, signal.SIGUSR2))
         procs.append(vllm)
         run.events(Event.VLLM_START, pid=vllm.popen.pid)

@@ -10,6 +10,7 @@ import json
 from dataclasses import dataclass
 from pathlib import Path
 
+from launcher.core import platform
 from launcher.core.config import ConfigError
 from launcher.core.jobdir import PLUGIN_ENV, Env, JobDir
 from launcher.core.plan import Plan
@@ -49,6 +50,14 @@ def gpu_list(gpus: list[int], allocated: str | None = None) -> str:
     return ",".join(ids[g] for g in gpus)
 
 
+def visible_devices(plan: Plan, gpus: list[int], allocated: str | None) -> dict[str, str]:
+    """The process's device mask: on cuda CUDA_VISIBLE_DEVICES = its GPUs; on rocm none (every process sees the
+    node's GPUs, as the bootstrap left them, and picks its own by index: launcher.core.platform)."""
+    if not platform.of_plan(plan).per_process_mask:
+        return {}
+    return {"CUDA_VISIBLE_DEVICES": gpu_list(gpus, allocated)}
+
+
 def vllm_command(plan: Plan, node: int, python: str = "python", allocated: str | None = None) -> NodeCommand:
     n = plan.nodes[node]
     v = plan.config.vllm
@@ -86,7 +95,7 @@ def vllm_command(plan: Plan, node: int, python: str = "python", allocated: str |
         **OFFLINE_ENV,
         Env.JOB_DIR: plan.job_dir,  # marks the processes as this job folder's (launcher.node.stale finds leftovers by it)
         "VLLM_SERVER_DEV_MODE": "1",
-        "CUDA_VISIBLE_DEVICES": gpu_list(n.vllm_gpus, allocated),
+        **visible_devices(plan, n.vllm_gpus, allocated),
         "VLLM_NO_USAGE_STATS": "1",
         "DO_NOT_TRACK": "1",
     }
@@ -94,8 +103,10 @@ def vllm_command(plan: Plan, node: int, python: str = "python", allocated: str |
     cache = JobDir(Path(plan.job_dir)).compile_cache(node, v.cache_dir)
     env.update({"VLLM_CACHE_ROOT": str(cache / "vllm"), "TORCHINDUCTOR_CACHE_DIR": str(cache / "inductor")})
     env["TRITON_CACHE_DIR"] = str(cache / "triton")
+    env |= platform.process_env(plan, "vllm")
     if plan.device == "cpu":
         env.update({"VLLM_CPU_KVCACHE_SPACE": str(v.cpu_kvcache_gib), PLUGIN_ENV: "1", "CUDA_VISIBLE_DEVICES": ""})
+    argv = platform.bind_prefix(plan.config, n.vllm_gpus) + argv
     return NodeCommand(name="vllm", argv=argv, env=env, log=str(IN_JOB.log(node, "vllm")))
 
 
@@ -135,12 +146,14 @@ def trainer_command(
         **OFFLINE_ENV,
         Env.JOB_DIR: plan.job_dir,
         Env.NODE: str(node),
-        "CUDA_VISIBLE_DEVICES": gpu_list(n.trainer_gpus, allocated),
+        **visible_devices(plan, n.trainer_gpus, allocated),
         "TORCH_NCCL_ASYNC_ERROR_HANDLING": "1",
         "PYTHONUNBUFFERED": "1",
+        **platform.process_env(plan, "trainer"),
     }
     if plan.device == "cpu":
         env.update({"CUDA_VISIBLE_DEVICES": "", "OMP_NUM_THREADS": "1"})
+    argv = platform.bind_prefix(plan.config, n.trainer_gpus) + argv
     return NodeCommand(name="trainer", argv=argv, env=env, log=str(IN_JOB.log(node, "trainer")))
 
 

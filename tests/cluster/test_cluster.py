@@ -640,3 +640,34 @@ def no_requeue_job_preempted_ends_and_stays_ended(cluster: Cluster, job: Path, t
     assert sacct_state(job_id, env) == "FAILED"
     st = subprocess.run([PY, "-m", "launcher", "status", str(job)], capture_output=True, text=True, env=env, cwd=REPO)
     assert "next: slurm-grpo resume" in st.stdout, st.stdout
+
+
+def test_a_staged_env_is_copied_to_every_node_with_sbcast_and_the_nodes_start_from_it(tmp_path, tiny_model, cluster):
+    """slurm.stage_env with a packed "venv" whose bin/python records where it ran, then hands over to this venv's
+    Python: the batch script sbcasts it to node-local storage, unpacks it on every node (the test cluster's nodes
+    share /tmp: once, under the lock), both bootstraps start from the staged copy (PATH), the job trains, and the
+    copy is gone when the job ends."""
+    env = cluster.env
+    venv = tmp_path / "venv"
+    (venv / "bin").mkdir(parents=True)
+    wrapper = venv / "bin" / "python"
+    wrapper.write_text(
+        f'#!/bin/sh\nfor a; do last=$a; done\necho "$(hostname) $0" >> "$(dirname "$last")/staged-python.txt"\nexec {PY} "$@"\n'
+    )
+    wrapper.chmod(0o755)
+    packed = tmp_path / "env.tar.gz"
+    subprocess.run(["tar", "-czf", str(packed), "-C", str(venv), "."], check=True)
+    job = tmp_path / "staged job"
+    job_id = cluster.submit(
+        job, tiny_model, f"slurm.stage_env={packed}", "job.python=python", "trainer.max_steps=2", "trainer.save_steps=0"
+    )
+    wait_until(lambda: sacct_state(job_id, env) == "COMPLETED", 600, "the staged job to complete", job_id, env, job)
+    said = "".join(f.read_text(errors="replace") for f in (job / "submitit").rglob("*.out"))
+    m = re.search(r"slurm.stage_env: env.tar.gz staged in (\S+) on 2 node\(s\), (\d+) s into the job", said)
+    assert m and m.group(1).startswith("/tmp/slurm-grpo-") and m.group(1).endswith(f"-{job_id}"), said[-3000:]
+    stage = m.group(1)
+    ran = sorted((job / "staged-python.txt").read_text().split("\n")[:-1])
+    assert ran == [f"n1 {stage}/env/bin/python", f"n2 {stage}/env/bin/python"], ran  # each node's bootstrap
+    assert json.loads((job / "summary.json").read_text())["final_step"] == 2
+    wait_until(lambda: not Path(stage).exists(), 60, "the staged copy to be removed", job_id, env, job)
+    print(f"slurm.stage_env: staged on 2 nodes {m.group(2)} s into the job")

@@ -149,6 +149,7 @@ CHOICE_ERRORS = [
     ("trainer", {"wandb_mode": "cloud"}, "trainer.wandb_mode 'cloud' must be offline (then `slurm-grpo sync JOB`), online or disabled"),
     ("trainer", {"parity_action": "ignore"}, "trainer.parity_action 'ignore' must be fail or warn"),
     ("job", {"device": "tpu"}, "job.device 'tpu' must be cuda or cpu"),
+    ("job", {"platform": "metal"}, "job.platform 'metal' must be cuda or rocm"),
     ("trainer", {"dtype": 16}, "trainer.dtype '16' must be bfloat16 or float32"),
 ]  # fmt: skip
 

@@ -62,6 +62,12 @@ CASES = {
             "slurm.container.workdir=/shared/slurm-grpo",
         ],
     ),
+    # AMD: the Frontier site profile (ROCm platform, RCCL plugin and Slingshot variables, MIOpen caches, Apptainer
+    # --rocm with the image staged to NVMe by sbcast) on 4 nodes and on the 256 nodes of the seed
+    "frontier_4nodes": ("configs/frontier_7b_4nodes.yaml", []),
+    "frontier_256nodes": ("configs/frontier_256nodes.yaml", []),
+    # a packed venv staged to node-local /tmp and first on PATH (slurm.stage_env), no container
+    "stage_venv": ("configs/gpu_7b_4nodes.yaml", ["slurm.stage_env=/shared/envs/slurm-grpo.tar.gz"]),
 }
 
 

@@ -230,6 +230,10 @@ def loopback_store(port: int, world: int, timeout: timedelta) -> dist.TCPStore:
     )
 
 
+LIB = "RCCL" if getattr(torch.version, "hip", None) else "NCCL"
+"""The collective library the nccl sender runs on, as its errors name it (vLLM's PyNccl loads librccl on ROCm)."""
+
+
 class NcclSender(BroadcastSender):
     """vLLM's `nccl` engine: its StatelessProcessGroup + PyNcclCommunicator as rank 0 (the pair the worker
     side builds) and its packed producer (2 buffers on side streams, the same geometry as the init info)."""
@@ -254,8 +258,8 @@ class NcclSender(BroadcastSender):
         if self.comm.disabled or not getattr(self.comm, "available", True):
             # a disabled communicator's broadcast is a no-op: the server would wait for bytes that never come
             raise ServerError(
-                f"node {self.client.node}: vLLM's PyNccl is disabled or NCCL was not found in the trainer "
-                f"(VLLM_DISABLE_PYNCCL, or no libnccl); the nccl weight push cannot run"
+                f"node {self.client.node}: vLLM's PyNccl is disabled or {LIB} was not found in the trainer "
+                f"(VLLM_DISABLE_PYNCCL, or no lib{LIB.lower()}); the nccl weight push cannot run"
             )
 
     def broadcast_all(self, params: Params) -> None:
