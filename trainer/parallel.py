@@ -118,7 +118,8 @@ def shard_model(model: torch.nn.Module, par: Parallel, param_dtype: torch.dtype,
     doubles the host memory that offloading exists to make room in; the copies are slower instead."""
     mp = MixedPrecisionPolicy(param_dtype=param_dtype, reduce_dtype=torch.float32)
     offload = CPUOffloadPolicy(pin_memory=False) if cpu_offload else OffloadPolicy()
-    layers = getattr(getattr(model, "model", model), "layers", [])
+    base = model.get_base_model() if hasattr(model, "get_base_model") else model  # type: ignore[operator]  # peft wraps it (trainer.lora)
+    layers = getattr(getattr(base, "model", base), "layers", [])
     for layer in layers:
         fully_shard(layer, mesh=par.mesh, mp_policy=mp, offload_policy=offload)
     fully_shard(model, mesh=par.mesh, mp_policy=mp, offload_policy=offload)

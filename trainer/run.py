@@ -102,6 +102,8 @@ def build(plan: Plan, par: Parallel, preemption: grpo.PreemptionFlag) -> Run:
         loader=t.model_loading,
         activation_checkpointing=t.activation_checkpointing,
         cpu_offload=t.cpu_offload,
+        lora=t.lora,
+        seed=t.seed,
     )
     node_event(
         Event.MODEL_LOADED, loader=report.loader, seconds=round(report.seconds, 2), read_gb=round(report.bytes_read / 1e9, 3)

@@ -12,6 +12,7 @@ from pathlib import Path
 from typing import Any
 
 from launcher.core.config import ConfigError, JobConfig, rebuild
+from launcher.core.lora import lora_push
 from launcher.core.shape import ModelShape
 
 # The rendezvous host is only known inside the allocation (the first hostname of SLURM_JOB_NODELIST);
@@ -70,6 +71,8 @@ class Plan:
     """One line per derived number: the rule that produced it (written by `derivation(plan)`, printed by dry-run)."""
     data_parallel_size: int = 1
     """vLLM engines behind each node's server (vllm.data_parallel_size), each on tensor_parallel_size GPUs."""
+    lora_push: str = ""
+    """trainer.lora on: 'adapter' (only the adapter moves; vLLM started with LoRA) or 'merged' (launcher.core.lora)."""
 
     @property
     def server_world(self) -> int:
@@ -197,6 +200,7 @@ def plan(cfg: JobConfig, job_dir: str) -> Plan:
         trainer_shutdown_s=shutdown,
         bootstrap_grace_s=shutdown + 10,
         data_parallel_size=dp,
+        lora_push=lora_push(cfg)[0],
     )
     return replace(p, derivation=derivation(p))
 
@@ -226,4 +230,4 @@ def derivation(p: Plan) -> list[str]:
         f"process-group timeout = push_timeout_s + request_timeout_s = {t.push_timeout_s:g} + {t.request_timeout_s:g} s",
         f"trainer shutdown = max(30, signal_seconds - 30) = {p.trainer_shutdown_s} s (preemption checkpoint), "
         f"bootstrap grace {p.bootstrap_grace_s} s",
-    ]
+    ] + ([f"LoRA push = {p.lora_push}: {lora_push(p.config)[1]}"] if p.lora_push else [])

@@ -12,6 +12,7 @@ from pathlib import Path
 
 from launcher.core.config import ConfigError
 from launcher.core.jobdir import PLUGIN_ENV, Env, JobDir
+from launcher.core.lora import ADAPTER, serving_rank
 from launcher.core.plan import Plan
 
 IN_JOB = JobDir(Path())
@@ -78,6 +79,8 @@ def vllm_command(plan: Plan, node: int, python: str = "python", allocated: str |
         argv += ["--data-parallel-size", str(plan.data_parallel_size)]
     if v.max_model_len:
         argv += ["--max-model-len", str(v.max_model_len)]
+    if plan.lora_push == ADAPTER:  # the trainer pushes only its adapter, loaded at run time (trainer.push.adapter)
+        argv += ["--enable-lora", "--max-lora-rank", str(serving_rank(plan.config.trainer.lora.r))]
     argv += list(v.extra_args)
     env = {
         **OFFLINE_ENV,
@@ -91,6 +94,8 @@ def vllm_command(plan: Plan, node: int, python: str = "python", allocated: str |
         # vLLM's ipc engine receives the trainer's CUDA IPC handles pickled over HTTP; it refuses them
         # without this. The server listens on 127.0.0.1 only, so only this node's processes can post.
         env["VLLM_ALLOW_INSECURE_SERIALIZATION"] = "1"
+    if plan.lora_push == ADAPTER:
+        env["VLLM_ALLOW_RUNTIME_LORA_UPDATING"] = "1"  # opens /v1/load_lora_adapter (loopback only, as above)
     if plan.device == "cpu":
         env.update({"VLLM_CPU_KVCACHE_SPACE": str(v.cpu_kvcache_gib), PLUGIN_ENV: "1", "CUDA_VISIBLE_DEVICES": ""})
     return NodeCommand(name="vllm", argv=argv, env=env, log=str(IN_JOB.log(node, "vllm")))
