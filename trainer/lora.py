@@ -18,6 +18,7 @@ adapter name)."""
 from __future__ import annotations
 
 import math
+from pathlib import Path
 from typing import Any
 
 import torch
@@ -105,3 +106,41 @@ def adapter_params(model: torch.nn.Module) -> list[tuple[str, torch.Tensor]]:
 def scaling(lora: LoraConfig) -> float:
     """peft's scaling of B @ A (not rank-stabilised): alpha / r."""
     return lora.scale_alpha / lora.r
+
+
+def save_outputs(model: torch.nn.Module, lora: LoraConfig, base_model: str, job_dir: Path, dtype: torch.dtype) -> list[Path]:
+    """Collective (every rank gathers). Rank 0 writes the final adapter in peft's format into JOB/adapter (fp32, as
+    trained: PeftModel.from_pretrained(base, JOB/adapter)) and, with trainer.lora.save_merged, the merged model into
+    JOB/merged (in `dtype`, with the base's config and tokenizer files: from_pretrained-loadable). Returns what it wrote."""
+    import shutil
+
+    import torch.distributed as dist
+
+    from launcher.core.jobdir import JobDir
+    from trainer.push.adapter import gather_adapter, merged_params, write_adapter
+    from trainer.push.gather import iter_unsharded_params
+
+    rank0 = dist.get_rank() == 0
+    out = JobDir(job_dir)
+    tensors = gather_adapter(model, torch.float32, keep=rank0)
+    written = []
+    if rank0:
+        write_adapter(out.adapter, tensors, lora, base_model)
+        written.append(out.adapter)
+    if lora.save_merged:
+        merged = {n: t.cpu() for n, t in merged_params(iter_unsharded_params(model, dtype), scaling(lora), dtype)}
+        if rank0:
+            from safetensors.torch import save_file
+
+            tmp = out.merged.with_name(out.merged.name + ".tmp")
+            shutil.rmtree(tmp, ignore_errors=True)
+            tmp.mkdir(parents=True)
+            save_file(merged, str(tmp / "model.safetensors"), metadata={"format": "pt"})
+            for f in Path(base_model).iterdir():  # config, generation config, tokenizer: everything but the weights
+                if f.is_file() and not f.name.endswith((".safetensors", ".bin")) and f.name != "model.safetensors.index.json":
+                    shutil.copy2(f, tmp / f.name)
+            shutil.rmtree(out.merged, ignore_errors=True)
+            tmp.rename(out.merged)
+            written.append(out.merged)
+    dist.barrier()
+    return written

@@ -166,6 +166,8 @@ class NodeFigures:
     """Pushes so far that paused requests sent ahead (max_staleness >= 2) and resumed them after."""
     pushes_paused_running: int = 0
     """Of those, the ones where a paused request was still generating."""
+    push_bytes: int | None = None
+    """What the last push moved to the server: every weight's bytes, or only the adapter's (trainer.lora)."""
 
     @classmethod
     def from_dict(cls, d: Mapping[str, Any]) -> NodeFigures:
@@ -206,6 +208,7 @@ class StepRow:
     ahead_misses: dict[str, int] = field(default_factory=dict)
     pushes_paused: dict[str, int] = field(default_factory=dict)
     pushes_paused_running: dict[str, int] = field(default_factory=dict)
+    push_bytes: dict[str, int | None] = field(default_factory=dict)
     is_ratio_mean: float | None = None
     """TRL's importance-sampling ratio (asynchronous generation)."""
     logp_mismatch_mean: float | None = None
@@ -230,6 +233,7 @@ class StepRow:
         "ahead_misses",
         "pushes_paused",
         "pushes_paused_running",
+        "push_bytes",
     )
     """The fields that hold one value per node."""
 
@@ -269,6 +273,7 @@ class StepRow:
             ahead_misses={str(n): f.ahead_misses for n, f in nodes},
             pushes_paused={str(n): f.pushes_paused for n, f in nodes},
             pushes_paused_running={str(n): f.pushes_paused_running for n, f in nodes},
+            push_bytes={str(n): f.push_bytes for n, f in nodes},
             is_ratio_mean=logs.get("sampling/importance_sampling_ratio/mean"),
             logp_mismatch_mean=logs.get("sampling/sampling_logp_difference/mean"),
             gen_tokens_per_s=round(sum(tps.values()), 1) if tps else None,

@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import sys
 import time
+from collections.abc import Iterator
 from dataclasses import dataclass
 
 import torch
@@ -57,7 +58,7 @@ class NodePusher:
         a half-written model. A push that fails in between raises its own error within trainer.push_timeout_s plus
         RESUME_AFTER_FAILURE_S: the resume after it is best effort (the engine may be stuck in the transfer)."""
         t0 = time.time()
-        params = iter_unsharded_params(self.model, self.settings.dtype)
+        params = self.params()
         if self.client is None:
             for _ in params:  # the leader's gathers need every rank of the mesh
                 pass
@@ -77,6 +78,10 @@ class NodePusher:
             self.client.resume(step)
         self.pushes += 1
         return time.time() - t0
+
+    def params(self) -> Iterator[tuple[str, torch.Tensor]]:
+        """What a push sends, in self.meta's order (trainer.push.adapter's merged LoRA push sends other tensors)."""
+        return iter_unsharded_params(self.model, self.settings.dtype)
 
 
 RESUME_AFTER_FAILURE_S = 5.0

@@ -41,7 +41,8 @@ import torch.distributed as dist
 from launcher.core.plan import Plan
 from launcher.core.records import NodeFigures, NodeFinal, ParityRecord
 from trainer.parallel import Parallel
-from trainer.push.pusher import NodePusher, PushSettings
+from trainer.push.adapter import LoraPush, make_pusher, push_bytes
+from trainer.push.pusher import PushSettings
 from trainer.rollout.ahead import AheadQueue, Completions, timed_complete
 from trainer.rollout.parity import ParityChecker
 from trainer.rollout.server import ServerError, VllmServer
@@ -67,6 +68,8 @@ class GenerationSettings:
     max_steps: int = 0
     server_engines: int = 1
     """vLLM engines behind the node's server (vllm.data_parallel_size): parity is checked on each."""
+    lora: LoraPush | None = None
+    """trainer.lora: how the push moves the adapter (trainer.push.adapter); model is then the adapter's name."""
 
     @staticmethod
     def from_plan(plan: Plan, node: int, dtype: torch.dtype) -> GenerationSettings:
@@ -79,9 +82,10 @@ class GenerationSettings:
             dtype=dtype,
             bucket_bytes=t.bucket_mb * 2**20,
         )
+        lora = LoraPush.from_plan(plan, node)
         return GenerationSettings(
             server_url=n.server_url,
-            model=plan.config.vllm.model,
+            model=(lora and lora.served_name) or plan.config.vllm.model,
             node=node,
             request_timeout_s=t.request_timeout_s,
             push=push,
@@ -90,6 +94,7 @@ class GenerationSettings:
             max_staleness=t.max_staleness,
             max_steps=t.max_steps,
             server_engines=plan.data_parallel_size,
+            lora=lora,
         )
 
 
@@ -144,7 +149,7 @@ class NodeRollout:
             self.client = VllmServer(s.server_url, s.model, par.node, s.request_timeout_s)
             if s.max_staleness:  # its own client: the main thread's is busy with pushes and parity
                 self.ahead = AheadQueue(VllmServer(s.server_url, s.model, par.node, s.request_timeout_s), s.request_timeout_s)
-        self.pusher = NodePusher(model, self.client, s.push, par.device)
+        self.pusher = make_pusher(model, self.client, s.push, s.lora, par.device)
         self.parity = ParityChecker(
             model,
             self.client,
@@ -228,6 +233,7 @@ class NodeRollout:
             raise ServerError(f"weight push at step {step} (node {self.par.node}) failed: {e}") from e
         if self.par.is_leader:
             self._note(push_s=push_s, parity=after, parity_stale=stale, parity_engines=self.parity.history[-1]["per_engine"])
+            self._note(push_bytes=push_bytes(self.pusher))
             if in_flight:  # pushes that paused later steps' requests; _running: one was still generating then
                 self._note(
                     pushes_paused=self.figures.pushes_paused + 1,
