@@ -5,7 +5,8 @@
 # run `slurm-grpo local` with the one-GPU config (vLLM and the FSDP2 trainer share the GPU, packed ipc push) and,
 # with TRL=1, TRL's own GRPOTrainer in colocate mode on the same model, prompts, reward, batch and steps
 # (gpu/trl_colocate.py). Results under $OUT.   Env: STEPS, RUN_TIMEOUT, MODEL_ARGS, CONFIG, TRL, TAG,
-# EXTRA (more `--set k=v` of the local run), FLOOR=0 (skip the copy-floor measurement).
+# EXTRA (more `--set k=v` of the local run), TRL_SETS (the same as k=v for TRL's run, e.g. trainer.lora.r=16),
+# FLOOR=0 (skip the copy-floor measurement).
 set -uo pipefail
 OUT=${OUT:-/tmp/out}
 STEPS=${STEPS:-30}
@@ -64,7 +65,7 @@ if [ "${TRL:-0}" = 1 ]; then
   nvidia-smi --query-gpu=memory.used --format=csv,noheader,nounits -lms 500 > "$OUT/trl_gpu_mem_used_mib.txt" 2>/dev/null &
   smi=$!
   timeout "${TRL_TIMEOUT:-300}" python3 -m torch.distributed.run --nproc-per-node 1 --master-port 29555 gpu/trl_colocate.py \
-    $CONFIG $MODEL "$OUT/trl.json" $STEPS 2>&1 | grep -E "^\[trl|Error|error" | tail -40
+    $CONFIG $MODEL "$OUT/trl.json" $STEPS ${TRL_SETS:-} 2>&1 | grep -E "^\[trl|Error|error" | tail -40
   kill $smi 2>/dev/null
 fi
 python3 gpu/report.py $JOB "$OUT" 2>&1 | tail -40
