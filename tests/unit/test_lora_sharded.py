@@ -94,3 +94,68 @@ def test_the_sharded_lora_model_trains_its_adapters_only_on_a_frozen_base_in_the
             assert r["adapters_unchanged"] == [], where
     # the adapters' initial values do not depend on the rank (each rank kept its rows of the same full tensor)
     assert res[0]["float32"]["lora_a0"] != 0.0
+
+
+def train_and_save(rank: int, world: int, _port: int, model_dir: str, root: str) -> dict[str, Any]:
+    """Two AdamW steps of the LoRA model, a checkpoint; returns the adapters as trained (whole) and the files written."""
+    import torch
+    import torch.distributed as dist
+
+    from launcher.core.config import LoraConfig
+    from launcher.core.records import CheckpointMeta
+    from trainer import checkpoint
+    from trainer.loading import load_model
+    from trainer.lora import adapter_params
+
+    par = cpu_parallel(rank, world)
+    model, _ = load_model(model_dir, par, torch.float32, lora=LoraConfig(r=4), seed=3)
+    opt = torch.optim.AdamW([p for p in model.parameters() if p.requires_grad], lr=1e-2)
+    ids = torch.arange(2 * 16).reshape(2, 16) % 200
+    for _ in range(2):
+        model(input_ids=ids, labels=ids).loss.backward()
+        opt.step()
+        opt.zero_grad()
+    path = checkpoint.save(Path(root), model, opt, None, CheckpointMeta(step=2, world_size=dist.get_world_size()))
+    return {"adapters": {n: whole(p) for n, p in adapter_params(model)}, "path": str(path)}
+
+
+def load_elsewhere(rank: int, world: int, _port: int, model_dir: str, path: str) -> dict[str, Any]:
+    import torch
+
+    from launcher.core.config import LoraConfig
+    from trainer import checkpoint
+    from trainer.loading import load_model
+    from trainer.lora import adapter_params
+
+    par = cpu_parallel(rank, world)
+    model, _ = load_model(model_dir, par, torch.float32, lora=LoraConfig(r=4), seed=99)  # other initial adapters
+    opt = torch.optim.AdamW([p for p in model.parameters() if p.requires_grad], lr=1e-2)
+    step = checkpoint.load(Path(path), model, opt, None)
+    return {
+        "step": step,
+        "adapters": {n: whole(p) for n, p in adapter_params(model)},
+        "adam_steps": sorted({float(s["step"]) for s in opt.state.values()}),
+    }
+
+
+def test_a_lora_checkpoint_holds_only_the_adapters_and_resumes_on_another_rank_count(tmp_path):
+    import torch
+
+    model_dir = make_model(tmp_path)
+    saved = run_ranks(2, functools.partial(train_and_save, model_dir=model_dir, root=str(tmp_path / "ck")), timeout_s=240)
+    path = saved[0]["path"]
+    from torch.distributed.checkpoint.format_utils import dcp_to_torch_save
+
+    dcp_to_torch_save(path, str(tmp_path / "ck.pt"))
+    keys = list(torch.load(tmp_path / "ck.pt", weights_only=False)["model"])
+    assert keys and all(".lora_" in k for k in keys), keys[:4]  # the frozen base is the model folder's, not saved
+    got = run_ranks(1, functools.partial(load_elsewhere, model_dir=model_dir, path=path), timeout_s=240)[0]
+    assert got["step"] == 2 and got["adam_steps"] == [2.0]
+    want = saved[0]["adapters"]
+    assert sorted(got["adapters"]) == sorted(want)
+    assert all(torch.equal(got["adapters"][n], want[n]) for n in want)  # resharded 2 -> 1 ranks, exact
+
+
+def whole(p) -> Any:
+    """A DTensor parameter's full value (a collective over its mesh)."""
+    return p.full_tensor().clone()
