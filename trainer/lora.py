@@ -128,7 +128,8 @@ def save_outputs(model: torch.nn.Module, lora: LoraConfig, base_model: str, job_
         write_adapter(out.adapter, tensors, lora, base_model)
         written.append(out.adapter)
     if lora.save_merged:
-        merged = {n: t.cpu() for n, t in merged_params(iter_unsharded_params(model, dtype), scaling(lora), dtype)}
+        stream = merged_params(iter_unsharded_params(model, dtype), scaling(lora), dtype)  # every rank gathers
+        merged = {n: t.cpu() for n, t in stream} if rank0 else {n: None for n, _ in stream}  # rank 0 keeps them
         if rank0:
             from safetensors.torch import save_file
 
