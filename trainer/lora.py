@@ -129,7 +129,10 @@ def save_outputs(model: torch.nn.Module, lora: LoraConfig, base_model: str, job_
         written.append(out.adapter)
     if lora.save_merged:
         stream = merged_params(iter_unsharded_params(model, dtype), scaling(lora), dtype)  # every rank gathers
-        merged = {n: t.cpu() for n, t in stream} if rank0 else {n: None for n, _ in stream}  # rank 0 keeps them
+        merged: dict[str, torch.Tensor] = {}
+        for n, t in stream:
+            if rank0:  # rank 0 keeps them
+                merged[n] = t.cpu()
         if rank0:
             from safetensors.torch import save_file
 
