@@ -158,4 +158,4 @@ def test_a_lora_checkpoint_holds_only_the_adapters_and_resumes_on_another_rank_c
 
 def whole(p) -> Any:
     """A DTensor parameter's full value (a collective over its mesh)."""
-    return p.full_tensor().clone()
+    return p.detach().full_tensor().clone()
