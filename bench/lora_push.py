@@ -86,8 +86,9 @@ def report(results: list[dict], model: dict, cmd: str) -> str:
         lines += [
             "",
             f"LoRA moves {full['push_bytes'][0] / lora['push_bytes'][0]:.0f}x fewer bytes per push; its push takes "
-            f"{lora['push_s_median'] / full['push_s_median']:.2f}x the full push's time (the adapter push writes a peft "
-            "folder and vLLM loads it from disk; at this model size the fixed cost of that load dominates).",
+            f"{lora['push_s_median'] / full['push_s_median']:.2f}x the full push's time (adapter push: gather the adapter, write a peft "
+            "folder to node-local disk, vLLM loads it by HTTP; full push: gather every weight, gloo broadcast, vLLM's load). "
+            "Step times differ by more than the push (one run each, 2 shared cores: noise).",
         ]
     return "\n".join(lines) + "\n"
 
