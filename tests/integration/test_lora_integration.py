@@ -85,8 +85,11 @@ def test_lora_pushes_only_the_adapter_keeps_the_base_resumes_and_writes_a_peft_a
     model_bytes = 4 * sum(p.numel() for p in base.parameters())
     print(f"adapter push {expected} bytes vs full push {model_bytes} bytes ({model_bytes / expected:.0f}x)")
     vllm_log = (job / "logs" / "node0-vllm.log").read_text()
-    assert vllm_log.count("Loaded new LoRA adapter") >= 9, vllm_log[-2000:]  # the zero adapter, then one per push
-    assert "/update_weights" not in vllm_log and "/init_weight_transfer" not in vllm_log
+    assert vllm_log.count("Loaded new LoRA adapter") == 10, vllm_log[-2000:]  # the zero adapter, then one per push
+    posts = ("/v1/load_lora_adapter", "/update_weights", "/init_weight_transfer_engine", "/v1/completions")
+    seen = {route: vllm_log.count(f'"POST {route} ') for route in posts}  # the server's access log
+    assert seen["/v1/completions"] > 0 and seen["/v1/load_lora_adapter"] == 10, seen
+    assert seen["/update_weights"] == 0 and seen["/init_weight_transfer_engine"] == 0, seen  # no weight ever sent
 
     # the final adapter: peft's format, loadable, equal to the merged model, not the base
     peft_model = PeftModel.from_pretrained(base, str(job / "adapter"))
