@@ -47,6 +47,7 @@ def save(root: Path, model, optimizer, scheduler, meta: CheckpointMeta) -> Path:
     # each rank's own RNG states, written before the collective save (rank 0 passes it only once every rank is in it)
     torch.save(rng_state(), tmp / f"rng-rank{dist.get_rank()}.pt")
     msd, osd = get_state_dict(model, optimizer, options=state_options(model))
+    msd = without_frozen(model, msd)
     dcp.save({"model": msd, "optim": osd}, checkpoint_id=str(tmp))
     if dist.get_rank() == 0:
         torch.save({"scheduler": scheduler.state_dict() if scheduler is not None else None}, tmp / "trainer_state.pt")
@@ -68,6 +69,13 @@ def state_options(model) -> StateDictOptions | None:
     if all(p.requires_grad for p in model.parameters()):
         return None
     return StateDictOptions(ignore_frozen_params=True, strict=False)
+
+
+def without_frozen(model, msd: dict) -> dict:
+    """The state dict less every name of a frozen parameter: ignore_frozen_params misses the second name of a tied one
+    (a tied embedding's lm_head.weight)."""
+    frozen = {n for n, p in model.named_parameters(remove_duplicate=False) if not p.requires_grad}
+    return {k: v for k, v in msd.items() if k not in frozen}
 
 
 def hold_for_test(tmp: Path) -> None:
@@ -129,7 +137,7 @@ def load(path: Path, model, optimizer, scheduler) -> int:
         )
     options = state_options(model)
     msd, osd = get_state_dict(model, optimizer, options=options)
-    state = {"model": msd, "optim": osd}
+    state = {"model": without_frozen(model, msd), "optim": osd}
     dcp.load(state, checkpoint_id=str(path))
     set_state_dict(model, optimizer, model_state_dict=state["model"], optim_state_dict=state["optim"], options=options)  # type: ignore[arg-type]
     ts = torch.load(path / "trainer_state.pt", weights_only=False)
