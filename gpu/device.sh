@@ -8,6 +8,7 @@
 # EXTRA (more `--set k=v` of the local run), FLOOR=0 (skip the copy-floor measurement), RESTART_STEPS=N (then resume the
 # same job folder for N more steps: the restart's start-up phases and vLLM's compile-cache lines; RESTART_EXTRA: its own
 # `--set k=v`, e.g. trainer.max_staleness=1 to time asynchronous steps on the warm restart).
+# TRL_SETS (the same as k=v for TRL's run, e.g. trainer.lora.r=16).
 set -uo pipefail
 OUT=${OUT:-/tmp/out}
 STEPS=${STEPS:-30}
@@ -57,7 +58,7 @@ if [ "${TRL:-0}" = 1 ]; then
   nvidia-smi --query-gpu=memory.used --format=csv,noheader,nounits -lms 500 > "$OUT/trl_gpu_mem_used_mib.txt" 2>/dev/null &
   smi=$!
   timeout "${TRL_TIMEOUT:-300}" python3 -m torch.distributed.run --nproc-per-node 1 --master-port 29555 gpu/trl_colocate.py \
-    $CONFIG $MODEL "$OUT/trl.json" $STEPS 2>&1 | grep -E "^\[trl|Error|error" | tail -40
+    $CONFIG $MODEL "$OUT/trl.json" $STEPS ${TRL_SETS:-} 2>&1 | grep -E "^\[trl|Error|error" | tail -40
   kill $smi 2>/dev/null
 fi
 python3 gpu/report.py $JOB "$OUT" 2>&1 | tail -40

@@ -3,7 +3,10 @@ on the same work as `slurm-grpo local CONFIG`: the same random model, prompts, r
 length, learning rate and steps. The bar the project's one-GPU path is measured against (gpu/RESULTS.md).
 Timing only wraps TRL's calls (generate, sync_weights); nothing of TRL is changed.
 
-    python -m torch.distributed.run --nproc-per-node 1 gpu/trl_colocate.py CONFIG MODEL OUT.json STEPS
+    python -m torch.distributed.run --nproc-per-node 1 gpu/trl_colocate.py CONFIG MODEL OUT.json STEPS [KEY=VALUE ...]
+
+KEY=VALUE: more config overrides, e.g. trainer.lora.r=16: TRL then gets the same peft LoraConfig as the project's run
+(`peft_config`; TRL's colocate mode syncs merged weights into its in-process vLLM).
 """
 
 from __future__ import annotations
@@ -20,6 +23,7 @@ from trl import GRPOTrainer
 
 from launcher.core import config as C
 from trainer import data, rewards
+from trainer import lora as trainer_lora
 from trainer.agents.resolve import resolve as resolve_agents
 from trainer.trl_glue import grpo_config
 
@@ -51,8 +55,8 @@ def timed(obj, name: str, into: list[float]) -> None:
     setattr(obj, name, wrapper)
 
 
-def main(config: str, model_path: str, out: str, steps: int) -> None:
-    cfg = C.load(config, [f"vllm.model={model_path}", f"trainer.max_steps={steps}"])
+def main(config: str, model_path: str, out: str, steps: int, sets: list[str] | None = None) -> None:
+    cfg = C.load(config, [f"vllm.model={model_path}", f"trainer.max_steps={steps}", *(sets or [])])
     t, v = cfg.trainer, cfg.vllm
     args = grpo_config(
         Path("/tmp/trl-colocate"),
@@ -76,6 +80,7 @@ def main(config: str, model_path: str, out: str, steps: int) -> None:
         processing_class=tok,
         callbacks=[steps_cb],
         **(agents.trainer_kwargs() if agents else {}),
+        peft_config=trainer_lora.peft_config(t.lora) if t.lora.enabled else None,
     )
     gen_s: list[float] = []
     push_s: list[float] = []
@@ -86,7 +91,7 @@ def main(config: str, model_path: str, out: str, steps: int) -> None:
     rows = steps_cb.rows
     later = rows[1:] or rows
     res = {
-        "what": "TRL GRPOTrainer colocate",
+        "what": "TRL GRPOTrainer colocate" + (f", LoRA r={t.lora.r}" if t.lora.enabled else ""),
         "build_s": round(build_s, 1),
         "steps": len(rows),
         "step_s_median": round(statistics.median(r["step_s"] for r in later), 3),
@@ -106,4 +111,4 @@ def main(config: str, model_path: str, out: str, steps: int) -> None:
 
 
 if __name__ == "__main__":
-    main(sys.argv[1], sys.argv[2], sys.argv[3], int(sys.argv[4]))
+    main(sys.argv[1], sys.argv[2], sys.argv[3], int(sys.argv[4]), sys.argv[5:])

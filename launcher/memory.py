@@ -16,6 +16,11 @@ common model shapes. An estimate with stated terms, not a measurement (gpu/RESUL
                  full: the whole fp32 model 4P on every rank, in host memory and then on the GPU
   vLLM           bf16 weights 2P / tensor_parallel_size; needs to fit in gpu_memory_utilization of its GPUs with
                  room for the KV cache
+  with LoRA      (trainer.lora.r = r > 0; A = adapter parameters, r x (in + out) per adapted projection)
+                 state: the frozen base in the compute dtype bP/S (no gradients, no AdamW) + the adapters 16A/S;
+                 gathered: the base units in the compute dtype, the adapters too, and one layer's adapter gradient;
+                 activations: as without (the base's input gradients still flow) plus the rank-r intermediates,
+                 2 T r bytes per adapted projection and layer; at load the base shards are bP/S
 """
 
 from __future__ import annotations
@@ -80,10 +85,15 @@ class Options:
     reference_model: bool = False
     """trainer.beta > 0: TRL builds a reference model on every rank, a whole unsharded copy in the policy's dtype
     (fp32 here: the FSDP2 master weights); not an option to turn on for memory, so settings() leaves it out."""
+    lora_r: int = 0
+    """trainer.lora.r: adapters of this rank on a frozen base (0 = full fine-tuning)."""
+    lora_targets: tuple[str, ...] = ()
+    """trainer.lora.target_modules (projection names)."""
 
     def settings(self) -> list[str]:
         """The trainer.* settings that make these options."""
-        out = [f"trainer.{n}=true" for n in ("activation_checkpointing", "cpu_offload") if getattr(self, n)]
+        out = [f"trainer.lora.r={self.lora_r}"] if self.lora_r else []
+        out += [f"trainer.{n}=true" for n in ("activation_checkpointing", "cpu_offload") if getattr(self, n)]
         return out + ([] if self.sharded_loading else ["trainer.model_loading=full"])
 
     def describe(self) -> str:
@@ -111,6 +121,8 @@ class Estimate:
     budget_gb: float | None
     """What a trainer rank may use of its GPU (the GPU minus vLLM's share on a shared GPU); None = GPU unknown."""
     vllm_budget_gb: float | None
+    adapter_params_m: float = 0.0
+    """LoRA: the adapters' parameters in millions (0 without LoRA)."""
 
     @property
     def fits(self) -> bool | None:
@@ -119,24 +131,50 @@ class Estimate:
         return max(self.gpu_gb, self.load_gpu_gb) <= self.budget_gb and self.vllm_weights_gb <= 0.8 * self.vllm_budget_gb
 
 
+def projections(shape: ModelShape) -> dict[str, tuple[int, int]]:
+    """(in, out) features of each linear projection of a decoder layer (Llama/Qwen2/Mistral names)."""
+    h, q, kv, i = shape.hidden, shape.heads * shape.head_dim, shape.kv_heads * shape.head_dim, shape.intermediate
+    return {
+        "q_proj": (h, q),
+        "k_proj": (h, kv),
+        "v_proj": (h, kv),
+        "o_proj": (q, h),
+        "gate_proj": (h, i),
+        "up_proj": (h, i),
+        "down_proj": (i, h),
+    }
+
+
+def adapter_layer_params(shape: ModelShape, r: int, targets: tuple[str, ...]) -> int:
+    """LoRA parameters of one decoder layer: r x (in + out) per adapted projection (A is r x in, B is out x r)."""
+    return sum(r * (i + o) for name, (i, o) in projections(shape).items() if name in targets)
+
+
 def estimate(shape: ModelShape, lay: Layout, opt: Options) -> Estimate:
     p, s, b = shape.params, lay.shard_ranks, lay.compute_bytes
-    state = 16 * p / s
-    if s == 1 and not opt.cpu_offload:  # one rank per shard group keeps every unit gathered (trainer.parallel.shard_model)
-        gathered = b * p + 4 * shape.layer_params
-    else:
-        gathered = b * shape.root_params + 2 * b * shape.layer_params + 4 * shape.layer_params
+    a_layer = adapter_layer_params(shape, opt.lora_r, opt.lora_targets) if opt.lora_r else 0
+    a = a_layer * shape.layers
     t = lay.completions_per_rank * (PROMPT_TOKENS + lay.completion_tokens)
-    per_layer = t * (16 * shape.hidden + 8 * shape.intermediate)
+    if opt.lora_r:  # the base frozen in the compute dtype; fp32 params, grads and AdamW for the adapters only
+        state = (b * p + 16 * a) / s
+        gathered = b * shape.root_params + 2 * b * (shape.layer_params + a_layer) + 4 * a_layer
+    else:
+        state = 16 * p / s
+        gathered = b * shape.root_params + 2 * b * shape.layer_params + 4 * shape.layer_params
+    if s == 1 and not opt.cpu_offload:  # one rank per shard group keeps every unit gathered (trainer.parallel.shard_model)
+        gathered = b * (p + a) + 4 * (a_layer if opt.lora_r else shape.layer_params)
+    adapted = sum(1 for name in projections(shape) if name in opt.lora_targets) if opt.lora_r else 0
+    per_layer = t * (16 * shape.hidden + 8 * shape.intermediate + 2 * opt.lora_r * adapted)
     acts = (2 * t * shape.hidden * shape.layers + per_layer) if opt.activation_checkpointing else per_layer * shape.layers
     logits = 6 * t * shape.vocab
     reference = 4 * p if opt.reference_model else 0
-    push_buffer = min(2 * p, lay.push_buffer_bytes)
+    push_buffer = 0 if opt.lora_r else min(2 * p, lay.push_buffer_bytes)  # an adapter push stages no full weights
     on_gpu_state = 0 if opt.cpu_offload else state
     gpu = (on_gpu_state + gathered + acts + logits + reference + push_buffer) / GB + OVERHEAD_GB
+    master = (b * p + 4 * a) if opt.lora_r else 4 * p  # the parameters as loaded: the base in the compute dtype with LoRA
     if opt.sharded_loading:  # a rank's read buffer: its rows of one tensor, stored in bf16
-        load_gpu = (0 if opt.cpu_offload else 4 * p / s) / GB + OVERHEAD_GB
-        load_host = lay.ranks_per_node * ((4 * p / s if opt.cpu_offload else 0) + 2 * shape.largest_tensor / s) / GB
+        load_gpu = (0 if opt.cpu_offload else master / s) / GB + OVERHEAD_GB
+        load_host = lay.ranks_per_node * ((master / s if opt.cpu_offload else 0) + 2 * shape.largest_tensor / s) / GB
     else:
         load_gpu = (0 if opt.cpu_offload else 4 * p) / GB + OVERHEAD_GB
         load_host = lay.ranks_per_node * 4 * p / GB
@@ -159,6 +197,7 @@ def estimate(shape: ModelShape, lay: Layout, opt: Options) -> Estimate:
         vllm_weights_gb=2 * p / lay.tensor_parallel_size / GB,
         budget_gb=budget,
         vllm_budget_gb=vllm_share,
+        adapter_params_m=a / 1e6,
     )
 
 
@@ -185,14 +224,15 @@ def gpu_name(*names: str) -> str:
     return ""
 
 
-def cheapest_fit(shape: ModelShape, lay: Layout, reference_model: bool = False) -> Options | None:
+def cheapest_fit(shape: ModelShape, lay: Layout, reference_model: bool = False, base: Options | None = None) -> Options | None:
     """The first option set that fits, from the fastest: none, activation checkpointing, both (a reference model,
-    trainer.beta > 0, stays in every one)."""
+    trainer.beta > 0, and LoRA, from `base`, stay in every one)."""
     ref = reference_model
+    lora = {"lora_r": base.lora_r, "lora_targets": base.lora_targets} if base is not None else {}
     for opt in (
-        Options(reference_model=ref),
-        Options(activation_checkpointing=True, reference_model=ref),
-        Options(activation_checkpointing=True, cpu_offload=True, reference_model=ref),
+        Options(reference_model=ref, **lora),  # type: ignore[arg-type]
+        Options(activation_checkpointing=True, reference_model=ref, **lora),  # type: ignore[arg-type]
+        Options(activation_checkpointing=True, cpu_offload=True, reference_model=ref, **lora),  # type: ignore[arg-type]
     ):
         if estimate(shape, lay, opt).fits:
             return opt
@@ -206,7 +246,14 @@ def report(shape: ModelShape, lay: Layout, opt: Options) -> list[str]:
     lines = [
         f"model {e.params_b:.2f}B parameters; shards over {lay.shard_ranks} ranks; options: {opt.describe()}; "
         f"T = {lay.completions_per_rank} completions x ({PROMPT_TOKENS} prompt + {lay.completion_tokens}) tokens per rank",
-        f"per trainer rank: state {e.state_gb:.1f} GB on the {where} (fp32 params + grads + AdamW), gathered units "
+        f"per trainer rank: state {e.state_gb:.1f} GB on the {where} "
+        + (
+            f"(frozen base in {'bf16' if lay.compute_bytes == 2 else 'fp32'} + LoRA r={opt.lora_r} adapters "
+            f"{e.adapter_params_m:.1f}M: fp32 params + grads + AdamW)"
+            if opt.lora_r
+            else "(fp32 params + grads + AdamW)"
+        )
+        + ", gathered units "
         f"{e.gathered_gb:.1f}, activations {e.activations_gb:.1f}, logits {e.logits_gb:.1f}, overhead {OVERHEAD_GB:.0f}"
         + (f", reference model {e.reference_gb:.1f} (trainer.beta > 0: TRL's unsharded fp32 copy)" if e.reference_gb else "")
         + (f", ipc push buffer {e.push_buffer_gb:.1f} (trainer.ipc_buffer_mb)" if e.push_buffer_gb else "")
@@ -229,7 +276,7 @@ def report(shape: ModelShape, lay: Layout, opt: Options) -> list[str]:
             f"{e.vllm_budget_gb:.0f} GB: raise vllm.tensor_parallel_size"
         )
     if max(e.gpu_gb, e.load_gpu_gb) > e.budget_gb:
-        fix = cheapest_fit(shape, lay, opt.reference_model)
+        fix = cheapest_fit(shape, lay, opt.reference_model, opt)
         lines.append(
             f"WARNING: a trainer rank needs ~{max(e.gpu_gb, e.load_gpu_gb):.0f} GB, over the {e.budget_gb:.0f} GB it has; "
             + (
@@ -260,7 +307,14 @@ def layout(p: Plan) -> Layout:
 
 def options(p: Plan) -> Options:
     t = p.config.trainer
-    return Options(t.activation_checkpointing, t.cpu_offload, t.model_loading == "sharded", reference_model=t.beta > 0)
+    return Options(
+        t.activation_checkpointing,
+        t.cpu_offload,
+        t.model_loading == "sharded",
+        reference_model=t.beta > 0,
+        lora_r=t.lora.r,
+        lora_targets=tuple(t.lora.target_modules),
+    )
 
 
 def plan_report(p: Plan) -> list[str]:
@@ -269,12 +323,14 @@ def plan_report(p: Plan) -> list[str]:
     return report(shape, layout(p), options(p)) if shape else []
 
 
-def fit_table(lay: Layout, names: list[str] | None = None) -> list[str]:
+def fit_table(lay: Layout, names: list[str] | None = None, base: Options | None = None) -> list[str]:
     """Which common model shapes fit nodes like this layout's: the smallest vLLM TP whose weights leave room for a
-    KV cache, the trainer ranks left, and the cheapest options under hsdp and under fsdp."""
+    KV cache, the trainer ranks left, and the cheapest options under hsdp and under fsdp. base: the config's LoRA
+    (trainer.lora), kept in every row."""
     gpus = lay.ranks_per_node + (0 if lay.shared_gpu else lay.tensor_parallel_size)
+    lora = f"LoRA r={base.lora_r} on a frozen base, " if base is not None and base.lora_r else ""
     lines = [
-        f"memory: which models fit {lay.nodes} node(s) x {gpus} GPU(s) of {lay.gpu_gb:g} GB, vLLM at "
+        f"memory: {lora}which models fit {lay.nodes} node(s) x {gpus} GPU(s) of {lay.gpu_gb:g} GB, vLLM at "
         f"gpu_memory_utilization {lay.vllm_fraction:g}, T = {lay.completions_per_rank} x ({PROMPT_TOKENS} + "
         f"{lay.completion_tokens}) tokens per rank (estimate: launcher/memory.py)",
         f"  {'model':<14} {'params':>7} {'TP':>3} {'ranks':>5}  {'hsdp: cheapest options that fit':<48} {'fsdp (shards over all ranks)'}",
@@ -290,12 +346,13 @@ def fit_table(lay: Layout, names: list[str] | None = None) -> list[str]:
         cells = []
         for shard in (ranks, ranks * lay.nodes):
             sub = Layout(**{**lay.__dict__, "tensor_parallel_size": tp, "ranks_per_node": ranks, "shard_ranks": shard})
-            fix = cheapest_fit(shape, sub)
+            fix = cheapest_fit(shape, sub, base=base)
             if fix is None:
                 cells.append("does not fit")
                 continue
             f = estimate(shape, sub, fix)
             short = fix.describe().replace("trainer.", "").replace("=true", "").replace("activation_checkpointing", "AC")
+            short = short.split(", ", 1)[1] if fix.lora_r and ", " in short else ("none" if fix.lora_r else short)
             cells.append(
                 f"{short} (~{f.gpu_gb:.0f} GB/GPU" + (f", {f.host_gb_per_node:.0f} GB host/node)" if fix.cpu_offload else ")")
             )

@@ -25,7 +25,7 @@ from pathlib import Path
 from launcher.core.config import ConfigError, JobConfig, load
 from launcher.core.plan import plan
 from launcher.core.shape import ModelShape
-from launcher.memory import Layout, fit_table, gpu_name, layout
+from launcher.memory import Layout, fit_table, gpu_name, layout, options
 from launcher.startup import STARTUP_DEFAULTS, predict_startup, processes_per_node, startup_table
 
 DEFAULTS = {
@@ -400,12 +400,13 @@ def main(a) -> int:
     rows = predict(nodes, params, per, cfg.trainer.per_device_train_batch_size, cfg.trainer.max_completion_length, figures)
     print_scaling(rows, params, per, cfg, figures)
     print_split(cfg, nodes[-1], params, per, figures)
-    lay = layout(plan(cfg, ""))
+    p = plan(cfg, "")
+    lay = layout(p)
     if not lay.gpu_gb:
         lay = Layout(**{**lay.__dict__, "gpu_gb": 80.0})
         print("(GPU memory not in the config: the memory table assumes 80 GB; set slurm.gpu_memory_gb)")
     print()
-    print("\n".join(fit_table(lay)))
+    print("\n".join(fit_table(lay, base=options(p))))
     print_startup(cfg, nodes)
     if a.plot:
         plot(a.plot, nodes, rows)

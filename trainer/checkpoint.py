@@ -14,7 +14,7 @@ from pathlib import Path
 import torch
 import torch.distributed as dist
 import torch.distributed.checkpoint as dcp
-from torch.distributed.checkpoint.state_dict import get_state_dict, set_state_dict
+from torch.distributed.checkpoint.state_dict import StateDictOptions, get_state_dict, set_state_dict
 
 from launcher.core.jobdir import checkpoint_meta, meta_file
 from launcher.core.jobdir import complete_checkpoints as step_dirs
@@ -46,7 +46,8 @@ def save(root: Path, model, optimizer, scheduler, meta: CheckpointMeta) -> Path:
     dist.barrier()
     # each rank's own RNG states, written before the collective save (rank 0 passes it only once every rank is in it)
     torch.save(rng_state(), tmp / f"rng-rank{dist.get_rank()}.pt")
-    msd, osd = get_state_dict(model, optimizer)
+    msd, osd = get_state_dict(model, optimizer, options=state_options(model))
+    msd = without_frozen(model, msd)
     dcp.save({"model": msd, "optim": osd}, checkpoint_id=str(tmp))
     if dist.get_rank() == 0:
         torch.save({"scheduler": scheduler.state_dict() if scheduler is not None else None}, tmp / "trainer_state.pt")
@@ -60,6 +61,21 @@ def save(root: Path, model, optimizer, scheduler, meta: CheckpointMeta) -> Path:
             shutil.rmtree(old, ignore_errors=True)
     dist.barrier()
     return final
+
+
+def state_options(model) -> StateDictOptions | None:
+    """A model with frozen parameters (trainer.lora: the base) checkpoints only what trains (the adapters and their
+    AdamW state): the frozen base is the model folder's, read again at every start. None: everything (full training)."""
+    if all(p.requires_grad for p in model.parameters()):
+        return None
+    return StateDictOptions(ignore_frozen_params=True, strict=False)
+
+
+def without_frozen(model, msd: dict) -> dict:
+    """The state dict less every name of a frozen parameter: ignore_frozen_params misses the second name of a tied one
+    (a tied embedding's lm_head.weight)."""
+    frozen = {n for n, p in model.named_parameters(remove_duplicate=False) if not p.requires_grad}
+    return {k: v for k, v in msd.items() if k not in frozen}
 
 
 def hold_for_test(tmp: Path) -> None:
@@ -119,10 +135,11 @@ def load(path: Path, model, optimizer, scheduler) -> int:
             f"resharding checkpoint {path.name}: written by {info.world_size} ranks, loaded by {dist.get_world_size()}",
             flush=True,
         )
-    msd, osd = get_state_dict(model, optimizer)
-    state = {"model": msd, "optim": osd}
+    options = state_options(model)
+    msd, osd = get_state_dict(model, optimizer, options=options)
+    state = {"model": without_frozen(model, msd), "optim": osd}
     dcp.load(state, checkpoint_id=str(path))
-    set_state_dict(model, optimizer, model_state_dict=state["model"], optim_state_dict=state["optim"])  # type: ignore[arg-type]
+    set_state_dict(model, optimizer, model_state_dict=state["model"], optim_state_dict=state["optim"], options=options)  # type: ignore[arg-type]
     ts = torch.load(path / "trainer_state.pt", weights_only=False)
     if scheduler is not None and ts["scheduler"] is not None:
         scheduler.load_state_dict(ts["scheduler"])

@@ -20,7 +20,7 @@ import json
 import math
 import struct
 import time
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -28,6 +28,8 @@ from typing import Any
 import torch
 from torch.distributed.tensor import DTensor
 
+from launcher.core.config import LoraConfig
+from trainer import lora as trainer_lora
 from trainer import parallel, trl_glue
 from trainer.parallel import Parallel
 
@@ -145,13 +147,17 @@ def persistent_buffers(model: torch.nn.Module) -> Iterator[tuple[str, torch.Tens
 
 
 @torch.no_grad()
-def fill_from_checkpoint(model: torch.nn.Module, store: SafetensorsDir) -> int:
-    """Copy every parameter's and persistent buffer's owned rows from the checkpoint; returns the bytes read."""
+def fill_from_checkpoint(model: torch.nn.Module, store: SafetensorsDir, rename: Callable[[str], str | None] = str) -> int:
+    """Copy every parameter's and persistent buffer's owned rows from the checkpoint; returns the bytes read.
+    rename: the checkpoint's name of a model name, None for one no checkpoint holds (a LoRA adapter: trainer.lora)."""
     read = 0
     names = aliases(model)
     targets: list[tuple[list[str], torch.Tensor]] = [(names[id(p)], p) for _, p in model.named_parameters()]
     targets += [([n], b) for n, b in persistent_buffers(model)]
+    targets = [([r for r in map(rename, c) if r is not None], t) for c, t in targets]
     for candidates, t in targets:
+        if not candidates:
+            continue
         name = next((n for n in candidates if n in store.tensors), None)
         if name is None:
             raise LoadError(
@@ -201,12 +207,15 @@ def load_model(
     loader: str = "sharded",
     activation_checkpointing: bool = False,
     cpu_offload: bool = False,
+    lora: LoraConfig | None = None,
+    seed: int = 0,
 ) -> tuple[Any, LoadReport]:
     """The model sharded with FSDP2 on the plan's mesh, fp32 master weights, ready to train.
 
     loader "sharded": meta device, shard, fill each rank's rows (peak: this rank's shard plus one tensor's rows).
     loader "full": `from_pretrained` of the whole model on every rank, then shard (peak: the whole fp32 model per
-    rank); kept for checkpoints whose tensor names need renaming on load."""
+    rank); kept for checkpoints whose tensor names need renaming on load.
+    lora (enabled): peft adapters added before sharding, the base frozen in param_dtype (trainer.lora)."""
     from transformers import AutoConfig, AutoModelForCausalLM, GenerationConfig
 
     t0 = time.time()
@@ -214,6 +223,8 @@ def load_model(
         model = AutoModelForCausalLM.from_pretrained(model_dir, dtype=torch.float32)
         read = sum(p.numel() * 4 for p in model.parameters())
         _prepare(model, activation_checkpointing)
+        if lora is not None and lora.enabled:
+            model = trainer_lora.apply(model, lora, param_dtype, model_dir)  # type: ignore[assignment]
         if not cpu_offload:
             model = model.to(par.device)  # type: ignore[arg-type]
         parallel.shard_model(model, par, param_dtype, cpu_offload=cpu_offload)
@@ -222,6 +233,8 @@ def load_model(
                 for b, v in mod._buffers.items():
                     if v is not None:
                         mod._buffers[b] = v.to(par.device)
+        if lora is not None and lora.enabled:
+            trainer_lora.init_adapters(model, seed)
         return model, LoadReport(time.time() - t0, read, loader)
     store = SafetensorsDir(model_dir)
     config = AutoConfig.from_pretrained(model_dir)
@@ -230,10 +243,16 @@ def load_model(
     if (Path(model_dir) / "generation_config.json").exists():
         model.generation_config = GenerationConfig.from_pretrained(model_dir)
     _prepare(model, activation_checkpointing)
+    with_lora = lora is not None and lora.enabled
+    if with_lora:
+        assert lora is not None
+        model = trainer_lora.apply(model, lora, param_dtype, model_dir)  # type: ignore[assignment]
     parallel.shard_model(model, par, param_dtype, cpu_offload=cpu_offload)
     # offloaded shards live in host memory (FSDP2 copies each unit to the GPU for its compute)
     model.to_empty(device=torch.device("cpu") if cpu_offload else par.device)
-    read = fill_from_checkpoint(model, store)
+    read = fill_from_checkpoint(model, store, trainer_lora.base_name if with_lora else str)
+    if with_lora:
+        trainer_lora.init_adapters(model, seed)
     init_nonpersistent_buffers(model, par.device)
     model.eval()  # as from_pretrained returns it; the Trainer switches to train mode
     return model, LoadReport(time.time() - t0, read, loader)

@@ -134,7 +134,8 @@ def shard_model(model: torch.nn.Module, par: Parallel, param_dtype: torch.dtype,
     # to the backward instead of casting it again there (the recompute of activation checkpointing included). Costs
     # the model once in the compute dtype; not with cpu_offload, which exists to keep the GPU free of it.
     keep = shard_group_size(par.mesh) == 1 and not cpu_offload
-    layers = getattr(getattr(model, "model", model), "layers", [])
+    base = model.get_base_model() if hasattr(model, "get_base_model") else model  # type: ignore[operator]  # peft wraps it (trainer.lora)
+    layers = getattr(getattr(base, "model", base), "layers", [])
     for layer in layers:
         fully_shard(layer, mesh=par.mesh, mp_policy=mp, offload_policy=offload, reshard_after_forward=not keep)
     fully_shard(model, mesh=par.mesh, mp_policy=mp, offload_policy=offload, reshard_after_forward=not keep)

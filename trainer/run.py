@@ -20,6 +20,7 @@ from launcher.core.plan import Plan
 from launcher.core.records import Event, FinalRow, NodeFinal
 from trainer import callback as grpo
 from trainer import checkpoint, data, loading, procmem, rewards, tracking, trl_glue
+from trainer import lora as trainer_lora
 from trainer.agents import figures as agent_figures
 from trainer.agents.ahead_rollout import AheadRollout, environment_rewards
 from trainer.agents.generation import RankGeneration
@@ -69,6 +70,12 @@ class Run:
         if self.plan.config.trainer.final_checkpoint:
             tr = self.trainer
             self.callback.save(tr.state, tr.model, tr.optimizer, tr.lr_scheduler, reason="final")
+        lora_outputs = []
+        if self.plan.config.trainer.lora.enabled:  # the adapter in peft's format (and the merged model on request)
+            t = self.plan.config.trainer
+            lora_outputs = trainer_lora.save_outputs(
+                self.trainer.model, t.lora, self.plan.config.vllm.model, Path(self.plan.job_dir), getattr(torch, t.dtype)
+            )
         if self.par.rank == 0:
             job_dir = Path(self.plan.job_dir)
             per_node: dict[str, NodeFinal] = {str(f.node): f for f in finals if f is not None}
@@ -85,6 +92,7 @@ class Run:
                     "dtensor_params": dtensor_params,
                     "peak_memory_per_rank": {str(r): p for r, p in enumerate(peaks)},
                     "final_checkpoint": str(latest[1]) if latest else None,
+                    **({"lora_outputs": [str(p) for p in lora_outputs]} if lora_outputs else {}),
                 },
             )
 
@@ -106,6 +114,8 @@ def build(plan: Plan, par: Parallel, preemption: grpo.PreemptionFlag) -> Run:
         loader=t.model_loading,
         activation_checkpointing=t.activation_checkpointing,
         cpu_offload=t.cpu_offload,
+        lora=t.lora,
+        seed=t.seed,
     )
     node_event(
         Event.MODEL_LOADED, loader=report.loader, seconds=round(report.seconds, 2), read_gb=round(report.bytes_read / 1e9, 3)

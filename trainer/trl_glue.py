@@ -176,6 +176,8 @@ def mark_self_sharded(model: torch.nn.Module) -> None:
     """(9) transformers' Trainer then leaves the model alone (no DDP/accelerate FSDP wrap on top of ours): the same
     flag `from_pretrained(distributed_config=...)` sets."""
     model._is_distributed_loading_by_transformers = True  # type: ignore[assignment]
+    if hasattr(model, "get_base_model"):  # a peft model (trainer.lora): the Trainer reads the flag through to the base
+        model.get_base_model()._is_distributed_loading_by_transformers = True  # type: ignore[operator,union-attr]
 
 
 GenerateOutput = tuple

@@ -169,6 +169,55 @@ class VllmConfig:
             )
 
 
+LORA_TARGETS = ("q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj", "down_proj")
+"""The default adapted layers: every linear projection of a Llama/Qwen2/Mistral decoder layer."""
+LORA_REFUSED_TARGETS = ("embed_tokens", "lm_head", "wte", "word_embeddings")
+LORA_MAX_RANK = 512
+
+
+@dataclass(frozen=True)
+class LoraConfig:
+    r: int = 0
+    """LoRA rank; 0 = off (full fine-tuning). With r > 0 the base model is frozen in trainer.dtype (no fp32 copy, no gradients, no optimizer state) and only the adapters (fp32) train; vLLM serves them with --max-lora-rank r rounded up to one of its ranks."""
+    alpha: int = 0
+    """LoRA alpha (the update is scaled by alpha / r); 0 = 2 x r."""
+    dropout: float = 0.0
+    """Dropout on the adapters' input while training (parity and generation run without it)."""
+    target_modules: list[str] = field(default_factory=lambda: list(LORA_TARGETS))
+    """Linear layers that get adapters, by module name (peft's target_modules); the embedding and the LM head are refused (vLLM 0.32 serves adapters on linear projections)."""
+    push: Literal["auto", "adapter", "merged"] = "auto"
+    """How a push reaches the servers: adapter = only the adapter (peft format, loaded at run time, generation names it); merged = the base with the adapter merged in, through vllm.weight_transfer_backend; auto = adapter where vLLM can serve it (dry-run says which and why)."""
+    save_merged: bool = False
+    """Also write the merged model (base + adapter, safetensors, from_pretrained-loadable) into the job folder at the end; the adapter itself is always written (peft format)."""
+
+    def check(self) -> None:
+        if not 0 <= self.r <= LORA_MAX_RANK:
+            raise ConfigError(
+                f"trainer.lora.r must be 0 (off) to {LORA_MAX_RANK} (vLLM's largest LoRA rank), got {self.r}; 8 to 64 is usual"
+            )
+        if self.alpha < 0:
+            raise ConfigError(f"trainer.lora.alpha must be >= 0 (0 = 2 x r), got {self.alpha}")
+        if not 0 <= self.dropout < 1:
+            raise ConfigError(f"trainer.lora.dropout must be in [0, 1), got {self.dropout}")
+        if self.r and not self.target_modules:
+            raise ConfigError(f"trainer.lora.target_modules is empty: name the linear layers to adapt, e.g. {LORA_TARGETS}")
+        bad = [m for m in self.target_modules if m in LORA_REFUSED_TARGETS]
+        if bad:
+            raise ConfigError(
+                f"trainer.lora.target_modules {bad}: adapters on the embedding or the LM head are not served by vLLM 0.32 "
+                f"and would change the vocabulary rows every push; adapt the linear projections only, e.g. {LORA_TARGETS}"
+            )
+
+    @property
+    def enabled(self) -> bool:
+        return self.r > 0
+
+    @property
+    def scale_alpha(self) -> int:
+        """alpha as peft gets it (0 = 2 x r)."""
+        return self.alpha or 2 * self.r
+
+
 @dataclass(frozen=True)
 class TrainerConfig:
     dataset: str = "data/letters.jsonl"
@@ -249,6 +298,8 @@ class TrainerConfig:
     """Your own episode loop 'pkg.module:function' (TRL's rollout_func(prompts, trainer) -> dict of prompt_ids, completion_ids, logprobs[, env_mask, extra fields]); its trainer's generation backend (generate(prompts=ids, images=None, num_generations=1)) asks this rank's node server with no collective; "" = none."""
     tool_timeout_s: float = 60.0
     """Deadline for one tool call (or environment method); a call that raises or passes it becomes a recorded tool failure the model sees as {"error": ...}, never a stuck rank."""
+    lora: LoraConfig = field(default_factory=LoraConfig)
+    """LoRA: train adapters on a frozen base and push only the adapter: {r, alpha, dropout, target_modules, push, save_merged} (keys below; r 0 = off)."""
 
     MAX_STALENESS: ClassVar[int] = 4
     """max_staleness above this is refused: the policy would learn from completions of a model that old."""
@@ -298,6 +349,7 @@ class TrainerConfig:
         _port("trainer.weight_transfer_port", self.weight_transfer_port)
         _check_grpo(self.grpo)
         _check_agents(self)
+        self.lora.check()
 
     @property
     def multi_turn(self) -> bool:
@@ -389,6 +441,7 @@ MENUS = {
     "trainer.model_loading": Menu(notes={"sharded": "each rank reads its shard"}),
     "trainer.report_to": Menu(example="[wandb, tensorboard]"),
     "trainer.wandb_mode": Menu(notes={"offline": "then `slurm-grpo sync JOB`"}),
+    "trainer.lora.push": Menu(notes={"adapter": "only the adapter moves", "merged": "base + adapter, full weights"}),
 }
 """The error's wording of a choice field, where it says more than "KEY 'x' must be a, b or c"."""
 
@@ -881,6 +934,16 @@ def check_shared_layout(cfg: JobConfig) -> None:
         )
 
 
+def check_lora(cfg: JobConfig) -> None:
+    """LoRA's rules between sections (trainer.lora's own are LoraConfig.check)."""
+    t = cfg.trainer
+    if t.lora.enabled and t.beta:
+        raise ConfigError(
+            f"trainer.beta {t.beta:g} with trainer.lora: TRL would add a reference adapter to the model after it was sharded "
+            "(FSDP2 would not manage it); set trainer.beta: 0 (the default) to train LoRA"
+        )
+
+
 def validate(cfg: JobConfig) -> None:
     """Every check of a config whose values have their types (and choice fields a value of their menu)."""
     # first: a newline in any value (slurm.account: "acme\necho x\n#") would end the sbatch header there and run the
@@ -890,6 +953,7 @@ def validate(cfg: JobConfig) -> None:
     for section in (cfg.slurm, cfg.vllm, cfg.trainer, cfg.job):
         section.check()
     check_job(cfg)
+    check_lora(cfg)
 
 
 def _choices_note(annotation: Any) -> str:

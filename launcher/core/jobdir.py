@@ -4,6 +4,7 @@ of the folder (created owner-only) and of a node's events file."""
 
 from __future__ import annotations
 
+import hashlib
 import os
 import secrets
 import time
@@ -162,6 +163,27 @@ class JobDir:
     @property
     def wandb(self) -> Path:
         return self.root / "wandb"
+
+    # LoRA (trainer.lora)
+    @property
+    def adapter(self) -> Path:
+        """adapter/: the final LoRA adapter in peft's format (PeftModel.from_pretrained(base, JOB/adapter))."""
+        return self.root / "adapter"
+
+    @property
+    def merged(self) -> Path:
+        """merged/: the base with the final adapter merged in (trainer.lora.save_merged), from_pretrained-loadable."""
+        return self.root / "merged"
+
+    def adapter_pushes(self, node: int) -> Path:
+        """Node-local, not in the (shared) job folder: where node i's leader writes each pushed adapter for its own
+        server to load (TMPDIR, else /tmp; one folder per job folder and node, owner-only)."""
+        digest = hashlib.sha1(str(self.root.absolute()).encode()).hexdigest()[:12]
+        return Path(os.environ.get("TMPDIR") or "/tmp") / f"slurm-grpo-adapters-{digest}" / f"node{node}"
+
+    def adapter_push(self, node: int, step: int) -> Path:
+        """The adapter of one push (a new folder each time: vLLM keeps prefix-cache blocks of a path it reloads)."""
+        return self.adapter_pushes(node) / f"step-{step:06d}"
 
     @property
     def tensorboard(self) -> Path:

@@ -13,6 +13,7 @@ from typing import Any
 
 from launcher.core import platform as platform_mod
 from launcher.core.config import ConfigError, JobConfig, rebuild
+from launcher.core.lora import lora_push
 from launcher.core.shape import ModelShape
 
 # The rendezvous host is only known inside the allocation (the first hostname of SLURM_JOB_NODELIST);
@@ -75,6 +76,8 @@ class Plan:
     """vLLM engines behind each node's server (vllm.data_parallel_size), each on tensor_parallel_size GPUs."""
     platform: str = "cuda"
     """job.platform: cuda (a mask per process) or rocm (every process sees the node's GPUs; launcher.core.platform)."""
+    lora_push: str = ""
+    """trainer.lora on: 'adapter' (only the adapter moves; vLLM started with LoRA) or 'merged' (launcher.core.lora)."""
 
     @property
     def server_world(self) -> int:
@@ -211,6 +214,7 @@ def plan(cfg: JobConfig, job_dir: str) -> Plan:
         bootstrap_grace_s=shutdown + 10,
         data_parallel_size=dp,
         platform=cfg.job.platform,
+        lora_push=lora_push(cfg)[0],
     )
     return replace(p, derivation=derivation(p) + platform_mod.derivation_lines(p))
 
@@ -252,4 +256,4 @@ def derivation(p: Plan) -> list[str]:
         f"process-group timeout = push_timeout_s + request_timeout_s = {t.push_timeout_s:g} + {t.request_timeout_s:g} s",
         f"trainer shutdown = max(30, signal_seconds - 30) = {p.trainer_shutdown_s} s (preemption checkpoint), "
         f"bootstrap grace {p.bootstrap_grace_s} s",
-    ]
+    ] + ([f"LoRA push = {p.lora_push}: {lora_push(p.config)[1]}"] if p.lora_push else [])

@@ -168,6 +168,8 @@ class NodeFigures:
     """Of those, the ones where a paused request was still generating."""
     parity_s: float | None = None
     """Seconds the step's parity checks took (the trainer's forward and the server's probes, stale and after)."""
+    push_bytes: int | None = None
+    """What the last push moved to the server: every weight's bytes, or only the adapter's (trainer.lora)."""
 
     @classmethod
     def from_dict(cls, d: Mapping[str, Any]) -> NodeFigures:
@@ -210,6 +212,7 @@ class StepRow:
     pushes_paused_running: dict[str, int] = field(default_factory=dict)
     parity_s: dict[str, float] = field(default_factory=dict)
     """Seconds of the step's parity checks per node (trainer.parity_every)."""
+    push_bytes: dict[str, int | None] = field(default_factory=dict)
     is_ratio_mean: float | None = None
     """TRL's importance-sampling ratio (asynchronous generation)."""
     logp_mismatch_mean: float | None = None
@@ -238,6 +241,7 @@ class StepRow:
         "pushes_paused",
         "pushes_paused_running",
         "parity_s",
+        "push_bytes",
     )
     """The fields that hold one value per node."""
 
@@ -278,6 +282,7 @@ class StepRow:
             pushes_paused={str(n): f.pushes_paused for n, f in nodes},
             pushes_paused_running={str(n): f.pushes_paused_running for n, f in nodes},
             parity_s={str(n): round(f.parity_s, 4) for n, f in nodes if f.parity_s is not None},
+            push_bytes={str(n): f.push_bytes for n, f in nodes},
             is_ratio_mean=logs.get("sampling/importance_sampling_ratio/mean"),
             logp_mismatch_mean=logs.get("sampling/sampling_logp_difference/mean"),
             gen_tokens_per_s=round(sum(tps.values()), 1) if tps else None,

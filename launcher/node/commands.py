@@ -13,6 +13,7 @@ from pathlib import Path
 from launcher.core import platform
 from launcher.core.config import ConfigError
 from launcher.core.jobdir import PLUGIN_ENV, Env, JobDir
+from launcher.core.lora import ADAPTER, serving_rank
 from launcher.core.plan import Plan
 
 IN_JOB = JobDir(Path())
@@ -90,6 +91,8 @@ def vllm_command(plan: Plan, node: int, python: str = "python", allocated: str |
         argv += ["--data-parallel-size", str(plan.data_parallel_size)]
     if v.max_model_len:
         argv += ["--max-model-len", str(v.max_model_len)]
+    if plan.lora_push == ADAPTER:  # the trainer pushes only its adapter, loaded at run time (trainer.push.adapter)
+        argv += ["--enable-lora", "--max-lora-rank", str(serving_rank(plan.config.trainer.lora.r))]
     argv += list(v.extra_args)
     env = {
         **OFFLINE_ENV,
@@ -104,6 +107,8 @@ def vllm_command(plan: Plan, node: int, python: str = "python", allocated: str |
     env.update({"VLLM_CACHE_ROOT": str(cache / "vllm"), "TORCHINDUCTOR_CACHE_DIR": str(cache / "inductor")})
     env["TRITON_CACHE_DIR"] = str(cache / "triton")
     env |= platform.process_env(plan, "vllm")
+    if plan.lora_push == ADAPTER:
+        env["VLLM_ALLOW_RUNTIME_LORA_UPDATING"] = "1"  # opens /v1/load_lora_adapter (the server listens on 127.0.0.1 only)
     if plan.device == "cpu":
         env.update({"VLLM_CPU_KVCACHE_SPACE": str(v.cpu_kvcache_gib), PLUGIN_ENV: "1", "CUDA_VISIBLE_DEVICES": ""})
     argv = platform.bind_prefix(plan.config, n.vllm_gpus) + argv

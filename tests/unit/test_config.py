@@ -150,6 +150,8 @@ CHOICE_ERRORS = [
     ("trainer", {"parity_action": "ignore"}, "trainer.parity_action 'ignore' must be fail or warn"),
     ("job", {"device": "tpu"}, "job.device 'tpu' must be cuda or cpu"),
     ("job", {"platform": "metal"}, "job.platform 'metal' must be cuda or rocm"),
+    ("trainer", {"lora": {"r": 8, "push": "fast"}},
+     "trainer.lora.push 'fast' must be auto, adapter (only the adapter moves) or merged (base + adapter, full weights)"),
     ("trainer", {"dtype": 16}, "trainer.dtype '16' must be bfloat16 or float32"),
 ]  # fmt: skip
 
@@ -357,7 +359,13 @@ def _nested_groups() -> list[str]:
 
 
 def test_the_nested_groups_are_the_ones_the_dotted_set_tests_cover():
-    assert sorted(_nested_groups()) == ["slurm.container", "slurm.extra_sbatch", "slurm.setup_vars", "trainer.grpo"]
+    assert sorted(_nested_groups()) == [
+        "slurm.container",
+        "slurm.extra_sbatch",
+        "slurm.setup_vars",
+        "trainer.grpo",
+        "trainer.lora",
+    ]
 
 
 def test_a_dotted_set_reaches_into_every_nested_group_and_keeps_its_other_keys(tmp_path):
@@ -372,7 +380,7 @@ def test_a_dotted_set_reaches_into_every_nested_group_and_keeps_its_other_keys(t
                     "setup_vars": {"venv": "/v", "modules": "cuda"},
                     "extra_sbatch": {"reservation": "big"},
                 },
-                "trainer": {"grpo": {"loss_type": "dapo"}},
+                "trainer": {"grpo": {"loss_type": "dapo"}, "lora": {"r": 8, "dropout": 0.1}},
             }
         )
     )
@@ -385,8 +393,10 @@ def test_a_dotted_set_reaches_into_every_nested_group_and_keeps_its_other_keys(t
             "slurm.extra_sbatch.comment=hello",
             "trainer.grpo.epsilon=0.3",
             "trainer.grpo.generation_kwargs.top_k=5",
+            "trainer.lora.r=16",
         ],
     )
+    assert (cfg.trainer.lora.r, cfg.trainer.lora.dropout) == (16, 0.1)
     c = cfg.slurm.container
     assert (c.image, c.workdir, c.mounts, c.runtime) == ("nvcr.io#nvidia/pytorch:25.01-py3", "/w", ["/shared:/shared"], "pyxis")
     assert cfg.slurm.setup_vars == {"venv": "/other", "modules": "cuda"}

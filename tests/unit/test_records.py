@@ -49,7 +49,7 @@ TODAYS_STEP_KEYS = {
     "step", "reward", "reward_std", "loss", "kl", "step_s", "push_s", "gen_s", "gen_wait_s", "parity", "parity_stale",
     "parity_engines", "parity_max", "gen_tokens", "gen_tokens_per_s_node", "server_requests", "prompts_digest",
     "staleness", "ahead_misses", "pushes_paused", "pushes_paused_running", "is_ratio_mean", "logp_mismatch_mean",
-    "gen_tokens_per_s", "lr", "rng_digest", "agents",
+    "gen_tokens_per_s", "lr", "rng_digest", "agents", "push_bytes",
 }  # fmt: skip
 """The keys trainer/callback.py on_log wrote before the rows were typed (readers of old folders rely on them)."""
 

@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import sys
 import time
+from collections.abc import Iterator
 from dataclasses import dataclass
 
 import torch
@@ -61,8 +62,7 @@ class NodePusher:
         a half-written model. A push that fails in between raises its own error within trainer.push_timeout_s plus
         RESUME_AFTER_FAILURE_S: the resume after it is best effort (the engine may be stuck in the transfer)."""
         t0 = time.time()
-        # the ipc sender copies each tensor into its staging buffer at once: no copy of its own needed
-        params = iter_unsharded_params(self.model, self.settings.dtype, copy=self.settings.backend != "ipc")
+        params = self.params()
         if self.client is None:
             for _ in params:  # the leader's gathers need every rank of the mesh
                 pass
@@ -87,6 +87,11 @@ class NodePusher:
         parts = ", ".join(f"{k.removesuffix('_s')} {v * 1e3:.1f}" for k, v in self.phases.items())
         print(f"[push node {self.client.node} step {step}] {took * 1e3:.1f} ms: {parts} (ms)", flush=True)
         return took
+
+    def params(self) -> Iterator[tuple[str, torch.Tensor]]:
+        """What a push sends, in self.meta's order (trainer.push.adapter's merged LoRA push sends other tensors)."""
+        # the ipc sender copies each tensor into its staging buffer at once (casting): no copy of the walk's own needed
+        return iter_unsharded_params(self.model, self.settings.dtype, copy=self.settings.backend != "ipc")
 
 
 RESUME_AFTER_FAILURE_S = 5.0

@@ -41,7 +41,8 @@ import torch.distributed as dist
 from launcher.core.plan import Plan
 from launcher.core.records import NodeFigures, NodeFinal, ParityRecord
 from trainer.parallel import Parallel
-from trainer.push.pusher import NodePusher, PushSettings
+from trainer.push.adapter import LoraPush, make_pusher, push_bytes
+from trainer.push.pusher import PushSettings
 from trainer.rollout.ahead import AheadQueue, Completions, timed_complete
 from trainer.rollout.parity import ParityChecker
 from trainer.rollout.server import ServerError, VllmServer
@@ -72,6 +73,8 @@ class GenerationSettings:
     server_start_timeout_s: float = 0.0
     """> 0: the trainer started beside its server (trainer.start_with_server), which may still be starting: every rank
     waits for its /health, up to this long (vllm.health_timeout_s), before its first request or step; 0 = it is up."""
+    lora: LoraPush | None = None
+    """trainer.lora: how the push moves the adapter (trainer.push.adapter); model is then the adapter's name."""
 
     @staticmethod
     def from_plan(plan: Plan, node: int, dtype: torch.dtype) -> GenerationSettings:
@@ -85,9 +88,10 @@ class GenerationSettings:
             bucket_bytes=t.bucket_mb * 2**20,
             ipc_buffer_bytes=t.ipc_buffer_mb * 2**20,
         )
+        lora = LoraPush.from_plan(plan, node)
         return GenerationSettings(
             server_url=n.server_url,
-            model=plan.config.vllm.model,
+            model=(lora and lora.served_name) or plan.config.vllm.model,
             node=node,
             request_timeout_s=t.request_timeout_s,
             push=push,
@@ -98,6 +102,7 @@ class GenerationSettings:
             server_engines=plan.data_parallel_size,
             parity_every=t.parity_every,
             server_start_timeout_s=float(plan.config.vllm.health_timeout_s) if t.start_with_server else 0.0,
+            lora=lora,
         )
 
 
@@ -157,7 +162,7 @@ class NodeRollout:
             (self.client or VllmServer(s.server_url, s.model, par.node, s.request_timeout_s, start)) if start else None
         )
         """Until the first step: the server may still be starting (trainer.start_with_server)."""
-        self.pusher = NodePusher(model, self.client, s.push, par.device)
+        self.pusher = make_pusher(model, self.client, s.push, s.lora, par.device)
         self.parity = ParityChecker(
             model,
             self.client,
@@ -252,6 +257,7 @@ class NodeRollout:
         if self.par.is_leader:
             per_engine = self.parity.history[-1]["per_engine"]
             self._note(push_s=push_s, parity=after, parity_stale=stale, parity_engines=per_engine, parity_s=parity_s)
+            self._note(push_bytes=push_bytes(self.pusher))
             if in_flight:  # pushes that paused later steps' requests; _running: one was still generating then
                 self._note(
                     pushes_paused=self.figures.pushes_paused + 1,

@@ -9,6 +9,7 @@ every failure raises ServerError naming the node, the URL, the route and the tra
   health               GET /health (and wait_started: the first request of a trainer started beside its server)
   init_weight_transfer, start_weight_update, update_weights, finish_weight_update
                        POST /init_weight_transfer_engine, /start_weight_update, /update_weights, /finish_weight_update
+  load_lora_adapter    POST /v1/load_lora_adapter (trainer.lora: the pushed adapter, by name and node-local path)
 """
 
 from __future__ import annotations
@@ -44,6 +45,7 @@ class VllmServer:
     START_WEIGHTS = "/start_weight_update"
     UPDATE_WEIGHTS = "/update_weights"
     FINISH_WEIGHTS = "/finish_weight_update"
+    LOAD_LORA = "/v1/load_lora_adapter"
     RESET_TRIES = 20
     RESET_PAUSE_S = 0.1
 
@@ -274,3 +276,10 @@ class VllmServer:
 
     def finish_weight_update(self, step: int = 0, timeout_s: float | None = None) -> None:
         self.post(self.FINISH_WEIGHTS, {}, timeout_s=timeout_s, step=step)
+
+    # ------------------------------------------------------------------ LoRA (trainer.lora)
+    def load_lora_adapter(self, name: str, path: str, step: int = 0, timeout_s: float | None = None) -> None:
+        """Load (or replace: load_inplace) the adapter `name` from `path` on this node; requests naming it use it from
+        then on, those in flight too. vLLM needs --enable-lora and VLLM_ALLOW_RUNTIME_LORA_UPDATING=1 (launcher)."""
+        body = {"lora_name": name, "lora_path": path, "load_inplace": True}
+        self.post(self.LOAD_LORA, body, timeout_s=timeout_s, step=step)

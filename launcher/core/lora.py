@@ -1,0 +1,74 @@
+"""How a LoRA run's push reaches the servers, decided once for the plan (dry-run prints it, the bootstrap starts vLLM
+by it, the trainer pushes by it): the adapter alone (peft format, loaded by vLLM at run time) or the base with the
+adapter merged in, through the ordinary weight push. Torch-free: the login node decides it.
+
+Where vLLM 0.32 cannot serve the adapter, the push merges:
+  - vllm.data_parallel_size > 1: an adapter load is one request to one API server; that it reached every engine
+    is not tested here (TRL 1.16 falls back to merged weights with DP > 1 for the same reason).
+  - an architecture whose vLLM model class does not support LoRA (SUPPORTED: tests/unit/test_lora_plan.py checks
+    each against the installed vLLM's registry); an unreadable config.json is assumed supported (the parity check
+    after the first push would tell).
+The CPU build serves adapters (vLLM's CPU platform has a punica wrapper, PunicaWrapperCPU, and runs LoRA without
+torch.compile), so the CPU tiers test the adapter path for real.
+"""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+from launcher.core.config import ConfigError, JobConfig
+
+VLLM_LORA_RANKS = (1, 8, 16, 32, 64, 128, 256, 320, 512)
+"""vLLM 0.32's choices of --max-lora-rank (vllm/config/lora.py MaxLoRARanks)."""
+
+SUPPORTED = (
+    "LlamaForCausalLM",
+    "MistralForCausalLM",
+    "Qwen2ForCausalLM",
+    "Qwen3ForCausalLM",
+    "Gemma2ForCausalLM",
+    "Phi3ForCausalLM",
+)
+"""Decoder architectures whose vLLM 0.32 model class supports LoRA (SupportsLoRA), checked against the installed vLLM."""
+
+ADAPTER_NAME = "slurm-grpo-policy"
+"""The name a node's server knows the trained adapter by; generation and parity requests name it."""
+
+ADAPTER, MERGED = "adapter", "merged"
+
+
+def serving_rank(r: int) -> int:
+    """The smallest --max-lora-rank vLLM accepts that holds rank r."""
+    return next(x for x in VLLM_LORA_RANKS if x >= r)
+
+
+def architecture(model: str) -> str | None:
+    try:
+        archs = json.loads((Path(model) / "config.json").read_text()).get("architectures") or []
+    except (OSError, ValueError):
+        return None
+    return str(archs[0]) if archs else None
+
+
+def lora_push(cfg: JobConfig) -> tuple[str, str]:
+    """(how a push moves the LoRA run's weights, why): ('', '') without LoRA, else ADAPTER or MERGED."""
+    lora = cfg.trainer.lora
+    if not lora.enabled:
+        return "", ""
+    if lora.push == MERGED:
+        return MERGED, "trainer.lora.push: merged"
+    dp = cfg.vllm.data_parallel_size
+    arch = architecture(cfg.vllm.model)
+    why_not = ""
+    if dp > 1:
+        why_not = f"vllm.data_parallel_size {dp} > 1: an adapter load is one request, not tested to reach every engine"
+    elif arch is not None and arch not in SUPPORTED:
+        why_not = f"{arch} is not among the architectures vLLM 0.32 serves LoRA for here ({', '.join(SUPPORTED)})"
+    if why_not and lora.push == ADAPTER:
+        raise ConfigError(
+            f"trainer.lora.push adapter cannot be served: {why_not}; set trainer.lora.push: auto (merges) or merged"
+        )
+    if why_not:
+        return MERGED, why_not + "; merged weights are pushed instead"
+    return ADAPTER, f"only the adapter moves (vLLM --enable-lora --max-lora-rank {serving_rank(lora.r)}, loaded at run time)"

@@ -1,0 +1,123 @@
+"""LoRA (trainer.lora) end to end on the real vLLM CPU build: two short local runs (the second resumes the first)
+carry every assertion, since a server takes a minute to start on 2 cores.
+
+  - each push moves only the adapter (push_bytes = the adapter's bytes; the server never sees a weight update) and
+    changes what vLLM returns (parity before the push stale, after it equal to the trainer's forward);
+  - the base in vLLM is unchanged: asked under the base model's name, mid-run, the server gives the base's logprobs;
+  - resume continues the adapter (checkpoints hold only the adapter and its AdamW state, whose step count goes on;
+    the resumed run's first push brings the fresh server from the zero adapter to the checkpoint's);
+  - the final adapter loads with PeftModel.from_pretrained and equals the merged model (trainer.lora.save_merged)."""
+
+from __future__ import annotations
+
+import json
+import math
+from pathlib import Path
+
+import pytest
+
+from tests.conftest import read
+from tests.integration.test_integration import local, ports, start_local, wait_for_step  # noqa: F401  (ports: the fixture)
+
+pytestmark = pytest.mark.integration
+
+R = 8
+LORA = ("trainer.lora.r=8", "trainer.lora.save_merged=true")
+PROBE = "the quick brown fox jumps over a lazy dog"
+
+
+def adapter_bytes(model: str) -> int:
+    """fp32 adapter bytes of the tiny model: r x (in + out) x 4 per adapted projection and layer."""
+    from launcher.core.config import LORA_TARGETS
+    from launcher.core.shape import ModelShape
+    from launcher.memory import adapter_layer_params
+
+    shape = ModelShape.read(model)
+    assert shape is not None
+    return 4 * shape.layers * adapter_layer_params(shape, R, LORA_TARGETS)
+
+
+def hf_logprobs(model, ids: list[int]) -> list[float]:
+    import torch
+
+    with torch.no_grad():
+        logits = model(input_ids=torch.tensor([ids])).logits[0, :-1].float()
+    lp = torch.log_softmax(logits, -1)
+    return lp[torch.arange(len(ids) - 1), torch.tensor(ids[1:])].tolist()
+
+
+def test_lora_pushes_only_the_adapter_keeps_the_base_resumes_and_writes_a_peft_adapter(tmp_path, tiny_model, ports):  # noqa: F811
+    import torch
+    from peft import PeftModel
+    from transformers import AutoModelForCausalLM, AutoTokenizer
+
+    from launcher.core.lora import ADAPTER_NAME
+    from trainer.rollout.server import VllmServer
+
+    job = tmp_path / "run"
+    tok = AutoTokenizer.from_pretrained(tiny_model)
+    ids = tok(PROBE)["input_ids"][:24]
+    base = AutoModelForCausalLM.from_pretrained(tiny_model, dtype=torch.float32)
+    base_lp = hf_logprobs(base, ids)
+
+    # run 1: 8 steps; mid-run, ask the live server for the probe under the base's name and under the adapter's
+    p = start_local(job, tiny_model, ports, "trainer.max_steps=8", "trainer.save_steps=4", *LORA)
+    metrics = job / "metrics.jsonl"
+    wait_for_step(p, job, 2)
+    server = VllmServer(f"http://127.0.0.1:{ports.vllm}", tiny_model, 0, 60)
+    served_base = server.prompt_logprobs(ids)
+    server.model = ADAPTER_NAME
+    served_adapter = server.prompt_logprobs(ids)
+    out, err = p.communicate(timeout=600)
+    assert p.returncode == 0, out[-3000:] + err[-3000:]
+    assert max(abs(a - b) for a, b in zip(served_base, base_lp, strict=True)) <= 1e-4  # the base in vLLM is unchanged
+    assert max(abs(a - b) for a, b in zip(served_adapter, base_lp, strict=True)) > 1e-4  # the adapter changes it
+
+    s = json.loads((job / "summary.json").read_text())
+    hist = s["nodes"]["0"]["parity_history"]
+    after = [h["max_diff"] for h in hist if h["kind"] == "after_push"]
+    stale = [h["max_diff"] for h in hist if h["kind"] == "stale"]
+    assert len(after) == 9 and max(after) <= 1e-4, after  # parity through the adapter after every push (8 + final)
+    assert min(stale) > 1e-5, stale  # every push changed what the server returns
+    rows = [r for r in read(metrics) if "reward" in r]
+    expected = adapter_bytes(tiny_model)
+    assert {r["push_bytes"]["0"] for r in rows} == {expected}, rows[0]["push_bytes"]  # only the adapter's bytes move
+    model_bytes = 4 * sum(p.numel() for p in base.parameters())
+    print(f"adapter push {expected} bytes vs full push {model_bytes} bytes ({model_bytes / expected:.0f}x)")
+    vllm_log = (job / "logs" / "node0-vllm.log").read_text()
+    assert vllm_log.count("Loaded new LoRA adapter") == 10, vllm_log[-2000:]  # the zero adapter, then one per push
+    posts = ("/v1/load_lora_adapter", "/update_weights", "/init_weight_transfer_engine", "/v1/completions")
+    seen = {route: vllm_log.count(f'"POST {route} ') for route in posts}  # the server's access log
+    assert seen["/v1/completions"] > 0 and seen["/v1/load_lora_adapter"] == 10, seen
+    assert seen["/update_weights"] == 0 and seen["/init_weight_transfer_engine"] == 0, seen  # no weight ever sent
+
+    # the final adapter: peft's format, loadable, equal to the merged model, not the base
+    peft_model = PeftModel.from_pretrained(base, str(job / "adapter"))
+    merged = AutoModelForCausalLM.from_pretrained(str(job / "merged"), dtype=torch.float32)
+    lp_peft, lp_merged = hf_logprobs(peft_model, ids), hf_logprobs(merged, ids)
+    assert max(abs(a - b) for a, b in zip(lp_peft, lp_merged, strict=True)) <= 1e-4
+    assert max(abs(a - b) for a, b in zip(lp_peft, base_lp, strict=True)) > 1e-4
+    assert json.loads((job / "adapter" / "adapter_config.json").read_text())["r"] == R
+
+    # run 2: resume to step 11; the checkpoint holds the adapter and its optimizer state only
+    ck = job / "checkpoints" / "step-000008"
+    from torch.distributed.checkpoint.format_utils import dcp_to_torch_save
+
+    dcp_to_torch_save(str(ck), str(tmp_path / "ck8.pt"))
+    state = torch.load(tmp_path / "ck8.pt", weights_only=False)
+    assert state["model"] and all(".lora_" in k for k in state["model"]), sorted(state["model"])[:3]
+    r = local(job, tiny_model, ports, "trainer.max_steps=11", "trainer.save_steps=4", *LORA)
+    assert r.returncode == 0, r.stdout[-3000:] + r.stderr[-3000:]
+    rows = read(metrics)
+    resumed = [x for x in rows if x.get("event") == "resumed"]
+    assert resumed and resumed[-1]["from_step"] == 8, resumed
+    steps = [x["step"] for x in rows if "reward" in x]
+    assert steps == list(range(1, 12)), steps
+    first_resumed = next(x for x in rows if x.get("step") == 9 and "reward" in x)
+    assert first_resumed["parity_stale"]["0"] > 1e-5, first_resumed  # the fresh server held the zero adapter
+    assert first_resumed["parity"]["0"] <= 1e-4, first_resumed  # ... and holds the checkpoint's adapter now
+    dcp_to_torch_save(str(job / "checkpoints" / "step-000011"), str(tmp_path / "ck11.pt"))
+    osd = torch.load(tmp_path / "ck11.pt", weights_only=False)["optim"]["state"]
+    assert {float(v["step"]) for v in osd.values()} == {11.0}  # AdamW went on from step 8
+    assert not math.isnan(json.loads((job / "summary.json").read_text())["nodes"]["0"]["parity_final"])
+    assert Path(job / "adapter" / "adapter_model.safetensors").stat().st_size < model_bytes / 10

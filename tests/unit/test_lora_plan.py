@@ -1,0 +1,89 @@
+"""trainer.lora in the launcher: the config's checks (one line with the fix), the plan's push path (adapter, or merged
+and why), vLLM's command line with LoRA, and the architectures we call LoRA-servable against the installed vLLM."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+
+from launcher.core import config as C
+from launcher.core.lora import ADAPTER, MERGED, SUPPORTED, lora_push, serving_rank
+from launcher.core.plan import plan
+from launcher.node.commands import vllm_command
+
+
+def cfg(tmp_path, arch: str = "Qwen2ForCausalLM", vllm: dict | None = None, **lora):
+    (tmp_path / "config.json").write_text(json.dumps({"architectures": [arch]}))
+    return C.from_dict(
+        {"vllm": {"model": str(tmp_path), **(vllm or {})}, "slurm": {"gpus_per_node": 4}, "trainer": {"lora": lora}}
+    )
+
+
+@pytest.mark.parametrize(
+    "lora,trainer,match",
+    [
+        ({"r": 1024}, {}, r"trainer.lora.r must be 0 \(off\) to 512"),
+        ({"r": 8, "dropout": 1.0}, {}, r"trainer.lora.dropout must be in \[0, 1\)"),
+        ({"r": 8, "target_modules": ["q_proj", "lm_head"]}, {}, r"\['lm_head'\].*adapt the linear projections only"),
+        ({"r": 8, "target_modules": []}, {}, r"target_modules is empty"),
+        ({"r": 8}, {"beta": 0.04}, r"trainer.beta 0.04 with trainer.lora.*set trainer.beta: 0"),
+        ({"r": 8, "push": "fast"}, {}, r"push"),
+    ],
+)
+def test_lora_mistakes_fail_with_the_fix(lora, trainer, match):
+    with pytest.raises(C.ConfigError, match=match):
+        C.from_dict({"vllm": {"model": "/m"}, "trainer": {**trainer, "lora": lora}})
+
+
+def test_off_by_default_and_set_key_by_key():
+    c = C.from_dict({"vllm": {"model": "/m"}})
+    assert not c.trainer.lora.enabled and lora_push(c) == ("", "")
+    raw = C.merge_raw({"vllm": {"model": "/m"}}, ["trainer.lora.r=16", "trainer.lora.save_merged=true"])
+    c = C.from_dict(raw)
+    assert c.trainer.lora.r == 16 and c.trainer.lora.save_merged and c.trainer.lora.scale_alpha == 32.0
+    with pytest.raises(C.ConfigError, match=r"unknown key 'trainer.lora.rank'"):
+        C.merge_raw({}, ["trainer.lora.rank=16"])
+
+
+def test_the_adapter_path_starts_vllm_with_lora_and_a_rounded_rank_limit(tmp_path):
+    p = plan(cfg(tmp_path, r=12), "/jobs/x")
+    assert p.lora_push == ADAPTER
+    assert any(line.startswith("LoRA push = adapter") for line in p.derivation)
+    cmd = vllm_command(p, 0)
+    i = cmd.argv.index("--max-lora-rank")
+    assert "--enable-lora" in cmd.argv and cmd.argv[i + 1] == "16" == str(serving_rank(12))
+    assert cmd.env["VLLM_ALLOW_RUNTIME_LORA_UPDATING"] == "1"
+
+
+@pytest.mark.parametrize(
+    "arch,vllm,push,why",
+    [
+        ("Qwen2ForCausalLM", {"data_parallel_size": 2}, "auto", "data_parallel_size 2 > 1"),
+        ("GPT2LMHeadModel", {}, "auto", "GPT2LMHeadModel is not among"),
+        ("Qwen2ForCausalLM", {}, "merged", "trainer.lora.push: merged"),
+    ],
+)
+def test_where_adapters_cannot_be_served_the_push_merges_and_says_why(tmp_path, arch, vllm, push, why):
+    p = plan(cfg(tmp_path, arch, vllm, r=8, push=push), "/jobs/x")
+    assert p.lora_push == MERGED
+    assert why in lora_push(p.config)[1]
+    cmd = vllm_command(p, 0)
+    assert "--enable-lora" not in cmd.argv and "VLLM_ALLOW_RUNTIME_LORA_UPDATING" not in cmd.env
+    full = plan(cfg(tmp_path, arch, vllm), "/jobs/x")
+    assert full.lora_push == "" and "--enable-lora" not in vllm_command(full, 0).argv
+
+
+def test_asking_for_the_adapter_path_where_it_cannot_be_served_is_refused(tmp_path):
+    with pytest.raises(C.ConfigError, match=r"trainer.lora.push adapter cannot be served: vllm.data_parallel_size 2"):
+        plan(cfg(tmp_path, vllm={"data_parallel_size": 2}, r=8, push="adapter"), "/jobs/x")
+
+
+def test_the_architectures_called_servable_support_lora_in_the_installed_vllm():
+    pytest.importorskip("vllm")
+    from vllm.model_executor.models.interfaces import supports_lora
+    from vllm.model_executor.models.registry import ModelRegistry
+
+    for arch in SUPPORTED:
+        assert supports_lora(ModelRegistry._try_load_model_cls(arch)), arch
+    assert not supports_lora(ModelRegistry._try_load_model_cls("GPT2LMHeadModel"))

@@ -1,0 +1,196 @@
+"""The weight push of a LoRA run (trainer.lora), two ways, as the plan decided (launcher.core.lora):
+
+  adapter  every rank takes part in gathering the adapter's parameters (a few MB; the frozen base never moves); the
+           node leader writes them in peft's format (adapter_model.safetensors + adapter_config.json) into a new
+           node-local folder (JobDir.adapter_push) and asks its own server to load it under one name
+           (/v1/load_lora_adapter, load_inplace), then resets the prefix cache; generation and parity requests name
+           the adapter (GenerationSettings.model). Before the first push the leader loads a zero adapter (B = 0:
+           exactly the base), so the server answers requests naming it from the start (the parity check before a
+           resumed run's first push).
+  merged   where vLLM cannot serve the adapter: the base with the adapter merged in (W + alpha/r B A, computed in fp32
+           per layer, sent in the serving dtype) under the base's names, through the ordinary senders.
+
+Both count the bytes a push moves (`bytes_last`)."""
+
+from __future__ import annotations
+
+import shutil
+import time
+from collections.abc import Iterator
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import torch
+from torch.distributed.tensor import DTensor
+
+from launcher.core.config import LoraConfig
+from launcher.core.jobdir import JobDir
+from launcher.core.lora import ADAPTER, ADAPTER_NAME, MERGED
+from launcher.core.plan import Plan
+from trainer import lora as trainer_lora
+from trainer.push.gather import iter_unsharded_params
+from trainer.push.pusher import NodePusher, PushSettings, resume_after_failure
+from trainer.push.wire import ParamMeta
+from trainer.rollout.server import VllmServer
+
+KEEP_PUSHED = 2
+"""Adapter folders kept on the node (the newest ones); vLLM has read each by the time its load answers."""
+
+
+@dataclass(frozen=True)
+class LoraPush:
+    """What a node's push needs of trainer.lora, from the plan."""
+
+    mode: str
+    """launcher.core.lora.ADAPTER or MERGED."""
+    lora: LoraConfig
+    base_model: str
+    folder: str
+    """Node-local folder of the pushed adapters (JobDir.adapter_pushes)."""
+
+    @staticmethod
+    def from_plan(plan: Plan, node: int) -> LoraPush | None:
+        if not plan.lora_push:
+            return None
+        folder = JobDir(Path(plan.job_dir)).adapter_pushes(node)
+        return LoraPush(plan.lora_push, plan.config.trainer.lora, plan.config.vllm.model, str(folder))
+
+    @property
+    def served_name(self) -> str | None:
+        """The model name generation and parity requests give: the adapter's on the adapter path."""
+        return ADAPTER_NAME if self.mode == ADAPTER else None
+
+
+def make_pusher(model, client: VllmServer | None, push: PushSettings, lora: LoraPush | None, device: torch.device) -> Any:
+    """The node's pusher: NodePusher without LoRA, else AdapterPusher or MergedPusher (same push/pushes interface)."""
+    if lora is None:
+        return NodePusher(model, client, push, device)
+    if lora.mode == MERGED:
+        return MergedPusher(model, client, push, device, lora.lora)
+    return AdapterPusher(model, client, push, lora)
+
+
+def push_bytes(pusher: Any) -> int:
+    """What one push moves to the server: the adapter's bytes, or every sent tensor's (a full or merged push)."""
+    return getattr(pusher, "bytes_last", 0) or sum(m.nbytes for m in pusher.meta)
+
+
+def write_adapter(folder: Path, tensors: dict[str, torch.Tensor], lora: LoraConfig, base_model: str) -> int:
+    """peft's adapter format (what PeftModel.from_pretrained and vLLM read); returns the tensor bytes written."""
+    from safetensors.torch import save_file
+
+    tmp = folder.with_name(folder.name + ".tmp")
+    shutil.rmtree(tmp, ignore_errors=True)
+    tmp.mkdir(parents=True, mode=0o700)
+    save_file(tensors, str(tmp / "adapter_model.safetensors"), metadata={"format": "pt"})
+    trainer_lora.peft_config(lora, base_model).save_pretrained(str(tmp))
+    shutil.rmtree(folder, ignore_errors=True)
+    tmp.rename(folder)  # complete or absent: the server never reads half an adapter
+    return sum(t.numel() * t.element_size() for t in tensors.values())
+
+
+def gather_adapter(model: torch.nn.Module, dtype: torch.dtype, keep: bool) -> dict[str, torch.Tensor]:
+    """Every adapter parameter whole, in `dtype`, under peft's file names. Collective over the model's mesh (every
+    rank calls it; each full_tensor is an all-gather); keep: this rank keeps the tensors (the node leader)."""
+    out: dict[str, torch.Tensor] = {}
+    with torch.no_grad():
+        for name, p in trainer_lora.adapter_params(model):
+            t = p.detach().to(dtype)
+            full = t.full_tensor() if isinstance(t, DTensor) else t
+            if keep:
+                out[trainer_lora.peft_file_name(name)] = full.contiguous().cpu()
+    return out
+
+
+class AdapterPusher:
+    """Pushes only the adapter (see the module docstring). Runs on every rank; the node leader talks to the server."""
+
+    def __init__(self, model: torch.nn.Module, client: VllmServer | None, settings: PushSettings, lora: LoraPush):
+        self.model, self.client, self.settings, self.lora = model, client, settings, lora
+        self.folder = Path(lora.folder)
+        self.pushes = 0
+        self.bytes_last = 0
+        self.meta = [
+            ParamMeta(trainer_lora.peft_file_name(n), str(settings.dtype).removeprefix("torch."), list(p.shape))
+            for n, p in trainer_lora.adapter_params(model)
+        ]
+        if client is not None:  # a zero adapter (B = 0) first: the server answers requests naming it at once
+            zeros = {m.name: torch.zeros(m.shape, dtype=settings.dtype) for m in self.meta}
+            self._load(zeros, step=-1)
+
+    def _load(self, tensors: dict[str, torch.Tensor], step: int) -> int:
+        assert self.client is not None
+        folder = self.folder / (f"step-{step:06d}" if step >= 0 else "initial")
+        written = write_adapter(folder, tensors, self.lora.lora, self.lora.base_model)
+        self.client.load_lora_adapter(ADAPTER_NAME, str(folder), max(step, 0), timeout_s=self.settings.timeout_s)
+        for old in sorted(p for p in self.folder.iterdir() if p.name.startswith("step-") and p != folder)[:-KEEP_PUSHED]:
+            shutil.rmtree(old, ignore_errors=True)
+        return written
+
+    def push(self, step: int, keep_in_flight: bool = False) -> float:
+        """As NodePusher.push: collective over the model's mesh; seconds on the leader, 0.0 elsewhere."""
+        t0 = time.time()
+        tensors = gather_adapter(self.model, self.settings.dtype, keep=self.client is not None)
+        if self.client is None:
+            return 0.0
+        if keep_in_flight:
+            self.client.pause_keep(step)
+        try:
+            self.bytes_last = self._load(tensors, step)
+            self.client.reset_prefix_cache(step, running=keep_in_flight)  # KV cached under the old adapter
+        except BaseException as e:
+            if keep_in_flight:
+                resume_after_failure(self.client, step, e)
+            raise
+        if keep_in_flight:
+            self.client.resume(step)
+        self.pushes += 1
+        return time.time() - t0
+
+
+class MergedPusher(NodePusher):
+    """Pushes the base with the adapter merged in, under the base's names, through the ordinary senders."""
+
+    def __init__(self, model, client: VllmServer | None, settings: PushSettings, device: torch.device, lora: LoraConfig):
+        super().__init__(model, client, settings, device)
+        self.scale = trainer_lora.scaling(lora)
+        dtype = str(settings.dtype).removeprefix("torch.")
+        self.meta = [
+            ParamMeta(name, dtype, list(p.shape))
+            for n, p in model.named_parameters()
+            if (name := trainer_lora.base_name(n)) is not None
+        ]
+        self.bytes_last = sum(m.nbytes for m in self.meta)
+
+    def params(self) -> Iterator[tuple[str, torch.Tensor]]:
+        return merged_params(iter_unsharded_params(self.model, self.settings.dtype), self.scale, self.settings.dtype)
+
+
+def merged_params(
+    params: Iterator[tuple[str, torch.Tensor]], scale: float, dtype: torch.dtype
+) -> Iterator[tuple[str, torch.Tensor]]:
+    """The peft model's parameter stream (base_layer weight, its bias, lora_A, lora_B per adapted module, in
+    named_parameters order) as the base's, in the same order: an adapted module's base parameters are held until its
+    B arrives, then its weight goes out as W + scale B A (in fp32, sent in `dtype`), followed by its bias."""
+    held: dict[str, list[tuple[str, torch.Tensor]]] = {}
+    a: dict[str, torch.Tensor] = {}
+    for name, t in params:
+        module, _, rest = name.rpartition(".lora_")
+        if rest.startswith("A."):
+            a[module] = t
+            continue
+        if rest.startswith("B."):
+            for held_name, w in held.pop(module):
+                if held_name.endswith(".weight"):
+                    w = (w.float() + scale * (t.float() @ a.pop(module).float())).to(dtype)
+                yield held_name, w
+            continue
+        base = trainer_lora.base_name(name)
+        assert base is not None
+        owner, sep, _ = name.partition(".base_layer.")
+        if sep:  # an adapted module's weight or bias: wait for its adapter
+            held.setdefault(owner, []).append((base, t))
+        else:
+            yield base, t
+    assert not held and not a, f"adapted weights without their adapter: {sorted(held)} {sorted(a)}"
