@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import json
 import math
+import time
 from pathlib import Path
 
 import pytest
@@ -65,12 +66,21 @@ def test_lora_pushes_only_the_adapter_keeps_the_base_resumes_and_writes_a_peft_a
     metrics = job / "metrics.jsonl"
     wait_for_step(p, job, 2)
     server = VllmServer(f"http://127.0.0.1:{ports.vllm}", tiny_model, 0, 60)
-    served_base = server.prompt_logprobs(ids)
+    # a base request batched with the trainer's adapter requests has come back with the adapter applied on the CPU
+    # build (once, 0.14 in logprob): ask until one is alone; weights that changed would never match
+    tries = []
+    for _ in range(10):
+        served_base = server.prompt_logprobs(ids)
+        tries.append(max(abs(a - b) for a, b in zip(served_base, base_lp, strict=True)))
+        if tries[-1] <= 1e-4 or p.poll() is not None:
+            break
+        time.sleep(0.2)
+    print(f"base requests mid-run, |served - base| per try: {tries}")
     server.model = ADAPTER_NAME
     served_adapter = server.prompt_logprobs(ids)
     out, err = p.communicate(timeout=600)
     assert p.returncode == 0, out[-3000:] + err[-3000:]
-    assert max(abs(a - b) for a, b in zip(served_base, base_lp, strict=True)) <= 1e-4  # the base in vLLM is unchanged
+    assert tries[-1] <= 1e-4, tries  # the base in vLLM is unchanged
     assert max(abs(a - b) for a, b in zip(served_adapter, base_lp, strict=True)) > 1e-4  # the adapter changes it
 
     s = json.loads((job / "summary.json").read_text())
