@@ -47,6 +47,18 @@ def short_completion(completions, **kwargs) -> list[float]:
 BUILTIN: dict[str, Callable] = {"letter_a_fraction": letter_a_fraction, "short_completion": short_completion}
 
 
+def import_module_of(label: str, mod_name: str) -> Any:
+    """The module of a 'pkg.module:name' config entry (a reward, a tool, an environment, a rollout_func); ValueError
+    starting with `label` (what the entry is) and saying the fix when it cannot be imported."""
+    try:
+        return importlib.import_module(mod_name)
+    except ImportError as e:
+        raise ValueError(f"{label}: cannot import module {mod_name!r} ({e}); is it on PYTHONPATH on every node?") from None
+    except Exception as e:  # the module itself is broken: a syntax error, an import-time failure
+        first = str(e).splitlines()[0] if str(e) else ""
+        raise ValueError(f"{label}: importing module {mod_name!r} raised {type(e).__name__}: {first}; fix the module") from None
+
+
 class RewardError(RuntimeError):
     """A reward function raised. The first line names the reward, the exception, the step and the node (the node's
     bootstrap shows it as the trainer's root cause); the lines after it are the reward's own traceback."""
@@ -62,17 +74,7 @@ def _find(name: str) -> Callable:
     if ":" not in name:
         raise ValueError(f"reward {name!r} is not built in ({', '.join(BUILTIN)}) and not a 'pkg.module:function' path")
     mod_name, _, fn_name = name.partition(":")
-    try:
-        mod = importlib.import_module(mod_name)
-    except ImportError as e:
-        raise ValueError(
-            f"reward {name!r}: cannot import module {mod_name!r} ({e}); is it on PYTHONPATH on every node?"
-        ) from None
-    except Exception as e:  # the module itself is broken: a syntax error, an import-time failure
-        first = str(e).splitlines()[0] if str(e) else ""
-        raise ValueError(
-            f"reward {name!r}: importing module {mod_name!r} raised {type(e).__name__}: {first}; fix the module"
-        ) from None
+    mod = import_module_of(f"reward {name!r}", mod_name)
     fn = getattr(mod, fn_name, None)
     if not callable(fn):
         raise ValueError(f"reward {name!r}: module {mod_name!r} has no function {fn_name!r}")

@@ -9,7 +9,6 @@ right kind of object, and handed to TRL's GRPOTrainer with a deadline on every t
 from __future__ import annotations
 
 import argparse
-import importlib
 import inspect
 import json
 import sys
@@ -18,22 +17,13 @@ from dataclasses import dataclass
 from typing import Any
 
 from trainer.agents.deadline import RESERVED, environment_with_deadlines, tool_methods, with_deadline
+from trainer.rewards import import_module_of
 
 
 def find(key: str, entry: str) -> Any:
     """The object at 'pkg.module:name'; ValueError naming the config key and the fix."""
     mod_name, _, attr = entry.partition(":")
-    try:
-        mod = importlib.import_module(mod_name)
-    except ImportError as e:
-        raise ValueError(
-            f"{key} {entry!r}: cannot import module {mod_name!r} ({e}); is it on PYTHONPATH on every node?"
-        ) from None
-    except Exception as e:  # the module itself is broken: a syntax error, an import-time failure
-        first = str(e).splitlines()[0] if str(e) else ""
-        raise ValueError(
-            f"{key} {entry!r}: importing module {mod_name!r} raised {type(e).__name__}: {first}; fix the module"
-        ) from None
+    mod = import_module_of(f"{key} {entry!r}", mod_name)
     if not hasattr(mod, attr):
         raise ValueError(f"{key} {entry!r}: module {mod_name!r} has no {attr!r}")
     return getattr(mod, attr)

@@ -30,7 +30,7 @@ from launcher.core.lora import ADAPTER, ADAPTER_NAME, MERGED
 from launcher.core.plan import Plan
 from trainer import lora as trainer_lora
 from trainer.push.gather import iter_unsharded_params
-from trainer.push.pusher import NodePusher, PushSettings, resume_after_failure
+from trainer.push.pusher import NodePusher, PushSettings, with_requests_paused
 from trainer.push.wire import ParamMeta
 from trainer.rollout.server import VllmServer
 
@@ -134,17 +134,13 @@ class AdapterPusher:
         tensors = gather_adapter(self.model, self.settings.dtype, keep=self.client is not None)
         if self.client is None:
             return 0.0
-        if keep_in_flight:
-            self.client.pause_keep(step)
-        try:
+        client = self.client
+
+        def send() -> None:
             self.bytes_last = self._load(tensors, step)
-            self.client.reset_prefix_cache(step, running=keep_in_flight)  # KV cached under the old adapter
-        except BaseException as e:
-            if keep_in_flight:
-                resume_after_failure(self.client, step, e)
-            raise
-        if keep_in_flight:
-            self.client.resume(step)
+            client.reset_prefix_cache(step, running=keep_in_flight)  # KV cached under the old adapter
+
+        with_requests_paused(client, step, keep_in_flight, send)
         self.pushes += 1
         return time.time() - t0
 

@@ -8,7 +8,7 @@ from __future__ import annotations
 
 import sys
 import time
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 
 import torch
@@ -69,19 +69,15 @@ class NodePusher:
             return 0.0
         if self.sender is None:
             self.sender = make_sender(self.settings, self.client, self.meta, self.device)
-        if keep_in_flight:
-            self.client.pause_keep(step)
-        try:
-            self.sender.push(params, self.meta, step)
+        client, sender = self.client, self.sender
+
+        def send() -> None:
+            sender.push(params, self.meta, step)
             t_reset = time.time()
-            self.client.reset_prefix_cache(step, running=keep_in_flight)
-            self.phases = {**getattr(self.sender, "phases", {}), "reset_prefix_cache_s": time.time() - t_reset}
-        except BaseException as e:
-            if keep_in_flight:
-                resume_after_failure(self.client, step, e)
-            raise
-        if keep_in_flight:
-            self.client.resume(step)
+            client.reset_prefix_cache(step, running=keep_in_flight)
+            self.phases = {**getattr(sender, "phases", {}), "reset_prefix_cache_s": time.time() - t_reset}
+
+        with_requests_paused(client, step, keep_in_flight, send)
         self.pushes += 1
         took = time.time() - t0
         parts = ", ".join(f"{k.removesuffix('_s')} {v * 1e3:.1f}" for k, v in self.phases.items())
@@ -92,6 +88,21 @@ class NodePusher:
         """What a push sends, in self.meta's order (trainer.push.adapter's merged LoRA push sends other tensors)."""
         # the ipc sender copies each tensor into its staging buffer at once (casting): no copy of the walk's own needed
         return iter_unsharded_params(self.model, self.settings.dtype, copy=self.settings.backend != "ipc")
+
+
+def with_requests_paused(client: VllmServer, step: int, keep_in_flight: bool, push: Callable[[], None]) -> None:
+    """Run `push` (the transfer and the prefix-cache reset); with keep_in_flight, between pause_keep and resume, and a
+    push that fails in between still asks for the resume (best effort) before its own error is raised."""
+    if keep_in_flight:
+        client.pause_keep(step)
+    try:
+        push()
+    except BaseException as e:
+        if keep_in_flight:
+            resume_after_failure(client, step, e)
+        raise
+    if keep_in_flight:
+        client.resume(step)
 
 
 RESUME_AFTER_FAILURE_S = 5.0
