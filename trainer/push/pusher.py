@@ -62,11 +62,11 @@ class NodePusher:
         a half-written model. A push that fails in between raises its own error within trainer.push_timeout_s plus
         RESUME_AFTER_FAILURE_S: the resume after it is best effort (the engine may be stuck in the transfer)."""
         t0 = time.time()
-        params = self.params()
-        if self.client is None:
-            for _ in params:  # the leader's gathers need every rank of the mesh
+        if self.client is None:  # the leader's gathers need every rank of the mesh; nothing is kept here, so no copies
+            for _ in iter_unsharded_params(self.model, self.settings.dtype, copy=False):
                 pass
             return 0.0
+        params = self.params()
         if self.sender is None:
             self.sender = make_sender(self.settings, self.client, self.meta, self.device)
         client, sender = self.client, self.sender
