@@ -72,8 +72,13 @@ def bind_cores(plan: Plan, gpu: int) -> None:
     """Run this rank on the cores nearest its GPU (slurm.gpu_cores: OLCF's -c7 binding with one task per node;
     torchrun started on the union of its ranks' cores)."""
     cores = cores_of(plan.config, [gpu])
-    if cores:
-        os.sched_setaffinity(0, cores)
+    allowed = set(cores) & os.sched_getaffinity(0) if cores else set()
+    if cores and not allowed:  # slurm.gpu_cores outside this task's cpuset: setting it would kill the rank
+        print(
+            f"WARNING: slurm.gpu_cores {sorted(cores)} for GPU {gpu} are outside this task's CPUs; binding left as is", flush=True
+        )
+    elif allowed:
+        os.sched_setaffinity(0, allowed)
 
 
 def init(plan: Plan) -> Parallel:

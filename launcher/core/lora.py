@@ -51,14 +51,15 @@ def architecture(model: str) -> str | None:
     return str(archs[0]) if archs else None
 
 
-def lora_push(cfg: JobConfig) -> tuple[str, str]:
-    """(how a push moves the LoRA run's weights, why): ('', '') without LoRA, else ADAPTER or MERGED."""
+def lora_push(cfg: JobConfig, data_parallel_size: int | None = None) -> tuple[str, str]:
+    """(how a push moves the LoRA run's weights, why): ('', '') without LoRA, else ADAPTER or MERGED.
+    data_parallel_size: the plan's (slurm.layout shared derives it from the node's GPUs); default the config's."""
     lora = cfg.trainer.lora
     if not lora.enabled:
         return "", ""
     if lora.push == MERGED:
         return MERGED, "trainer.lora.push: merged"
-    dp = cfg.vllm.data_parallel_size
+    dp = data_parallel_size or cfg.vllm.data_parallel_size
     arch = architecture(cfg.vllm.model)
     why_not = ""
     if dp > 1:

@@ -214,7 +214,7 @@ def plan(cfg: JobConfig, job_dir: str) -> Plan:
         bootstrap_grace_s=shutdown + 10,
         data_parallel_size=dp,
         platform=cfg.job.platform,
-        lora_push=lora_push(cfg)[0],
+        lora_push=lora_push(cfg, dp)[0],
     )
     return replace(p, derivation=derivation(p) + platform_mod.derivation_lines(p))
 
@@ -256,4 +256,4 @@ def derivation(p: Plan) -> list[str]:
         f"process-group timeout = push_timeout_s + request_timeout_s = {t.push_timeout_s:g} + {t.request_timeout_s:g} s",
         f"trainer shutdown = max(30, signal_seconds - 30) = {p.trainer_shutdown_s} s (preemption checkpoint), "
         f"bootstrap grace {p.bootstrap_grace_s} s",
-    ] + ([f"LoRA push = {p.lora_push}: {lora_push(p.config)[1]}"] if p.lora_push else [])
+    ] + ([f"LoRA push = {p.lora_push}: {lora_push(p.config, p.data_parallel_size)[1]}"] if p.lora_push else [])

@@ -81,6 +81,11 @@ def check_rocm(cfg: JobConfig) -> None:
         raise ConfigError(
             "job.platform rocm needs job.device cuda (torch names AMD GPUs 'cuda' too); for CPU runs remove job.platform"
         )
+    if s.layout == "shared" and s.gpus_per_node > 1:
+        raise ConfigError(
+            "slurm.layout shared on ROCm would put a vLLM data-parallel engine on every GCD (vLLM masks each DP engine, "
+            "which ROCm renumbers) and push by HIP IPC across GCDs: not supported; use slurm.layout: split"
+        )
     shared = s.gpus_per_node == 1 and v.tensor_parallel_size * v.data_parallel_size == 1
     b = v.weight_transfer_backend
     if b == "gloo":

@@ -21,10 +21,11 @@ IN_JOB = JobDir(Path())
 
 
 OFFLINE_ENV = {"HF_HUB_OFFLINE": "1", "HF_DATASETS_OFFLINE": "1"}
+"""Nodes never reach for the hub: a hub model name was resolved to its cached snapshot at submit (launcher.hub)."""
+
 SERVER_ENGINE = {"ipc": "mapped_ipc"}
 """The server's weight-transfer engine per push backend where it is the project's own (trainer.push.vllm_plugin registers
 it): ipc is trainer.push.ipc_engine (one mapping for the run, the whole model per request); gloo keeps its name."""
-"""Nodes never reach for the hub: a hub model name was resolved to its cached snapshot at submit (launcher.hub)."""
 
 
 @dataclass(frozen=True)

@@ -18,7 +18,8 @@ from launcher.node.diagnose import tail
 from launcher.node.peers import NodeFailure
 
 DEADLINE_S = 180.0
-"""Importing torch from a cold shared file system can take a minute; the check itself takes a second."""
+"""The least the check waits: importing torch from a cold shared file system can take minutes at scale (launcher.startup
+models it), so the deadline is the larger of this and vllm.health_timeout_s; the check itself takes a second."""
 
 
 def reach_command(p: Plan, node: int, python: str) -> NodeCommand | None:
@@ -52,16 +53,17 @@ def check_reach(p: Plan, node: int, python: str, where: str, say=print) -> float
     if cmd is None:
         return None
     log = Path(p.job_dir) / cmd.log
+    deadline = max(DEADLINE_S, float(p.config.vllm.health_timeout_s))
     what = f"pre-flight reach check (trainer leader GPU {cmd.argv[4]} <-> vLLM GPUs {','.join(cmd.argv[6:])})"
     t0 = time.time()
     with open(log, "w") as f:
         try:
             rc = subprocess.run(
-                cmd.argv, env={**os.environ, **cmd.env}, stdout=f, stderr=subprocess.STDOUT, timeout=DEADLINE_S
+                cmd.argv, env={**os.environ, **cmd.env}, stdout=f, stderr=subprocess.STDOUT, timeout=deadline
             ).returncode
         except subprocess.TimeoutExpired:
             raise NodeFailure(
-                f"{where}: {what} did not finish in {DEADLINE_S:.0f} s\n  last lines of {log}:\n{tail(log)}"
+                f"{where}: {what} did not finish in {deadline:.0f} s\n  last lines of {log}:\n{tail(log)}"
             ) from None
     if rc != 0:
         raise NodeFailure(f"{where}: {what} failed with code {rc}\n  last lines of {log}:\n{tail(log)}")

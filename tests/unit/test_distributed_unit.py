@@ -158,7 +158,16 @@ def walk_without_copies(rank: int, world: int, _port: int) -> dict:
             own_storage &= t.data_ptr() == local[name]
             gathered |= any(not isinstance(p, DTensor) for p in model.parameters())
             names.append(name)
-        out[str(param_dtype)] = {"equal": equal, "order": names == list(ref), "own_storage": own_storage, "gathered": gathered}
+        from trainer.push.gather import _whole_on_every_rank
+
+        out[str(param_dtype)] = {
+            "equal": equal,
+            "order": names == list(ref),
+            "own_storage": own_storage,
+            "gathered": gathered,
+            # shards in host memory on a GPU run (cpu_offload): unshard() must bring them over, not the local walk
+            "host_shards_walk_locally_on_gpu": _whole_on_every_rank(model, on_gpu=True),
+        }
     return out
 
 
@@ -167,6 +176,7 @@ def test_the_walk_without_copies_equals_the_cast_and_gathers_nothing_on_one_rank
     for rank, res in run_ranks(world, walk_without_copies).items():
         for dtype, r in res.items():
             assert r["equal"] and r["order"], f"rank {rank} of {world}, params {dtype}: {r}"
+            assert not r["host_shards_walk_locally_on_gpu"], r
             if world == 1:
                 assert r["own_storage"] and not r["gathered"], f"one rank: nothing to gather, yet {r}"
             else:

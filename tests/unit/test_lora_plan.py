@@ -87,3 +87,12 @@ def test_the_architectures_called_servable_support_lora_in_the_installed_vllm():
     for arch in SUPPORTED:
         assert supports_lora(ModelRegistry._try_load_model_cls(arch)), arch
     assert not supports_lora(ModelRegistry._try_load_model_cls("GPT2LMHeadModel"))
+
+
+def test_the_data_parallel_size_the_plan_derives_decides_the_push_too(tmp_path):
+    """slurm.layout shared sets vLLM's DP from the node's GPUs in the plan, not in the config: the LoRA push path must
+    follow the plan's figure (an adapter load is one request, not known to reach every engine)."""
+    c = cfg(tmp_path, r=8)
+    assert lora_push(c)[0] != MERGED
+    how, why = lora_push(c, data_parallel_size=4)
+    assert how == MERGED and "data_parallel_size 4 > 1" in why

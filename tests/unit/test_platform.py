@@ -104,6 +104,7 @@ ROCM_REFUSALS = [
     ({"vllm": {"weight_transfer_backend": "nccl"}, "slurm": {"gpus_per_node": 1}}, "nccl (RCCL) needs the trainer on another GCD"),
     ({"vllm": {"data_parallel_size": 2}}, "vllm.data_parallel_size 2 on ROCm: vLLM gives each DP engine its own device mask"),
     ({"job": {"device": "cpu"}, "trainer": {"dtype": "float32"}}, "job.platform rocm needs job.device cuda"),
+    ({"slurm": {"layout": "shared"}}, "slurm.layout shared on ROCm would put a vLLM data-parallel engine on every GCD"),
 ]  # fmt: skip
 
 

@@ -115,9 +115,16 @@ class AdapterPusher:
             ParamMeta(trainer_lora.peft_file_name(n), str(settings.dtype).removeprefix("torch."), list(p.shape))
             for n, p in trainer_lora.adapter_params(model)
         ]
-        if client is not None:  # a zero adapter (B = 0) first: the server answers requests naming it at once
-            zeros = {m.name: torch.zeros(m.shape, dtype=settings.dtype) for m in self.meta}
+        self.zero_loaded = False
+        """A zero adapter (B = 0) is loaded before anything names the adapter: at the first push or request. Not here:
+        the server may still be starting (trainer.start_with_server) while the other ranks go on into collectives."""
+
+    def ensure_loaded(self) -> None:
+        """Leader: make the adapter's name servable (the zero adapter) if no push has loaded one yet."""
+        if self.client is not None and not self.zero_loaded and self.pushes == 0:
+            zeros = {m.name: torch.zeros(m.shape, dtype=self.settings.dtype) for m in self.meta}
             self._load(zeros, step=-1)
+            self.zero_loaded = True
 
     def _load(self, tensors: dict[str, torch.Tensor], step: int) -> int:
         assert self.client is not None

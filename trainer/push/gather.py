@@ -87,15 +87,20 @@ def iter_unsharded_params(
     which saves one copy (or two) of the whole model per push.
     Nothing sharded (one rank per shard group): no unshard at all, each parameter's local tensor is whole."""
     home = torch.cuda.current_stream() if order_streams and _live_cuda() else None
-    if _whole_on_every_rank(model):
+    if _whole_on_every_rank(model, on_gpu=_live_cuda()):
         return _walk_local(model, dtype, home, copy)
     return _walk_units(model, dtype, home, copy)
 
 
-def _whole_on_every_rank(model: torch.nn.Module) -> bool:
+def _whole_on_every_rank(model: torch.nn.Module, on_gpu: bool) -> bool:
     """Every parameter's local tensor is the whole parameter: a shard group of one rank (one GPU per node, or
-    every node replicating). Then there is nothing to gather: unshard() would only copy each unit once more."""
-    return all(not isinstance(p, DTensor) or tuple(p.to_local().shape) == tuple(p.shape) for p in model.parameters())
+    every node replicating). Then there is nothing to gather: unshard() would only copy each unit once more.
+    on_gpu: and it is on the GPU (with cpu_offload the shards live in host memory: unshard() brings them over)."""
+    for p in model.parameters():
+        local = p.to_local() if isinstance(p, DTensor) else p
+        if tuple(local.shape) != tuple(p.shape) or (on_gpu and not local.is_cuda):
+            return False
+    return True
 
 
 def _walk_local(

@@ -90,7 +90,10 @@ class MappedIpcWeightTransferEngine(WeightTransferEngine[MappedIpcInitInfo, Mapp
                 f"mapped_ipc push: window {update_info.window} of {update_info.windows} announced, this engine cut "
                 f"{len(self.windows)} windows from the init info (trainer and server disagree on the layout)"
             )
-        self.model.load_weights(self.windows[update_info.window])  # type: ignore[operator]
+        window = self.windows[update_info.window]
+        if self.layerwise:  # vLLM's reload holds the loaded tensors until a layer is whole: the next window would overwrite views
+            window = [(name, view.clone()) for name, view in window]
+        self.model.load_weights(window)  # type: ignore[operator]
 
     def finish_weight_update(self) -> None:
         if self.layerwise:

@@ -180,6 +180,9 @@ class NodeRollout:
         if self.server_start is not None:  # every rank, before the first step's collectives: none waits in one
             self.server_start.wait_started()
             self.server_start = None
+        ensure_loaded = getattr(self.pusher, "ensure_loaded", None)  # trainer.lora: the adapter's name servable
+        if ensure_loaded is not None:
+            ensure_loaded()
         self.step = step
 
     def _note(self, **figures: Any) -> None:

@@ -20,6 +20,7 @@ from __future__ import annotations
 from concurrent.futures import ThreadPoolExecutor
 
 import torch
+from torch.distributed.fsdp import FSDPModule
 
 from trainer.parallel import Parallel
 from trainer.rollout.server import VllmServer
@@ -86,6 +87,11 @@ class ParityChecker:
         mine = trainer_prompt_logprobs(self.model, self.ids, self.par.device)
         if was_training:
             self.model.train()
+        # a forward with no backward leaves units gathered where reshard_after_forward is off (trainer.parallel): give
+        # back the sharded parameters, so what reads named_parameters() next (the push, the final adapter) sees them
+        for m in self.model.modules():
+            if isinstance(m, FSDPModule):
+                m.reshard()
         return mine
 
     def server_side(self, step: int) -> list[list[float]]:
