@@ -23,7 +23,8 @@ from tests.integration.test_integration import local, ports, start_local, wait_f
 pytestmark = pytest.mark.integration
 
 R = 8
-LORA = ("trainer.lora.r=8", "trainer.lora.save_merged=true")
+# parity_every 1: a stale probe before every push, the proof below that every push changed what the server returns
+LORA = ("trainer.lora.r=8", "trainer.lora.save_merged=true", "trainer.parity_every=1")
 PROBE = "the quick brown fox jumps over a lazy dog"
 
 
