@@ -6,7 +6,9 @@ from __future__ import annotations
 
 import hashlib
 import os
+import re
 import secrets
+import tempfile
 import time
 from dataclasses import dataclass
 from pathlib import Path
@@ -41,6 +43,9 @@ class Env:
 
 PLUGIN_ENV = Env.CPU_PLAIN_LINEAR
 """The switch the node's vLLM server gets on CPU (trainer.push.vllm_plugin reads it)."""
+
+COMPILER_SAFE_PATH = re.compile(r"[A-Za-z0-9._/+=@,:~-]+")
+"""Characters a compile-cache path may hold: compilers get it on a command line without quotes (JobDir.compile_cache)."""
 
 META_FILE = "meta.json"
 """A checkpoint folder's meta file (records.CheckpointMeta), written last: its presence marks the folder complete."""
@@ -193,7 +198,14 @@ class JobDir:
         """Node `node`'s compile caches (vLLM's torch.compile artifacts, Inductor's and Triton's kernels): under the
         config's vllm.cache_dir when it names one, else in the job folder, so a requeue or a resume of the job finds
         them and skips the compile. One folder per node: nodes never write the same files at once."""
-        return (Path(shared) if shared else self.root / "cache") / f"node{node}"
+        base = Path(shared) if shared else self.root / "cache"
+        if not COMPILER_SAFE_PATH.fullmatch(str(base)):
+            # Inductor hands the cache path to g++ unquoted: a space (or a shell character) in it fails every compile.
+            # Such a folder's caches go to a stable folder of the node's temp dir instead (a restart on the same node
+            # still finds them).
+            digest = hashlib.sha1(str(base).encode()).hexdigest()[:16]
+            base = Path(tempfile.gettempdir()) / f"slurm-grpo-cache-{digest}"
+        return base / f"node{node}"
 
     # a sweep folder
     @property

@@ -199,3 +199,16 @@ def test_the_plan_gives_the_trainer_the_servers_start_deadline_only_when_it_star
     assert settings().server_start_timeout_s == 77.0 and settings().parity_every == 10
     assert settings(start_with_server=False).server_start_timeout_s == 0.0
     assert settings(parity_every=1).parity_every == 1
+
+
+def test_a_compile_cache_path_a_compiler_would_split_moves_to_a_stable_temp_folder(tmp_path):
+    """Inductor passes the cache path to g++ unquoted: a job folder with a space kept every CPU compile failing
+    (seen on the cluster tier). Such folders get a stable per-job folder in the temp dir; plain ones stay in the job."""
+    from launcher.core.jobdir import JobDir
+
+    plain = JobDir(tmp_path / "job-1").compile_cache(0)
+    assert plain == tmp_path / "job-1" / "cache" / "node0"
+    spaced = JobDir(tmp_path / "rank death").compile_cache(1)
+    assert " " not in str(spaced) and spaced.name == "node1" and spaced.parent.name.startswith("slurm-grpo-cache-")
+    assert spaced == JobDir(tmp_path / "rank death").compile_cache(1), "a restart must find the same folder"
+    assert JobDir(tmp_path / "other job").compile_cache(1) != spaced
