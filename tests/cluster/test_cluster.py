@@ -253,7 +253,10 @@ def test_two_node_job_preempted_requeued_resumes_and_completes(tmp_path, tiny_mo
     job = tmp_path / "cluster job"
     # with asynchronous generation on (one step off, per node): preemption and resume must not care
     # and W&B (offline on the nodes): the requeued attempt must continue the same run
-    job_id = cluster.submit(job, tiny_model, "trainer.max_staleness=1", "trainer.report_to=[wandb, tensorboard]")
+    # parity_every 1: the stale probe before every push too, which the access-log counts below expect
+    job_id = cluster.submit(
+        job, tiny_model, "trainer.max_staleness=1", "trainer.report_to=[wandb, tensorboard]", "trainer.parity_every=1"
+    )
     p = Plan.load(job / "plan.json")
 
     wait_until(lambda: steps_done(job) >= 1, 600, "step 1", job_id, env, job)
