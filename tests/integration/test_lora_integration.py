@@ -98,7 +98,9 @@ def test_lora_pushes_only_the_adapter_keeps_the_base_resumes_and_writes_a_peft_a
     model_bytes = 4 * sum(p.numel() for p in base.parameters())
     print(f"adapter push {expected} bytes vs full push {model_bytes} bytes ({model_bytes / expected:.0f}x)")
     vllm_log = (job / "logs" / "node0-vllm.log").read_text()
-    assert vllm_log.count("Loaded new LoRA adapter") == 10, vllm_log[-2000:]  # the zero adapter, then one per push
+    # loads counted in uvicorn's access log (which test_integration's pause/resume counts rely on too), not by vLLM's
+    # own INFO line: one CI run found no "Loaded new LoRA adapter" line in this log although parity through the
+    # adapter held after every push. 10 = the zero adapter, then one per push
     posts = ("/v1/load_lora_adapter", "/update_weights", "/init_weight_transfer_engine", "/v1/completions")
     seen = {route: vllm_log.count(f'"POST {route} ') for route in posts}  # the server's access log
     assert seen["/v1/completions"] > 0 and seen["/v1/load_lora_adapter"] == 10, seen
