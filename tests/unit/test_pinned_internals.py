@@ -4,6 +4,7 @@ this fails with a message naming it, instead of the trainer failing somewhere de
 from __future__ import annotations
 
 import inspect
+import json
 import subprocess
 import sys
 
@@ -284,12 +285,19 @@ def test_the_ipc_push_runs_no_collective_and_the_server_loads_every_byte(monkeyp
     monkeypatch.setattr(torch.cuda, "current_stream", lambda: type("S", (), {"synchronize": lambda self: None})())
     exported: list[torch.Tensor] = []
 
-    def reduce_tensor(t):
+    def reduce_tensor(t):  # torch's own arguments for a CUDA tensor, the allocation named by its handle's bytes
         exported.append(t)
-        return None, (len(exported) - 1, 0, 0, 0, 0, 0, 0)
+        n = t.numel()
+        handle = f"h{len(exported) - 1}".encode()
+        return None, (torch.Tensor, t.size(), t.stride(), 0, torch.storage.TypedStorage, t.dtype, 0, handle, n, 0, False,
+                      b"rc", 0, b"ev", True)  # fmt: skip
+
+    def rebuild_cuda_tensor(*args):  # the same bytes, mapped; the classes and dtype as the JSON handle gives them back
+        assert args[0] is torch.Tensor and args[4] is torch.storage.TypedStorage and args[5] is torch.uint8, args
+        return exported[int(args[7][1:])]
 
     monkeypatch.setattr("torch.multiprocessing.reductions.reduce_tensor", reduce_tensor)
-    monkeypatch.setattr(engine_mod, "rebuild_cuda_tensor", lambda *args: exported[args[0]])  # the same bytes, mapped
+    monkeypatch.setattr(engine_mod, "rebuild_cuda_tensor", rebuild_cuda_tensor)
 
     class Model:
         loads: list[list[tuple[str, list[int], list[float]]]] = []
@@ -307,8 +315,8 @@ def test_the_ipc_push_runs_no_collective_and_the_server_loads_every_byte(monkeyp
 
         def post(self, route, body=None, timeout_s=None, step=0, engine=None):
             posted.append(route)
-            if route == self.INIT_WEIGHTS:
-                receiver.init_transfer_engine(receiver.parse_init_info(body["init_info"]))
+            if route == self.INIT_WEIGHTS:  # through JSON, as over HTTP
+                receiver.init_transfer_engine(receiver.parse_init_info(json.loads(json.dumps(body["init_info"]))))
             elif route == self.UPDATE_WEIGHTS:
                 receiver.receive_weights(receiver.parse_update_info(body["update_info"]))
 
@@ -350,3 +358,37 @@ def test_the_server_entry_point_the_nodes_run_still_starts_the_server():
     from vllm.entrypoints.launchers.api_server.entry import main
 
     assert callable(main)
+
+
+def test_the_ipc_handle_crosses_http_as_json_and_nothing_else_is_accepted():
+    """The mapped_ipc init info carries the buffer's CUDA IPC handle: as JSON, with torch's reduce_tensor fields (pinned
+    here against rebuild_cuda_tensor's parameters), back to the exact arguments, and anything else refused, so a
+    process of the node that posts to the server's init route can never make it unpickle (and run) an object."""
+    import base64
+    import pickle
+
+    import torch
+    from torch.multiprocessing.reductions import rebuild_cuda_tensor
+
+    from trainer.push.wire import decode_cuda_handle, encode_cuda_handle
+
+    params = list(inspect.signature(rebuild_cuda_tensor).parameters)
+    assert len(params) == 15 and params[6:8] == ["storage_device", "storage_handle"], params  # torch's order, pinned
+    args = (torch.Tensor, torch.Size([1024]), (1,), 0, torch.storage.TypedStorage, torch.uint8, 3, b"\x00cuda\xff",
+            1024, 512, False, b"/torch_123_456", 64, b"\x01event", True)  # fmt: skip
+    wire = json.loads(json.dumps(encode_cuda_handle(args)))
+    assert decode_cuda_handle(wire) == args
+    assert encode_cuda_handle(args[:10] + (False, None, 0, None, False))["event_handle"] is None  # no event: null
+    with pytest.raises(TypeError, match="flat uint8"):
+        encode_cuda_handle((torch.nn.Parameter,) + args[1:])
+    bad = [
+        base64.b64encode(pickle.dumps(args)).decode(),  # the old format: a pickle
+        {**wire, "tensor_cls": "os.system"},  # an extra field
+        {k: v for k, v in wire.items() if k != "event_handle"},  # a missing one
+        {**wire, "storage_device": "0"},  # a wrong type
+        {**wire, "requires_grad": 1},
+        {**wire, "storage_handle": "not base64!"},
+    ]
+    for d in bad:
+        with pytest.raises(ValueError):
+            decode_cuda_handle(d)  # type: ignore[arg-type]

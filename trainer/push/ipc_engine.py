@@ -21,21 +21,20 @@ the proof that the weights landed.
 
 from __future__ import annotations
 
-import base64
-import pickle
 from dataclasses import dataclass, field
 
 import torch
 from torch.multiprocessing.reductions import rebuild_cuda_tensor
 from vllm.distributed.weight_transfer.base import WeightTransferEngine, WeightTransferInitInfo, WeightTransferUpdateInfo
 
-from trainer.push.wire import ParamMeta, buffer_windows, window_views
+from trainer.push.wire import ParamMeta, buffer_windows, decode_cuda_handle, window_views
 
 
 @dataclass
 class MappedIpcInitInfo(WeightTransferInitInfo):
-    handle: str = ""
-    """base64 of pickle({gpu uuid: torch's rebuild_cuda_tensor args}) of the trainer's staging buffer."""
+    handles: dict[str, dict] = field(default_factory=dict)
+    """{gpu uuid: the trainer's staging buffer's CUDA IPC handle}, as JSON (trainer.push.wire.encode_cuda_handle: never
+    a pickle, which would run whatever a process of the node posts to the server)."""
     buffer_bytes: int = 0
     names: list[str] = field(default_factory=list)
     dtype_names: list[str] = field(default_factory=list)
@@ -56,14 +55,14 @@ class MappedIpcWeightTransferEngine(WeightTransferEngine[MappedIpcInitInfo, Mapp
     supports_draft_weight_update = False
 
     def init_transfer_engine(self, init_info: MappedIpcInitInfo) -> None:
-        handles = pickle.loads(base64.b64decode(init_info.handle))
+        handles = init_info.handles
         uuid = str(torch.cuda.get_device_properties(self.device.index).uuid)
         if uuid not in handles:
             raise ValueError(
                 f"the trainer's push buffer is on GPU {list(handles)} but this vLLM worker is on {uuid}: the mapped_ipc push "
                 "needs vLLM and the trainer on the same GPU (use the nccl backend otherwise)"
             )
-        args = list(handles[uuid])
+        args = list(decode_cuda_handle(handles[uuid]))
         args[6] = self.device.index  # rebuild_cuda_tensor's device index: this process's numbering
         self.buffer = rebuild_cuda_tensor(*args)
         if self.buffer.numel() < init_info.buffer_bytes:

@@ -24,8 +24,6 @@ more than the bucket), so one broadcast and one `load_weights` move a whole buck
 
 from __future__ import annotations
 
-import base64
-import pickle
 import threading
 import time
 from collections.abc import Callable, Iterator
@@ -35,7 +33,7 @@ from typing import Any, Protocol
 import torch
 import torch.distributed as dist
 
-from trainer.push.wire import ParamMeta, buffer_windows, loopback_gloo_group, update_info, window_views
+from trainer.push.wire import ParamMeta, buffer_windows, encode_cuda_handle, loopback_gloo_group, update_info, window_views
 from trainer.rollout.server import ServerError, VllmServer, server_log
 
 Params = Iterator[tuple[str, torch.Tensor]]
@@ -307,9 +305,9 @@ class MappedIpcSender:
         self.buffer = torch.empty(self.buffer_bytes, dtype=torch.uint8, device=torch.device("cuda", index))
         self.views = [window_views(self.buffer, w) for w in self.windows]  # made once: a push only copies into them
         _, handle_args = reduce_tensor(self.buffer)  # exported once: the server keeps the mapping open
-        handle = base64.b64encode(pickle.dumps({uuid: handle_args})).decode()
         client.init_weight_transfer(
-            {"handle": handle, "buffer_bytes": self.buffer_bytes, **update_info(meta)}, timeout_s=timeout_s
+            {"handles": {uuid: encode_cuda_handle(handle_args)}, "buffer_bytes": self.buffer_bytes, **update_info(meta)},
+            timeout_s=timeout_s,
         )
         self.phases: dict[str, float] = {}
 

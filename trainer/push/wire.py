@@ -8,6 +8,7 @@ ends in a gloo group bound to 127.0.0.1 (loopback_gloo_group): the push never le
 
 from __future__ import annotations
 
+import base64
 import math
 from collections.abc import Iterator
 from datetime import timedelta
@@ -86,3 +87,64 @@ def window_views(buffer: torch.Tensor, window: list[ParamMeta]) -> list[torch.Te
         out.append(buffer[offset : offset + m.nbytes].view(getattr(torch, m.dtype)).view(m.shape))
         offset += m.nbytes
     return out
+
+
+# The mapped_ipc buffer's CUDA IPC handle crosses HTTP as JSON, never as a pickle: the server's routes are reachable by
+# every process of the node, and unpickling what arrives there would run whatever a local user sends (vLLM's own ipc
+# engine refuses its pickled handles unless VLLM_ALLOW_INSECURE_SERIALIZATION=1). The fields are those of torch's
+# reduce_tensor for a CUDA tensor (rebuild_cuda_tensor's arguments), for the one kind of tensor the push exports: a
+# flat uint8 buffer; the classes and the dtype are fixed here instead of travelling.
+HANDLE_BYTES = ("storage_handle", "ref_counter_handle", "event_handle")
+HANDLE_INTS = ("tensor_offset", "storage_device", "storage_size_bytes", "storage_offset_bytes", "ref_counter_offset")
+
+
+def encode_cuda_handle(args: tuple) -> dict:
+    """reduce_tensor(buffer)[1] of the staging buffer -> a JSON-safe dict (bytes as base64)."""
+    (tensor_cls, size, stride, tensor_offset, storage_cls, dtype, device, storage_handle, storage_size_bytes,
+     storage_offset_bytes, requires_grad, ref_counter_handle, ref_counter_offset, event_handle, event_sync_required) = args  # fmt: skip
+    if tensor_cls is not torch.Tensor or storage_cls is not torch.storage.TypedStorage or dtype != torch.uint8:
+        raise TypeError(f"the push exports a flat uint8 tensor only, not {tensor_cls.__name__} of {dtype}")
+    raw = {"storage_handle": storage_handle, "ref_counter_handle": ref_counter_handle, "event_handle": event_handle}
+    return {
+        "size": list(size),
+        "stride": list(stride),
+        "tensor_offset": tensor_offset,
+        "storage_device": device,
+        "storage_size_bytes": storage_size_bytes,
+        "storage_offset_bytes": storage_offset_bytes,
+        "requires_grad": bool(requires_grad),
+        "ref_counter_offset": ref_counter_offset,
+        "event_sync_required": bool(event_sync_required),
+        **{k: None if v is None else base64.b64encode(v).decode() for k, v in raw.items()},
+    }
+
+
+def decode_cuda_handle(d: dict) -> tuple:
+    """The inverse of encode_cuda_handle: rebuild_cuda_tensor's arguments. Anything but the exact fields, of the
+    exact types, is refused (ValueError), so no request can smuggle a class or a callable in."""
+    expected = {"size", "stride", "requires_grad", "event_sync_required", *HANDLE_INTS, *HANDLE_BYTES}
+    if not isinstance(d, dict) or set(d) != expected:
+        raise ValueError(
+            f"mapped_ipc handle: expected the fields {sorted(expected)}, got {sorted(d) if isinstance(d, dict) else type(d).__name__}"
+        )
+    ints = [d[k] for k in HANDLE_INTS] + list(d["size"]) + list(d["stride"])
+    if not all(type(v) is int for v in ints) or not all(type(d[k]) is bool for k in ("requires_grad", "event_sync_required")):
+        raise ValueError("mapped_ipc handle: offsets, sizes and the device must be integers, the flags booleans")
+    raw = {k: None if d[k] is None else base64.b64decode(d[k], validate=True) for k in HANDLE_BYTES}
+    return (
+        torch.Tensor,
+        torch.Size(d["size"]),
+        tuple(d["stride"]),
+        d["tensor_offset"],
+        torch.storage.TypedStorage,
+        torch.uint8,
+        d["storage_device"],
+        raw["storage_handle"],
+        d["storage_size_bytes"],
+        d["storage_offset_bytes"],
+        d["requires_grad"],
+        raw["ref_counter_handle"],
+        d["ref_counter_offset"],
+        raw["event_handle"],
+        d["event_sync_required"],
+    )
