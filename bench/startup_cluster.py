@@ -23,7 +23,6 @@ import subprocess
 import sys
 import tempfile
 import time
-from importlib.metadata import version
 from pathlib import Path
 
 from bench.run import cluster_env
@@ -126,6 +125,13 @@ def run_job(argv: list[str], job: Path, env: dict[str, str], timeout: float) -> 
     }
 
 
+def versions() -> dict[str, str]:
+    """torch, vLLM and TRL as this venv has them (vLLM's CPU build carries no package metadata: ask the modules)."""
+    code = "import json, torch, vllm, trl; print(json.dumps({m.__name__: m.__version__ for m in (torch, vllm, trl)}))"
+    r = subprocess.run([PY, "-c", code], capture_output=True, text=True, timeout=300)
+    return json.loads(r.stdout.splitlines()[-1]) if r.returncode == 0 and r.stdout.strip() else {"error": r.stderr[-300:]}
+
+
 def table(first: dict, again: dict) -> str:
     """First start vs restart, one row per node and phase."""
     keys: list[str] = ["submit -> bootstrap start"]
@@ -142,6 +148,9 @@ def table(first: dict, again: dict) -> str:
             lines.append(f"| {n} | {k} | {'-' if x is None else x} | {'-' if y is None else y} |")
         lines.append(f"| {n} | vLLM compiled graph | {a['cache']['aot']} | {b['cache']['aot']} |")
         lines.append(f"| {n} | cache paths in the job folder | {a['cache']['in_job_folder']} | {b['cache']['in_job_folder']} |")
+        x, y = a.get("cache_folder"), b.get("cache_folder")
+        if x and y:
+            lines.append(f"| {n} | cache folder after the job (files, MB) | {x['files']}, {x['mb']} | {y['files']}, {y['mb']} |")
     return "\n".join(lines)
 
 
@@ -183,7 +192,7 @@ def main() -> int:
         "more": a.more,
         "host": platform.node(),
         "python": platform.python_version(),
-        "versions": {p: version(p) for p in ("torch", "vllm", "trl")} | {"slurm": slurm.stdout.strip()},
+        "versions": versions() | {"slurm": slurm.stdout.strip()},
         "job": str(job),
         "first_start": first,
         "restart": again,

@@ -75,6 +75,7 @@ def test_the_table_puts_first_start_and_restart_side_by_side_per_node() -> None:
             "submit -> bootstrap start": 1.5,
             "phases_s": {"server start": server, "vLLM healthy -> step 1": 0.5},
             "cache": {"aot": aot, "in_job_folder": True},
+            "cache_folder": {"files": 10 if aot == "compiled" else 12, "mb": 1.5},
         }
         return {"nodes": {0: node, 1: {**node, "phases_s": {"server start": server}}}}
 
@@ -84,3 +85,4 @@ def test_the_table_puts_first_start_and_restart_side_by_side_per_node() -> None:
     assert "| 0 | vLLM healthy -> step 1 | 0.5 | 0.5 |" in out
     assert "| 1 | vLLM healthy -> step 1 | - | - |" in out  # a phase one node lacks shows as -, not a made-up figure
     assert "| 0 | vLLM compiled graph | compiled | loaded |" in out
+    assert "| 0 | cache folder after the job (files, MB) | 10, 1.5 | 12, 1.5 |" in out
