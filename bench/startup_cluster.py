@@ -19,6 +19,7 @@ import argparse
 import json
 import platform
 import re
+import shutil
 import subprocess
 import sys
 import tempfile
@@ -66,6 +67,28 @@ def cache_files(job: Path, node: int) -> dict:
     }
 
 
+def after_last_healthy(job: Path, nodes: int = NODES, attempt: int = -1) -> dict[int, float]:
+    """Seconds from the last node's vLLM healthy to each node's step 1, in one attempt (the events between two
+    bootstrap starts; -1: the latest). Step 1 is collective across the nodes (FSDP over all ranks), so a node whose
+    server was healthy first waits for the slowest node's: this, not its own `vLLM healthy -> step 1`, is what the
+    job spends after vLLM is up. {} when a node has no healthy server or no step 1 in that attempt."""
+    healthy: dict[int, float] = {}
+    first: dict[int, float] = {}
+    for n in range(nodes):
+        ev = read_events(JobDir(job).events(n))
+        starts = [i for i, e in enumerate(ev) if e.event == Event.BOOTSTRAP_START]
+        if not starts or not -len(starts) <= attempt < len(starts):
+            return {}
+        i = starts[attempt]
+        end = next((j for j in starts if j > i), len(ev))
+        t = {e.event: e.t for e in reversed(ev[i:end])}  # the first of each event in the attempt
+        if Event.VLLM_HEALTHY not in t or Event.FIRST_STEP not in t:
+            return {}
+        healthy[n], first[n] = t[Event.VLLM_HEALTHY], t[Event.FIRST_STEP]
+    last = max(healthy.values())
+    return {n: round(first[n] - last, 2) for n in range(nodes)}
+
+
 def run_job(argv: list[str], job: Path, env: dict[str, str], timeout: float) -> dict:
     """Run `slurm-grpo submit` or `resume`, follow the job until it ends (sampling the nodes' start-up as `status`
     shows it), and return its phases and compile-cache use per node."""
@@ -102,6 +125,7 @@ def run_job(argv: list[str], job: Path, env: dict[str, str], timeout: float) -> 
         [PY, "-m", "launcher", "status", str(job)], cwd=REPO, env=env, capture_output=True, text=True, timeout=120
     )
     nodes = {}
+    last = after_last_healthy(job)
     for n in range(NODES):
         ev = read_events(JobDir(job).events(n))
         boot = [e for e in ev if e.event == Event.BOOTSTRAP_START]
@@ -110,6 +134,7 @@ def run_job(argv: list[str], job: Path, env: dict[str, str], timeout: float) -> 
             "host": boot[-1].host if boot else "?",
             "submit -> bootstrap start": round(boot[-1].t - t0, 2) if boot else None,
             "phases_s": startup_phases(job, n),
+            "last vLLM healthy -> step 1": last.get(n),
             "compile": compile_notes(log),
             "cache": compile_cache_use(this_start(log), job),
             "cache_folder": cache_files(job, n),
@@ -132,25 +157,35 @@ def versions() -> dict[str, str]:
     return json.loads(r.stdout.splitlines()[-1]) if r.returncode == 0 and r.stdout.strip() else {"error": r.stderr[-300:]}
 
 
-def table(first: dict, again: dict) -> str:
-    """First start vs restart, one row per node and phase."""
+def engine_init(notes: list[str]) -> float | None:
+    """vLLM's engine init (profile, KV cache, warm-up: the compile or the cache load inside) from its compile lines."""
+    m = next((re.search(r"took ([0-9.]+) s", x) for x in notes if x.startswith("init engine")), None)
+    return float(m.group(1)) if m else None
+
+
+def table(runs: list[tuple[str, dict]]) -> str:
+    """The runs side by side (first start, restart, ...), one row per node and phase; - where a run lacks a figure."""
     keys: list[str] = ["submit -> bootstrap start"]
     for n in range(NODES):
-        for k in [*first["nodes"][n]["phases_s"], *again["nodes"][n]["phases_s"]]:
-            keys += [k] if k not in keys else []
-    lines = ["| node | phase | first start (s) | restart (s) |", "|---|---|---|---|"]
+        for _, run in runs:
+            keys += [k for k in run["nodes"][n]["phases_s"] if k not in keys]
+    keys.append("last vLLM healthy -> step 1")
+
+    def cell(x: object) -> str:
+        return "-" if x is None else str(x)
+
+    lines = ["| node | phase | " + " | ".join(f"{name} (s)" for name, _ in runs) + " |", "|---|---|" + "---|" * len(runs)]
     for n in range(NODES):
-        a, b = first["nodes"][n], again["nodes"][n]
-        lines.append(f"| {n} | host | {a['host']} | {b['host']} |")
-        for k in keys:
-            x = a[k] if k in a else a["phases_s"].get(k)
-            y = b[k] if k in b else b["phases_s"].get(k)
-            lines.append(f"| {n} | {k} | {'-' if x is None else x} | {'-' if y is None else y} |")
-        lines.append(f"| {n} | vLLM compiled graph | {a['cache']['aot']} | {b['cache']['aot']} |")
-        lines.append(f"| {n} | cache paths in the job folder | {a['cache']['in_job_folder']} | {b['cache']['in_job_folder']} |")
-        x, y = a.get("cache_folder"), b.get("cache_folder")
-        if x and y:
-            lines.append(f"| {n} | cache folder after the job (files, MB) | {x['files']}, {x['mb']} | {y['files']}, {y['mb']} |")
+        nodes = [run["nodes"][n] for _, run in runs]
+        rows = [("host", [x["host"] for x in nodes])]
+        rows += [(k, [cell(x[k] if k in x else x["phases_s"].get(k)) for x in nodes]) for k in keys]
+        rows.append(("vLLM engine init (from its log)", [cell(engine_init(x.get("compile", []))) for x in nodes]))
+        rows.append(("vLLM compiled graph", [x["cache"]["aot"] for x in nodes]))
+        rows.append(("cache paths in the job folder", [str(x["cache"]["in_job_folder"]) for x in nodes]))
+        if all("cache_folder" in x for x in nodes):
+            files = [f"{x['cache_folder']['files']}, {x['cache_folder']['mb']}" for x in nodes]
+            rows.append(("cache folder after the job (files, MB)", files))
+        lines += [f"| {n} | {what} | " + " | ".join(cells) + " |" for what, cells in rows]
     return "\n".join(lines)
 
 
@@ -159,6 +194,9 @@ def main() -> int:
     ap.add_argument("--cluster-env", required=True, help="the test cluster's env.sh (scripts/start_cluster.sh writes it)")
     ap.add_argument("--steps", type=int, default=3)
     ap.add_argument("--more", type=int, default=2, help="steps the restart adds")
+    ap.add_argument(
+        "--cold", action="store_true", help="then a third job: resume again with the job folder's compile caches removed"
+    )
     ap.add_argument("--timeout", type=float, default=1200, help="seconds each job may take, queue included")
     ap.add_argument("--out", default="")
     ap.add_argument("--set", dest="sets", action="append", default=[])
@@ -180,7 +218,16 @@ def main() -> int:
     for n in range(NODES):
         c = again["nodes"][n]["cache_folder"]
         c["written_by_restart"] = c["newest"] >= again["t0"]
-    print(table(first, again), flush=True)
+    runs = [("first start", first), ("restart", again)]
+    if a.cold:
+        total += a.more
+        say(f"restart without the compile caches: removing {job}/cache/node*, then slurm-grpo resume {job} to step {total}")
+        for n in range(NODES):
+            shutil.rmtree(JobDir(job).compile_cache(n), ignore_errors=True)
+        more = [f"trainer.max_steps={total}", f"trainer.save_steps={total}"]
+        runs.append(("restart, caches removed", run_job(cli_argv(PY, "resume", str(job), *more), job, env, a.timeout)))
+        print(runs[-1][1]["status"], flush=True)
+    print(table(runs), flush=True)
     git = subprocess.run(["git", "-C", str(REPO), "rev-parse", "--short", "HEAD"], capture_output=True, text=True)
     slurm = subprocess.run(["sinfo", "--version"], env=env, capture_output=True, text=True, timeout=60)
     result = {
@@ -196,6 +243,7 @@ def main() -> int:
         "job": str(job),
         "first_start": first,
         "restart": again,
+        "restart_caches_removed": runs[2][1] if a.cold else None,
     }
     if a.out:
         Path(a.out).parent.mkdir(parents=True, exist_ok=True)

@@ -7,7 +7,8 @@ from pathlib import Path
 import pytest
 
 from bench.startup import compile_cache_use, this_start
-from bench.startup_cluster import job_id_of, table
+from bench.startup_cluster import after_last_healthy, engine_init, job_id_of, table
+from launcher.core.jobdir import JobDir
 
 FIRST = """\
 (EngineCore pid=11) INFO 12-04 [backends.py:1105] Using cache directory: {job}/cache/node0/vllm/torch_compile_cache/ab12/rank_0_0/backbone for vLLM's torch.compile
@@ -68,21 +69,54 @@ def test_the_job_id_of_submit_and_of_resume() -> None:
         job_id_of("sbatch: error: Batch job submission failed")
 
 
-def test_the_table_puts_first_start_and_restart_side_by_side_per_node() -> None:
+def test_the_table_puts_the_runs_side_by_side_per_node() -> None:
     def run(host: str, server: float, aot: str) -> dict:
         node = {
             "host": host,
             "submit -> bootstrap start": 1.5,
             "phases_s": {"server start": server, "vLLM healthy -> step 1": 0.5},
+            "last vLLM healthy -> step 1": 0.5,
+            "compile": [f"init engine (profile, create kv cache, warmup model) took {server / 10} s"],
             "cache": {"aot": aot, "in_job_folder": True},
             "cache_folder": {"files": 10 if aot == "compiled" else 12, "mb": 1.5},
         }
         return {"nodes": {0: node, 1: {**node, "phases_s": {"server start": server}}}}
 
-    out = table(run("n1", 60.0, "compiled"), run("n2", 40.0, "loaded")).splitlines()
+    out = table([("first start", run("n1", 60.0, "compiled")), ("restart", run("n2", 40.0, "loaded"))]).splitlines()
+    assert out[0] == "| node | phase | first start (s) | restart (s) |"
     assert "| 0 | host | n1 | n2 |" in out
     assert "| 0 | server start | 60.0 | 40.0 |" in out
     assert "| 0 | vLLM healthy -> step 1 | 0.5 | 0.5 |" in out
     assert "| 1 | vLLM healthy -> step 1 | - | - |" in out  # a phase one node lacks shows as -, not a made-up figure
+    assert "| 1 | last vLLM healthy -> step 1 | 0.5 | 0.5 |" in out
+    assert "| 0 | vLLM engine init (from its log) | 6.0 | 4.0 |" in out
     assert "| 0 | vLLM compiled graph | compiled | loaded |" in out
     assert "| 0 | cache folder after the job (files, MB) | 10, 1.5 | 12, 1.5 |" in out
+    three = table([("a", run("n1", 60.0, "compiled")), ("b", run("n1", 40.0, "loaded")), ("c", run("n2", 50.0, "compiled"))])
+    assert "| 0 | server start | 60.0 | 40.0 | 50.0 |" in three.splitlines()
+
+
+def test_engine_init_is_read_from_vllms_line_or_is_none() -> None:
+    assert engine_init(["saved AOT", "init engine (profile, create kv cache, warmup model) took 13.64 s"]) == 13.64
+    assert engine_init(["saved AOT"]) is None
+
+
+def write_events(job: Path, node: int, rows: list[tuple[str, float]]) -> None:
+    path = JobDir(job).events(node)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    path.write_text("".join(f'{{"t": {t}, "node": {node}, "event": "{e}"}}\n' for e, t in rows))
+
+
+def test_after_last_healthy_counts_from_the_slowest_nodes_server_per_attempt(tmp_path: Path) -> None:
+    # attempt 1: node 0's server healthy at 100, node 1's at 105, both step 1 at 107; attempt 2: 300/302, step at 303
+    write_events(tmp_path, 0, [("bootstrap_start", 0), ("vllm_healthy", 100), ("first_step", 107), ("bootstrap_start", 200), ("vllm_healthy", 300), ("first_step", 303)])  # fmt: skip
+    write_events(tmp_path, 1, [("bootstrap_start", 0), ("vllm_healthy", 105), ("first_step", 107), ("bootstrap_start", 200), ("vllm_healthy", 302), ("first_step", 303.5)])  # fmt: skip
+    assert after_last_healthy(tmp_path, 2, attempt=0) == {0: 2.0, 1: 2.0}
+    assert after_last_healthy(tmp_path, 2) == after_last_healthy(tmp_path, 2, attempt=1) == {0: 1.0, 1: 1.5}
+    assert after_last_healthy(tmp_path, 2, attempt=2) == {}  # no such attempt
+
+
+def test_after_last_healthy_is_empty_while_a_node_has_no_step_1(tmp_path: Path) -> None:
+    write_events(tmp_path, 0, [("bootstrap_start", 0), ("vllm_healthy", 100), ("first_step", 107)])
+    write_events(tmp_path, 1, [("bootstrap_start", 0), ("vllm_healthy", 105)])
+    assert after_last_healthy(tmp_path, 2) == {}
