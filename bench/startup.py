@@ -37,10 +37,42 @@ COMPILE_LINES = (
 )
 
 
+CACHE_PATH_LINES = re.compile(
+    r"(Using cache directory|Directly load AOT compilation from path|Compiling model again due to a load failure from"
+    r"|saved AOT compiled function to):? (\S+?),?(?=\s|$)"
+)
+"""vLLM's lines that name a compile-cache path: the folder it uses, the AOT graph it loads, fails to load or saves."""
+
+
+def this_start(log: Path) -> str:
+    """The latest start's part of a server log: each start of the server opens its part with a ===== line."""
+    text = log.read_text(errors="replace") if log.is_file() else ""
+    return text[text.rfind("\n===== ") :]
+
+
+def compile_cache_use(text: str, job: Path) -> dict:
+    """What one start of vLLM did with its compile cache, from its log: the cache paths it named, whether all of them
+    lie in the job folder (where a requeue or resume finds them), and whether it loaded the compiled graph from there
+    ("loaded"), tried and compiled again ("load failed: REASON"), or compiled with nothing to load ("compiled")."""
+    paths = sorted({m.group(2) for m in CACHE_PATH_LINES.finditer(text)})
+    root = os.path.realpath(job) + os.sep
+    failed = re.search(r"Compiling model again due to a load failure from \S+ reason: ([^\n]*)", text)
+    if failed:
+        aot = "load failed: " + failed.group(1).strip()[:160]
+    elif re.search(r"Directly load (AOT compilation from path|the compiled graph)", text):
+        aot = "loaded"
+    else:
+        aot = "compiled"
+    return {
+        "paths": paths,
+        "in_job_folder": bool(paths) and all(os.path.realpath(x).startswith(root) for x in paths),
+        "aot": aot,
+    }
+
+
 def compile_notes(log: Path) -> list[str]:
     """vLLM's own lines about compiling or loading compiled graphs, from this start's part of its log."""
-    text = log.read_text(errors="replace") if log.is_file() else ""
-    text = text[text.rfind("\n===== ") :]  # each start of the server opens its part of the log with a ===== line
+    text = this_start(log)
     out = []
     for pattern in COMPILE_LINES:
         out += [re.sub(r"/\S{40,}", "...", m.group(0))[:200] for m in re.finditer(pattern, text)]
