@@ -40,17 +40,7 @@ def tool_suffix_ids(tokenizer, chat_template: str | None, kwargs: dict, tool_mes
 def make_loop(tokenizer, agents: Agents, max_completion_length: int, max_model_len: int, max_iterations: int,
               template_kwargs: dict) -> EpisodeLoop:  # fmt: skip
     """The loop with TRL's own tokenization, template choice and response parser."""
-    from trl.chat_template_utils import (
-        add_response_schema,
-        get_training_chat_template,
-        is_chat_template_prefix_preserving,
-        parse_response,
-    )
-
-    if getattr(tokenizer, "response_template", None) is None and getattr(tokenizer, "response_schema", None) is None:
-        add_response_schema(tokenizer)
-    # multi-turn needs a template that keeps earlier turns as they were: TRL swaps in its training template otherwise
-    template = None if is_chat_template_prefix_preserving(tokenizer) else get_training_chat_template(tokenizer)
+    template = trl_glue.response_parsing(tokenizer)  # TRL's parser, and its template if the model's would not do
     factory = agents.environment_factory
     factories: dict[str | None, Callable] = {}
     if isinstance(factory, dict):
@@ -70,7 +60,7 @@ def make_loop(tokenizer, agents: Agents, max_completion_length: int, max_model_l
         list(agents.tools or []),
         render,
         lambda messages: tool_suffix_ids(tokenizer, template, template_kwargs, messages),
-        lambda ids, prefix, tools: parse_response(tokenizer, ids, prefix=prefix, tools=list(tools)),
+        lambda ids, prefix, tools: trl_glue.parse_response(tokenizer, ids, prefix, tools),
         LoopSettings(max_completion_length, max_model_len, max_iterations),
     )
 
