@@ -67,7 +67,9 @@ def test_the_node_supervisor_and_the_login_node_stand_side_by_side():
 def test_only_trl_glue_imports_trl():
     """Any import of TRL (`import trl`, `from trl import ...`, `from trl.x import ...`, lazy ones included) outside
     trainer/trl_glue.py: the glue is where TRL's API is pinned (tests/unit/test_trl_glue.py), so it is the one importer."""
-    hits = [h for folder in ("launcher", "trainer") for h in broken(folder, TRL_IMPORT) if not h.startswith("trainer/trl_glue.py:")]
+    hits = [
+        h for folder in ("launcher", "trainer") for h in broken(folder, TRL_IMPORT) if not h.startswith("trainer/trl_glue.py:")
+    ]
     assert not hits, "TRL imported outside trainer/trl_glue.py (add a function there and call it):\n" + "\n".join(hits)
 
 

@@ -40,6 +40,7 @@ ATTEND = 20.0
 def make_tool_model(out: str | Path, hidden: int = 128, seed: int = 0) -> dict:
     import torch
     from transformers import AutoTokenizer, Qwen2Config, Qwen2ForCausalLM
+
     from trainer import trl_glue
     from trainer.tiny_model import make_tiny_model
 
