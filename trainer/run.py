@@ -23,6 +23,7 @@ from trainer import checkpoint, data, loading, procmem, rewards, tracking, trl_g
 from trainer import lora as trainer_lora
 from trainer.agents import figures as agent_figures
 from trainer.agents.ahead_rollout import AheadRollout, environment_rewards
+from trainer.agents.episodes import UnitBounds
 from trainer.agents.generation import RankGeneration
 from trainer.agents.resolve import resolve as resolve_agents
 from trainer.metrics import MetricsWriter, write_summary_and_plot
@@ -44,10 +45,19 @@ class Run:
     callback: grpo.SlurmGrpoCallback
     rollout: NodeRollout
     train_s: float = 0.0
+    ahead: AheadRollout | None = None
+    """Multi-turn with max_staleness >= 1: the episodes running ahead, whose thread ends with train()."""
 
     def train(self) -> Outcome:
         t0 = time.time()
-        self.trainer.train()
+        try:
+            self.trainer.train()
+        except BaseException:
+            if self.ahead is not None:  # stopped, not waited for: an error exits at once (trainer.main)
+                self.ahead.close(wait=False)
+            raise
+        if self.ahead is not None:  # done or preempted: no episode runs on past training (nor into the final push)
+            self.ahead.close()
         self.train_s = time.time() - t0
         if self.callback.preempted:
             self.par.log(f"preempted at step {self.trainer.state.global_step}: checkpoint written, exiting for requeue")
@@ -148,7 +158,8 @@ def build(plan: Plan, par: Parallel, preemption: grpo.PreemptionFlag) -> Run:
     # k >= 1: episodes run ahead in the background, whole, in the project's loop (TRL's runs inside its step)
     ahead = None
     if agents is not None and lookahead is not None and not t.rollout_func:
-        ahead = AheadRollout(agents, lookahead, t.max_staleness, t.max_steps, t.request_timeout_s)
+        bounds = UnitBounds(t.request_timeout_s, t.tool_timeout_s)
+        ahead = AheadRollout(agents, lookahead, t.max_staleness, t.max_steps, bounds)
         reward_fns += environment_rewards(agents)
     trainer = trl_glue.build_trainer(
         model,
@@ -169,4 +180,4 @@ def build(plan: Plan, par: Parallel, preemption: grpo.PreemptionFlag) -> Run:
         lookahead.attach(trainer)
     if resume is not None:
         data.continue_data_order(trainer, cursor.base_indices)
-    return Run(plan=plan, par=par, trainer=trainer, callback=callback, rollout=rollout)
+    return Run(plan=plan, par=par, trainer=trainer, callback=callback, rollout=rollout, ahead=ahead)

@@ -34,6 +34,9 @@ it, instead of deep in a job:
      loss (`before_loss`; the integration tier reads it there).
  15. GRPOTrainer._generate_and_score_completions(inputs): the batch's dataset rows, before its generation
      (`before_generate_and_score`: the project's episode loop resets environments with them).
+ 16. trl.chat_template_utils: TRL's response schemas, training chat templates and response parser (`response_parsing`,
+     `parse_response`; `qwen2_5_chat_template` for the tiny tool model): the project's episode loop parses and renders
+     exactly as TRL's tool loop does.
 """
 
 from __future__ import annotations
@@ -224,3 +227,28 @@ def before_generate_and_score(trainer, fn: Callable[[list[dict[str, Any]]], None
         return make(inputs)
 
     trainer._generate_and_score_completions = generate_and_score
+
+
+def response_parsing(tokenizer) -> str | None:
+    """(16) Readies `tokenizer` for TRL's response parser as GRPOTrainer does (a response schema TRL knows for its chat
+    template, when it has none) and returns the chat template multi-turn renders with: None (the tokenizer's own) when
+    it keeps earlier turns as they were, else TRL's training template."""
+    from trl.chat_template_utils import add_response_schema, get_training_chat_template, is_chat_template_prefix_preserving
+
+    if getattr(tokenizer, "response_template", None) is None and getattr(tokenizer, "response_schema", None) is None:
+        add_response_schema(tokenizer)
+    return None if is_chat_template_prefix_preserving(tokenizer) else get_training_chat_template(tokenizer)
+
+
+def parse_response(tokenizer, ids: list[int], prefix: list[int], tools: list[Callable]) -> dict[str, Any]:
+    """(16) The assistant message TRL's loop makes of completion `ids` after `prefix` (its tool calls parsed)."""
+    from trl.chat_template_utils import parse_response as trl_parse_response
+
+    return trl_parse_response(tokenizer, ids, prefix=prefix, tools=list(tools))
+
+
+def qwen2_5_chat_template() -> str:
+    """(16) TRL's copy of Qwen2.5's chat template, the one its response schema for Qwen2.5 parses."""
+    from trl.chat_template_utils import qwen2_5_chat_template as template
+
+    return template

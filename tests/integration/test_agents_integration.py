@@ -171,3 +171,49 @@ def test_one_step_off_whole_episodes_run_ahead_and_train_with_their_staleness(ah
             for ids, keep, tool in zip(row["completion_ids"], row["completion_mask"], row["tool_mask"], strict=True):
                 trained = [t for t, k, m in zip(ids, keep, tool, strict=True) if k and m]
                 assert tok.decode(trained) == CALL_TURN * calls + "ok<|im_end|>"
+
+
+def test_a_users_rollout_func_generates_on_the_nodes_server_and_its_field_reaches_the_reward(tmp_path):
+    """trainer.rollout_func (tests.support.agent_rollout:rollout, TRL's signature and output) in a real local run:
+    both ranks generate through their generation backend on the node's vLLM server (the tool model's own turn comes
+    back, and the server's access log holds exactly their requests besides parity's), and the rollout's extra field
+    reaches the reward function (rank_reward scores it: 0.25 on rank 0, 0.5 on rank 1, 0.375 the step's mean)."""
+    import subprocess
+
+    model, job, trace = tmp_path / "tool-model", tmp_path / "job", tmp_path / "trace"
+    subprocess.run([PY, "-m", "trainer.agents.tiny_tool_model", str(model)], check=True, cwd=REPO, capture_output=True)
+    sets = [
+        f"vllm.model={model}",
+        f"job.job_dir={job}",
+        *port_sets(),
+        f"trainer.max_steps={STEPS}",
+        "trainer.environment=''",
+        "trainer.rollout_func=tests.support.agent_rollout:rollout",
+        "trainer.reward_funcs=[tests.support.agent_rollout:rank_reward]",
+        "trainer.per_device_train_batch_size=2",
+        "trainer.num_generations=2",
+        "trainer.max_completion_length=16",
+    ]
+    r = cli(
+        "local",
+        str(REPO / "configs/agents_cpu.yaml"),
+        *[x for s in sets for x in ("--set", s)],
+        env=clean_env(PYTHONPATH=str(REPO), **{TRACE_ENV: str(trace)}),
+        timeout=900,
+    )
+    assert r.returncode == 0, r.stdout[-3000:] + r.stderr[-3000:]
+    run = Run(job, trace, r, 0.0)
+    tok = tokenizer(run)
+    for rank in (0, 1):
+        gen = run.rows(rank, "generated")
+        assert [row["step"] for row in gen] == list(range(STEPS))
+        assert [row["figures"]["agents/requests"] for row in gen] == [1.0] * STEPS  # one request per step, its own
+        for row in gen:
+            assert [tok.decode(ids) for ids in row["completion_ids"]] == [CALL_TURN] * 2  # what the model writes
+    steps = [s for s in read(job / "metrics.jsonl") if s.get("kind") == "step"]
+    assert [s["reward"] for s in steps] == [pytest.approx(0.375)] * STEPS
+    summary = json.loads((job / "summary.json").read_text())
+    assert summary["final_step"] == STEPS
+    parity = summary["nodes"]["0"]["parity_history"]
+    posts = (job / "logs" / "node0-vllm.log").read_text().count('"POST /v1/completions ')  # the access log
+    assert posts == 2 * STEPS + len(parity), (posts, len(parity))

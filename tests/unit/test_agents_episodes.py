@@ -6,15 +6,18 @@ And the background queue: a hit, a miss, and the wait before a push."""
 
 from __future__ import annotations
 
+import threading
 import time
+from types import SimpleNamespace
 
 import pytest
 import torch
 
-from trainer.agents.ahead_rollout import environment_rewards, make_loop
+from trainer.agents.ahead_rollout import AheadRollout, environment_rewards, make_loop
 from trainer.agents.deadline import environment_with_deadlines
-from trainer.agents.episodes import AheadEpisodes, rollout_output
+from trainer.agents.episodes import AheadEpisodes, EpisodeLoop, LoopSettings, UnitBounds, rollout_output
 from trainer.agents.resolve import Agents
+from trainer.run import Outcome, Run
 
 TOOL_TIMEOUT_S = 1.0
 MAX_COMPLETION = 640
@@ -94,14 +97,152 @@ def test_episodes_sent_ahead_are_taken_for_their_prompts_only_and_a_push_waits_f
         time.sleep(0.5)  # still running when the test asks
         return slow(prompts)
 
-    ahead = AheadEpisodes(loop, generate)
+    ahead = AheadEpisodes(loop, generate, UnitBounds(60, 60))
     rows = [{"prompt": [{"role": "user", "content": "go"}], "calls": 2}]
     ahead.send(3, rows, weights_step=2)
     ahead.send(4, rows, weights_step=2)
-    ahead.wait_all(60)  # before a push: nothing generating
+    ahead.wait_all()  # before a push: nothing generating
     assert all(f.done() for _, _, f in ahead.pending.values())
-    got = ahead.take(3, [rows[0]["prompt"]], 60)
+    got = ahead.take(3, [rows[0]["prompt"]])
     assert got is not None and got[1] == 2 and got[0][0].tool_calls == 2 and got[0][0].env.get_reward() == 1.0
-    assert ahead.take(3, [rows[0]["prompt"]], 60) is None  # taken once
-    assert ahead.take(4, [[{"role": "user", "content": "other"}]], 60) is None  # other prompts: a miss, never used
+    assert ahead.take(3, [rows[0]["prompt"]]) is None  # taken once
+    assert ahead.take(4, [[{"role": "user", "content": "other"}]]) is None  # other prompts: a miss, never used
     ahead.close()
+
+
+CALL = {"type": "function", "function": {"name": "slow_tool", "arguments": {}}}
+
+
+def scripted(call_turns: int, calls_per_turn: int, tool_s: float, max_iterations: int, env=None) -> EpisodeLoop:
+    """The real episode loop on one-token turns: the model calls slow_tool calls_per_turn times in each of its first
+    call_turns turns, then answers; no tokenizer (the template and the parser are stand-ins)."""
+    parsed = {"n": 0}
+
+    def slow_tool() -> str:
+        """Takes its time."""
+        time.sleep(tool_s)
+        return "r"
+
+    def parse(ids, prefix, tools):
+        parsed["n"] += 1
+        calls = [CALL] * calls_per_turn if parsed["n"] <= call_turns else []
+        return {"role": "assistant", "content": "", **({"tool_calls": calls} if calls else {})}
+
+    return EpisodeLoop(
+        {None: env} if env is not None else {},
+        [slow_tool],
+        lambda prompt, tools: [1],
+        lambda messages: [2],
+        parse,
+        LoopSettings(max_completion_length=10_000, max_model_len=100_000, max_iterations=max_iterations),
+    )
+
+
+def sleepy(gen_s: float, counter: dict | None = None):
+    def generate(prompts):
+        if counter is not None:
+            counter["requests"] = counter.get("requests", 0) + 1
+        time.sleep(gen_s)
+        return [([9], [-0.1]) for _ in prompts]
+
+    return generate
+
+
+ROW = {"prompt": [{"role": "user", "content": "go"}]}
+
+
+def test_a_slow_episode_within_every_units_deadline_is_waited_for(monkeypatch):
+    """3 turns x 3 tool calls at 0.3 s (tool_timeout_s 0.4) and 4 requests at 0.3 s (request_timeout_s 0.4): 3.9 s in
+    all, over twice what a bound of request_timeout_s per turn (1 + max_tool_calling_iterations turns: 1.6 s) allows,
+    and legitimate: the deadline moves on with each unit of work, so the wait holds it."""
+    monkeypatch.setattr(AheadEpisodes, "POLL_S", 0.05)
+    bounds = UnitBounds(request_timeout_s=0.4, tool_timeout_s=0.4, slack_s=0.2)
+    ahead = AheadEpisodes(scripted(3, 3, 0.3, max_iterations=3), sleepy(0.3), bounds)
+    t0 = time.monotonic()
+    ahead.send(1, [dict(ROW)], weights_step=0)
+    got = ahead.take(1, [ROW["prompt"]])
+    waited = time.monotonic() - t0
+    assert got is not None and got[0][0].tool_calls == 9 and got[0][0].mask == [1] + [0, 1] * 3
+    assert waited > 0.4 * (1 + 3), waited
+    ahead.close()
+
+
+class StuckReset:
+    def __init__(self, release: threading.Event) -> None:
+        self.release = release
+
+    def reset(self, **row) -> None:
+        self.release.wait(30)
+
+    def slow_tool(self) -> str:
+        """Never called."""
+        return ""
+
+
+@pytest.mark.parametrize("stuck", ["reset", "generate"])
+def test_a_batch_stuck_past_its_units_deadline_fails_naming_the_setting(monkeypatch, stuck):
+    """A reset() (given trainer.tool_timeout_s) or a request (a client that ignored trainer.request_timeout_s) past its
+    bound + slack: the wait fails at once, naming the unit, the step, the setting to raise and where the thread is."""
+    monkeypatch.setattr(AheadEpisodes, "POLL_S", 0.05)
+    release = threading.Event()
+    bounds = UnitBounds(request_timeout_s=0.3, tool_timeout_s=0.2, slack_s=0.2)
+
+    def hang(prompts):
+        release.wait(30)
+        return [([9], [-0.1]) for _ in prompts]
+
+    env = (lambda: StuckReset(release)) if stuck == "reset" else None
+    ahead = AheadEpisodes(scripted(0, 0, 0, 1, env), hang if stuck == "generate" else sleepy(0), bounds, "node 0 rank 1")
+    ahead.send(5, [dict(ROW)], weights_step=4)
+    t0 = time.monotonic()
+    try:
+        with pytest.raises(TimeoutError) as e:
+            ahead.wait_all()
+        assert time.monotonic() - t0 < 5
+    finally:
+        release.set()
+        ahead.close()
+    setting = "trainer.tool_timeout_s" if stuck == "reset" else "trainer.request_timeout_s"
+    what = "an environment's reset()" if stuck == "reset" else "a generation request"
+    msg = str(e.value)
+    assert msg.startswith("node 0 rank 1: the episodes sent ahead for step 5 are stuck: " + what), msg
+    assert f"raise {setting}" in msg and "wait(30)" in msg, msg  # the setting, and the thread's line
+
+
+def ahead_threads() -> set[threading.Thread]:
+    return {t for t in threading.enumerate() if t.name.startswith("episodes-ahead")}
+
+
+@pytest.mark.parametrize("ending", ["finished", "preempted", "error"])
+def test_no_episode_thread_outlives_the_training(monkeypatch, ending):
+    """Run.train ends the background thread however training ends: batches not begun are dropped and the running one
+    stops at its next unit of work (not after its 100 turns); done or preempted, the thread has ended when train()
+    returns; on an error it is stopped without a wait (the process exits at once) and ends at its next unit."""
+    before = ahead_threads()
+    requests: dict = {}
+    bounds = UnitBounds(request_timeout_s=5, tool_timeout_s=5)
+    rollout = AheadRollout(Agents(), None, 2, 10, bounds)
+    rollout.ahead = AheadEpisodes(scripted(100, 1, 0.01, max_iterations=100), sleepy(0.05, requests), bounds)
+    callback = SimpleNamespace(preempted=False)
+
+    def train():
+        rollout.ahead.send(1, [dict(ROW)], weights_step=0)
+        rollout.ahead.send(2, [dict(ROW)], weights_step=0)
+        while not requests:
+            time.sleep(0.01)
+        if ending == "error":
+            raise RuntimeError("a rank failed")
+        callback.preempted = ending == "preempted"
+
+    trainer = SimpleNamespace(train=train, state=SimpleNamespace(global_step=1))
+    run = Run(plan=None, par=SimpleNamespace(log=lambda msg: None), trainer=trainer, callback=callback, rollout=None,
+              ahead=rollout)  # type: ignore[arg-type]  # fmt: skip
+    if ending == "error":
+        with pytest.raises(RuntimeError, match="a rank failed"):
+            run.train()
+        for t in ahead_threads() - before:
+            t.join(5)
+    else:
+        assert run.train() is (Outcome.PREEMPTED if ending == "preempted" else Outcome.FINISHED)
+    assert not ahead_threads() - before
+    assert requests["requests"] < 10, requests  # stopped at its next unit, the batch of step 2 never begun

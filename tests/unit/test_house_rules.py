@@ -64,6 +64,19 @@ def test_the_node_supervisor_and_the_login_node_stand_side_by_side():
     assert not broken("launcher/node", login)
 
 
+def test_only_trl_glue_imports_trl():
+    """Any import of TRL (`import trl`, `from trl import ...`, `from trl.x import ...`, lazy ones included) outside
+    trainer/trl_glue.py: the glue is where TRL's API is pinned (tests/unit/test_trl_glue.py), so it is the one importer."""
+    hits = [
+        h for folder in ("launcher", "trainer") for h in broken(folder, TRL_IMPORT) if not h.startswith("trainer/trl_glue.py:")
+    ]
+    assert not hits, "TRL imported outside trainer/trl_glue.py (add a function there and call it):\n" + "\n".join(hits)
+
+
+TRL_IMPORT = re.compile(r"trl(\.|$)")
+"""A module name of TRL's (trl, trl.anything), as `imports` gives it."""
+
+
 def code_names(p: Path) -> list[tuple[int, str]]:
     """(line, text) of what the code itself names: string literals (f-string parts included; docstrings left out,
     prose may describe a boundary), attribute and variable names, imported modules. Comments are not in the AST."""
@@ -157,8 +170,14 @@ def test_the_rules_see_a_violation(tmp_path):
         "    trainer._step = 3\n"
         '    client.post("/update_weights", {})\n'
         '    return job_dir / "metrics.jsonl", f"logs/node{node}-vllm.log"\n'
+        "def g():\n"
+        "    import trl\n"
+        "    from trl import GRPOConfig\n"
+        "    from trl.chat_template_utils import parse_response\n"
+        "    import trlx, trl_like\n"
     )
-    assert imports(f) == [(3, "torch"), (4, "launcher"), (4, "launcher.cli")]
+    assert imports(f)[:3] == [(3, "torch"), (4, "launcher"), (4, "launcher.cli")]
+    assert [line for line, mod in imports(f) if TRL_IMPORT.match(mod)] == [9, 10, 11]
     names = code_names(f)
     assert [line for line, t in names if TRL_INTERNALS.search(t)] == [5]
     assert [line for line, t in names if VLLM_ROUTES.search(t)] == [6]

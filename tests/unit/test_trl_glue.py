@@ -186,3 +186,29 @@ def test_12_to_15_the_multi_turn_hooks():
     trl_glue.log_metric(fake, "agents/x", 2.0)
     assert seen == [([[1]], [[2, 3]], [[1, 0]]), {"tool_mask": 1}, [{"prompt": "p"}]]
     assert fake._metrics["train"]["agents/x"] == [2.0]
+
+
+def test_16_trls_response_parsing_and_templates(tiny_model):
+    """response_parsing gives the Qwen2.5 template a response schema and keeps it (it is prefix-preserving);
+    parse_response turns a tool-call completion into an assistant message with the call parsed."""
+    from transformers import AutoTokenizer
+
+    tok = AutoTokenizer.from_pretrained(tiny_model)
+    tok.chat_template = trl_glue.qwen2_5_chat_template()
+    assert "<tool_call>" in tok.chat_template
+    assert trl_glue.response_parsing(tok) is None
+    assert getattr(tok, "response_template", None) is not None or getattr(tok, "response_schema", None) is not None
+
+    def countdown() -> str:
+        """Counts down.
+
+        Returns:
+            what is left.
+        """
+        return "DONE"
+
+    prefix = tok.apply_chat_template([{"role": "user", "content": "go"}], add_generation_prompt=True, tokenize=True,
+                                     return_dict=False, tools=[countdown])  # fmt: skip
+    ids = tok.encode('<tool_call>\n{"name": "countdown", "arguments": {}}\n</tool_call><|im_end|>')
+    msg = trl_glue.parse_response(tok, ids, list(prefix), [countdown])
+    assert msg["role"] == "assistant" and [c["function"]["name"] for c in msg["tool_calls"]] == ["countdown"], msg

@@ -14,7 +14,7 @@ from typing import Any
 
 from trainer import trl_glue
 from trainer.agents.deadline import CLOCK
-from trainer.agents.episodes import AheadEpisodes, Episode, EpisodeLoop, LoopSettings, rollout_output
+from trainer.agents.episodes import AheadEpisodes, Episode, EpisodeLoop, LoopSettings, UnitBounds, rollout_output
 from trainer.agents.figures import Trace, log, trace, turns
 from trainer.agents.generation import RankGeneration
 from trainer.agents.resolve import Agents
@@ -40,17 +40,7 @@ def tool_suffix_ids(tokenizer, chat_template: str | None, kwargs: dict, tool_mes
 def make_loop(tokenizer, agents: Agents, max_completion_length: int, max_model_len: int, max_iterations: int,
               template_kwargs: dict) -> EpisodeLoop:  # fmt: skip
     """The loop with TRL's own tokenization, template choice and response parser."""
-    from trl.chat_template_utils import (
-        add_response_schema,
-        get_training_chat_template,
-        is_chat_template_prefix_preserving,
-        parse_response,
-    )
-
-    if getattr(tokenizer, "response_template", None) is None and getattr(tokenizer, "response_schema", None) is None:
-        add_response_schema(tokenizer)
-    # multi-turn needs a template that keeps earlier turns as they were: TRL swaps in its training template otherwise
-    template = None if is_chat_template_prefix_preserving(tokenizer) else get_training_chat_template(tokenizer)
+    template = trl_glue.response_parsing(tokenizer)  # TRL's parser, and its template if the model's would not do
     factory = agents.environment_factory
     factories: dict[str | None, Callable] = {}
     if isinstance(factory, dict):
@@ -70,7 +60,7 @@ def make_loop(tokenizer, agents: Agents, max_completion_length: int, max_model_l
         list(agents.tools or []),
         render,
         lambda messages: tool_suffix_ids(tokenizer, template, template_kwargs, messages),
-        lambda ids, prefix, tools: parse_response(tokenizer, ids, prefix=prefix, tools=list(tools)),
+        lambda ids, prefix, tools: trl_glue.parse_response(tokenizer, ids, prefix, tools),
         LoopSettings(max_completion_length, max_model_len, max_iterations),
     )
 
@@ -98,9 +88,9 @@ def environment_rewards(agents: Agents) -> list[Callable]:
 class AheadRollout:
     """The rollout_func TRL calls on every rank, once per generation (k >= 1, multi-turn)."""
 
-    def __init__(self, agents: Agents, lookahead, max_staleness: int, max_steps: int, request_timeout_s: float) -> None:
-        self.agents, self.lookahead, self.k, self.max_steps = agents, lookahead, max_staleness, max_steps
-        self.timeout_s = request_timeout_s
+    def __init__(self, agents: Agents, lookahead, max_staleness: int, max_steps: int, bounds: UnitBounds) -> None:
+        """bounds: trainer.request_timeout_s and trainer.tool_timeout_s, which bound every wait for the episodes."""
+        self.agents, self.lookahead, self.k, self.max_steps, self.bounds = agents, lookahead, max_staleness, max_steps, bounds
         self.rows: list[dict] = []
         self.loop: EpisodeLoop | None = None
         self.ahead: AheadEpisodes | None = None
@@ -119,13 +109,15 @@ class AheadRollout:
             args.chat_template_kwargs or {},
         )
         self.backend = backend
-        # a batch of episodes ends by itself (every request, every tool call has its deadline, and the turns are
-        # bounded); this bound on waiting for one is a safety net: a request's deadline per turn, at most 64 turns
-        self.timeout_s *= 1 + min(self.loop.settings.max_iterations, 63)
         s, sampling = backend.rollout.settings, backend.sampling
         client = VllmServer(s.server_url, s.model, s.node, s.request_timeout_s)  # the background thread's own
-        self.ahead = AheadEpisodes(self.loop, lambda prompts: client.complete(prompts, **sampling, step=backend.rollout.step))
-        backend.before_push = lambda: self.ahead.wait_all(self.timeout_s) if self.ahead else None
+        self.ahead = AheadEpisodes(
+            self.loop,
+            lambda prompts: client.complete(prompts, **sampling, step=backend.rollout.step),
+            self.bounds,
+            f"node {s.node} rank {os.environ.get('RANK', '0')}",
+        )
+        backend.before_push = lambda: self.ahead.wait_all() if self.ahead else None
         trl_glue.before_generate_and_score(trainer, self._keep_rows)
         self.write = trace(trainer, int(os.environ.get("RANK", "0")))
 
@@ -135,7 +127,7 @@ class AheadRollout:
     def __call__(self, prompts: list, trainer) -> dict[str, Any]:
         assert self.loop is not None and self.ahead is not None and self.backend is not None, "attach() first"
         step, backend = trainer.state.global_step, self.backend
-        got = self.ahead.take(step, prompts, self.timeout_s)
+        got = self.ahead.take(step, prompts)
         if got is not None:
             eps, staleness = got[0], step - got[1]
         else:  # nothing sent ahead for these prompts (the first step, or a lookahead miss): run them now
@@ -149,6 +141,11 @@ class AheadRollout:
         out = rollout_output(eps, staleness)
         out["env_class"] = [type(ep.env).__name__ if ep.env is not None else "" for ep in eps]
         return out
+
+    def close(self, wait: bool = True) -> None:
+        """Ends the background thread (trainer.run.Run.train, however the training ended; AheadEpisodes.close)."""
+        if self.ahead is not None:
+            self.ahead.close(wait)
 
     def _log(self, trainer, eps: list[Episode], staleness: int) -> None:
         per_episode = turns([ep.mask for ep in eps], len(eps))

@@ -22,6 +22,10 @@ import asyncio
 import concurrent.futures
 import copy
 import inspect
+import sys
+import threading
+import time
+import traceback
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
@@ -30,6 +34,13 @@ from trainer.agents.deadline import RESERVED
 
 Generate = Callable[[list[list[int]]], list[tuple[list[int], list[float]]]]
 """One completion (token ids, logprob of each) per prompt entry."""
+
+Note = Callable[[str], None]
+"""Told the kind of each unit of an episode's work as it begins: "reset", "generate" or "tool" (UNITS)."""
+
+
+def _no_note(unit: str) -> None:
+    pass
 
 
 @dataclass
@@ -74,13 +85,14 @@ class EpisodeLoop:
         self.factories, self.standalone_tools = factories, standalone_tools
         self.render, self.suffix, self.parse, self.settings = render, suffix, parse, settings
 
-    def start(self, rows: list[dict]) -> list[Episode]:
+    def start(self, rows: list[dict], note: Note = _no_note) -> list[Episode]:
         episodes = []
         multi = None not in self.factories
         for row in rows:
             env = self.factories[row.get("environment") if multi else None]() if self.factories else None
             prompt = copy.deepcopy(row["prompt"])
             if env is not None:
+                note("reset")
                 observation = env.reset(**({k: v for k, v in row.items() if k != "environment"} if multi else row))
                 if observation is not None:  # appended to the last message, as TRL does
                     prompt = prompt[:-1] + [{**prompt[-1], "content": prompt[-1]["content"] + observation}]
@@ -93,11 +105,13 @@ class EpisodeLoop:
             episodes.append(Episode(prompt=prompt, env=env, tools=tools))
         return episodes
 
-    def run(self, rows: list[dict], generate: Generate) -> list[Episode]:
+    def run(self, rows: list[dict], generate: Generate, note: Note = _no_note) -> list[Episode]:
+        """note: told of each reset, generation request and tool call as it begins (AheadEpisodes' deadline)."""
         s = self.settings
-        eps = self.start(rows)
+        eps = self.start(rows, note)
         for ep in eps:
             ep.prompt_ids = self.render(ep.prompt, list(ep.tools.values()))
+        note("generate")
         for ep, (ids, lps) in zip(eps, generate([ep.prompt_ids for ep in eps]), strict=True):
             ep.completion_ids, ep.logprobs, ep.mask = list(ids), list(lps), [1] * len(ids)
             ep.messages = [self.parse(ids, ep.prompt_ids, list(ep.tools.values()))]
@@ -108,7 +122,7 @@ class EpisodeLoop:
             for ep in live:
                 before = (len(ep.messages), len(ep.prompt))
                 ep.prompt.append(ep.messages[-1])
-                results = [self.call(ep, c) for c in ep.messages[-1]["tool_calls"]]
+                results = [self.call(ep, c, note) for c in ep.messages[-1]["tool_calls"]]
                 tool_messages = [
                     {"role": "tool", "name": name, "content": r if isinstance(r, list) else str(r)} for name, r in results
                 ]
@@ -121,6 +135,7 @@ class EpisodeLoop:
                 pending.append((ep, ids))
             if not pending:
                 break
+            note("generate")
             outs = generate([ids for _, ids in pending])
             live = []
             for (ep, ids), (post, post_lps) in zip(pending, outs, strict=True):
@@ -137,8 +152,9 @@ class EpisodeLoop:
             iteration += 1
         return eps
 
-    def call(self, ep: Episode, tool_call: dict) -> tuple[str, Any]:
+    def call(self, ep: Episode, tool_call: dict, note: Note = _no_note) -> tuple[str, Any]:
         """One tool call as TRL's loop makes it: a failure becomes {"error": ...} for the model."""
+        note("tool")
         ep.tool_calls += 1
         if tool_call.get("type") != "function":
             ep.tool_failures += 1
@@ -167,38 +183,140 @@ def rollout_output(eps: list[Episode], staleness: int) -> dict[str, list]:
     }
 
 
+@dataclass(frozen=True)
+class UnitBounds:
+    """What bounds each unit of an episode's work, from the settings that set it (UNITS)."""
+
+    request_timeout_s: float
+    """One generation request: the client's deadline for the whole answer (trainer.request_timeout_s)."""
+    tool_timeout_s: float
+    """One tool call, abandoned past it (trainer.tool_timeout_s); an environment's reset() is given as long."""
+    slack_s: float = 60.0
+    """The loop's own work between two units (chat template, response parser): seconds at most."""
+
+
+UNITS = {
+    "generate": ("a generation request", "request_timeout_s"),
+    "tool": ("a tool call", "tool_timeout_s"),
+    "reset": ("an environment's reset()", "tool_timeout_s"),
+}
+"""unit -> (what it is, the UnitBounds field and trainer.* setting that bounds it)."""
+
+
+class Watch:
+    """The deadline of the batch of episodes running in the background. A batch is a sequence of units of work, each
+    bounded by a setting: at most 1 + max_tool_calling_iterations generation requests (trainer.request_timeout_s
+    each), its tool calls (trainer.tool_timeout_s each; how many per turn is the model's choice) and one reset() per
+    episode (given trainer.tool_timeout_s). So its worst case is that sum, known only as the batch goes: the deadline
+    moves on as each unit begins, to its start + its bound + slack. A batch past it is stuck outside every deadline
+    (a reset() slower than allowed, a hang in the loop itself), never merely slow."""
+
+    def __init__(self, bounds: UnitBounds) -> None:
+        self.bounds = bounds
+        self.lock = threading.Lock()
+        self.unit: str | None = None
+        self.step = -1
+        self.started = self.deadline = 0.0
+        self.thread: int | None = None
+
+    def begin(self, unit: str, step: int) -> None:
+        bound = getattr(self.bounds, UNITS[unit][1])
+        with self.lock:
+            self.unit, self.step, self.thread = unit, step, threading.get_ident()
+            self.started = time.monotonic()
+            self.deadline = self.started + bound + self.bounds.slack_s
+
+    def idle(self) -> None:
+        with self.lock:
+            self.unit = None
+
+    def late(self, who: str) -> str | None:
+        """Why the running batch is past its deadline (None when it is not, or none runs)."""
+        with self.lock:
+            unit, step, started, deadline, thread = self.unit, self.step, self.started, self.deadline, self.thread
+        now = time.monotonic()
+        if unit is None or now <= deadline:
+            return None
+        what, setting = UNITS[unit]
+        frame = sys._current_frames().get(thread) if thread is not None else None
+        where = "".join(traceback.format_stack(frame, limit=3)) if frame is not None else "(the thread has ended)\n"
+        return (
+            f"{who}: the episodes sent ahead for step {step} are stuck: {what} began {now - started:.0f} s ago, past its "
+            f"bound of {getattr(self.bounds, setting):g} s (trainer.{setting}) + {self.bounds.slack_s:g} s for the "
+            f"episode loop's own work. If it legitimately takes that long, raise trainer.{setting}. The background "
+            f"thread is at:\n{where}"
+        )
+
+
+class EpisodesClosed(Exception):
+    """Raised in the background thread at its next unit of work once AheadEpisodes.close() was called."""
+
+
 class AheadEpisodes:
     """This rank's episodes of the next steps, run in the background (one thread: the turns of one batch at a time)
-    with a client of their own; by the step they are for."""
+    with a client of their own; by the step they are for. Every wait for them has the moving deadline of Watch.
+    close() ends the thread; it must run however the training ends (trainer.run.Run.train calls it)."""
 
-    def __init__(self, loop: EpisodeLoop, generate: Generate) -> None:
-        self.loop, self.generate = loop, generate
+    POLL_S = 0.5
+    """How often a wait looks at the deadline."""
+
+    def __init__(self, loop: EpisodeLoop, generate: Generate, bounds: UnitBounds, who: str = "this rank") -> None:
+        self.loop, self.generate, self.who = loop, generate, who
+        self.watch = Watch(bounds)
+        self.closing = threading.Event()
         self.pool = concurrent.futures.ThreadPoolExecutor(1, thread_name_prefix="episodes-ahead")
         self.pending: dict[int, tuple[list[dict], int, concurrent.futures.Future]] = {}
 
     def send(self, step: int, rows: list[dict], weights_step: int) -> None:
-        if step not in self.pending:
-            self.pending[step] = (rows, weights_step, self.pool.submit(self.loop.run, rows, self.generate))
+        if step not in self.pending and not self.closing.is_set():
+            self.pending[step] = (rows, weights_step, self.pool.submit(self._run, step, rows))
 
-    def take(self, step: int, prompts: list, timeout_s: float) -> tuple[list[Episode], int] | None:
+    def _run(self, step: int, rows: list[dict]) -> list[Episode]:
+        def note(unit: str) -> None:
+            if self.closing.is_set():
+                raise EpisodesClosed(f"{self.who}: the run ended while the episodes of step {step} were running")
+            self.watch.begin(unit, step)
+
+        try:
+            return self.loop.run(rows, self.generate, note)
+        finally:
+            self.watch.idle()
+
+    def _wait(self, futures: list[concurrent.futures.Future]) -> None:
+        """Until every one is done; TimeoutError when the batch running is past its deadline (Watch)."""
+        while pending := [f for f in futures if not f.done()]:  # done() (not wait()) counts a cancelled one as done
+            concurrent.futures.wait(pending, timeout=self.POLL_S)
+            why = self.watch.late(self.who) if any(not f.done() for f in pending) else None
+            if why:
+                raise TimeoutError(why)
+
+    def take(self, step: int, prompts: list) -> tuple[list[Episode], int] | None:
         """The episodes sent for `step` if they were for these prompts (else None: a lookahead miss)."""
         sent = self.pending.pop(step, None)
         if sent is None:
             return None
         rows, weights_step, future = sent
-        eps = future.result(timeout=timeout_s)
+        self._wait([future])
+        eps = future.result()
         if [r["prompt"] for r in rows] != list(prompts):
             return None
         return eps, weights_step
 
-    def wait_all(self, timeout_s: float) -> None:
+    def wait_all(self) -> None:
         """Before a push: nothing of this rank is generating (every episode sent finishes under the weights it began)."""
         futures = [f for _, _, f in self.pending.values()]
-        done, running = concurrent.futures.wait(futures, timeout=timeout_s)
-        if running:
-            raise TimeoutError(f"{len(running)} batches of episodes sent ahead did not finish within {timeout_s:g} s")
-        for f in done:
+        self._wait(futures)
+        for f in futures:
             f.result()  # an episode's own error surfaces here, before the push
 
-    def close(self) -> None:
+    def close(self, wait: bool = True) -> None:
+        """Ends the background thread: batches not begun are dropped, the running one stops at its next unit of work
+        (the current request or tool call ends by its own deadline); wait: until it has, under the same deadline
+        (not on an error's way out, which must not be delayed: the process exits at once, trainer.main)."""
+        self.closing.set()
         self.pool.shutdown(wait=False, cancel_futures=True)
+        futures = [f for _, _, f in self.pending.values()]
+        self.pending.clear()
+        if wait:
+            self._wait(futures)
+            self.pool.shutdown(wait=True)  # at once: the thread has no batch left

@@ -40,15 +40,15 @@ ATTEND = 20.0
 def make_tool_model(out: str | Path, hidden: int = 128, seed: int = 0) -> dict:
     import torch
     from transformers import AutoTokenizer, Qwen2Config, Qwen2ForCausalLM
-    from trl.chat_template_utils import qwen2_5_chat_template
 
+    from trainer import trl_glue
     from trainer.tiny_model import make_tiny_model
 
     path = Path(out)
     make_tiny_model(path, hidden=hidden, layers=1, tie=False, seed=seed)  # the trained BPE tokenizer and the files
     tok = AutoTokenizer.from_pretrained(path)
     tok.add_tokens(ADDED)
-    tok.chat_template = qwen2_5_chat_template
+    tok.chat_template = trl_glue.qwen2_5_chat_template()
     tok.eos_token = "<|im_end|>"  # the end of an assistant turn ends generation (TRL trims the tool suffix there)
     tok.save_pretrained(path)
     ids = {t: tok.convert_tokens_to_ids(t) if t != "\n" else tok.encode("\n")[0] for t in [*CHAIN, DONE]}
