@@ -91,7 +91,7 @@ def test_the_plugin_reads_an_adapter_at_its_push_not_at_every_engine_step(monkey
 
     class Worker(wm.LRUCacheWorkerLoRAManager):
         def __init__(self) -> None:  # no model: only the per-step path and add_adapter's input are looked at
-            self._adapter_manager = Slots()
+            self._adapter_manager = Slots()  # type: ignore[assignment]
 
         def add_adapter(self, lora_request: LoRARequest) -> bool:
             seen.append((lora_request.lora_path, lora_request.load_inplace))
