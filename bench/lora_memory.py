@@ -35,7 +35,8 @@ from pathlib import Path
 from tests.support.ranks import cpu_parallel, run_ranks
 from trainer.procmem import reset_peak, status_mb
 
-MB = 1e6
+MIB_IN_MB = 2**20 / 1e6
+"""status_mb gives MiB (/proc's kB are KiB); the estimate's MB are 1e6 bytes."""
 PROMPT = 256
 """Prompt tokens per sequence: launcher.memory.PROMPT_TOKENS, so T is the estimate's."""
 WORLD = 2
@@ -52,22 +53,28 @@ def measure(rank: int, world: int, _port: int, model_dir: str, lora_r: int, comp
     from trainer.loading import load_model
 
     AutoModelForCausalLM.from_config  # noqa: B018  (the lazy import of the modeling code is not the model's memory)
+    if lora_r:
+        import peft  # noqa: F401  (its import, ~15 MB of modules, is not the model's memory either)
+
+    def mb(key: str) -> float:
+        return status_mb(key) * MIB_IN_MB
+
     torch.manual_seed(rank)
     par = cpu_parallel(rank, world)
     lora = LoraConfig(r=lora_r, target_modules=list(LORA_TARGETS)) if lora_r else None
     gc.collect()
-    base = status_mb("VmRSS")
+    base = mb("VmRSS")
     reset_peak()
     model, _ = load_model(model_dir, par, torch.bfloat16, activation_checkpointing=True, lora=lora, seed=0)
     model.train()
-    after_load = status_mb("VmHWM") - base
+    after_load = mb("VmHWM") - base
     trainable = [p for p in model.parameters() if p.requires_grad]
     opt = torch.optim.AdamW(trainable, lr=1e-5)
     vocab = model.config.vocab_size
     phases = []
     for step in range(2):
         gc.collect()
-        start = status_mb("VmRSS")
+        start = mb("VmRSS")
         reset_peak()
         t0 = time.time()
         ids = torch.randint(0, vocab, (completions, PROMPT + completion))
@@ -79,7 +86,7 @@ def measure(rank: int, world: int, _port: int, model_dir: str, lora_r: int, comp
         opt.step()
         opt.zero_grad(set_to_none=True)
         del logits, logps, loss
-        peak = status_mb("VmHWM")
+        peak = mb("VmHWM")
         phases.append(
             {
                 "step": step + 1,
