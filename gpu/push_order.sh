@@ -9,8 +9,8 @@ OUT=${OUT:-/tmp/out}
 cd "$(dirname "$0")/.."
 log() { echo "[push-order $(date +%T)] $*"; }
 . gpu/stack.sh  # the pinned stack in /tmp/site, the plugin, the environment, versions.json
-log "tests/unit/test_gpu_push_order.py"
-timeout "${TEST_TIMEOUT:-420}" python3 -m pytest -s -v -p no:cacheprovider tests/unit/test_gpu_push_order.py 2>&1 | tee "$OUT/pytest.log" \
+log "tests/unit/test_gpu_push_order.py tests/unit/test_gpu_lora_push_order.py"
+timeout "${TEST_TIMEOUT:-420}" python3 -m pytest -s -v -p no:cacheprovider tests/unit/test_gpu_push_order.py tests/unit/test_gpu_lora_push_order.py 2>&1 | tee "$OUT/pytest.log" \
   | grep -E "PASSED|FAILED|ERROR|SKIPPED|^E |passed|failed|PUSH-ORDER"
 rc=${PIPESTATUS[0]}
 grep -o 'PUSH-ORDER .*' "$OUT/pytest.log" | sed 's/^PUSH-ORDER //' > "$OUT/push_order.jsonl"

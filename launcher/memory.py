@@ -20,7 +20,11 @@ common model shapes. An estimate with stated terms, not a measurement (gpu/RESUL
                  state: the frozen base in the compute dtype bP/S (no gradients, no AdamW) + the adapters 16A/S;
                  gathered: the base units in the compute dtype, the adapters too, and one layer's adapter gradient;
                  activations: as without (the base's input gradients still flow) plus the rank-r intermediates,
-                 2 T r bytes per adapted projection and layer; at load the base shards are bP/S
+                 2 T r bytes per adapted projection and layer; at load the base shards are bP/S;
+                 push: the adapter push stages no weights; the merged push (trainer.lora.push: merged, or where vLLM
+                 cannot serve the adapter) sends the whole model, so the ipc push keeps its staging buffer as without
+                 LoRA; the merge's fp32 temporaries (about 12 bytes x the largest projection) live only during the
+                 push, when the step's activations and logits are freed, so they add nothing to the peak
 """
 
 from __future__ import annotations
@@ -28,6 +32,7 @@ from __future__ import annotations
 import re
 from dataclasses import dataclass
 
+from launcher.core.lora import MERGED
 from launcher.core.plan import Plan
 from launcher.core.shape import ModelShape
 
@@ -89,6 +94,9 @@ class Options:
     """trainer.lora.r: adapters of this rank on a frozen base (0 = full fine-tuning)."""
     lora_targets: tuple[str, ...] = ()
     """trainer.lora.target_modules (projection names)."""
+    lora_merged: bool = False
+    """LoRA pushed merged (the plan's lora_push): the push sends the whole model, so an ipc push keeps its staging
+    buffer as without LoRA (the adapter push stages nothing)."""
 
     def settings(self) -> list[str]:
         """The trainer.* settings that make these options."""
@@ -168,7 +176,8 @@ def estimate(shape: ModelShape, lay: Layout, opt: Options) -> Estimate:
     acts = (2 * t * shape.hidden * shape.layers + per_layer) if opt.activation_checkpointing else per_layer * shape.layers
     logits = 6 * t * shape.vocab
     reference = 4 * p if opt.reference_model else 0
-    push_buffer = 0 if opt.lora_r else min(2 * p, lay.push_buffer_bytes)  # an adapter push stages no full weights
+    staged = not opt.lora_r or opt.lora_merged  # an adapter push stages no full weights; a merged one does
+    push_buffer = min(2 * p, lay.push_buffer_bytes) if staged else 0
     on_gpu_state = 0 if opt.cpu_offload else state
     gpu = (on_gpu_state + gathered + acts + logits + reference + push_buffer) / GB + OVERHEAD_GB
     master = (b * p + 4 * a) if opt.lora_r else 4 * p  # the parameters as loaded: the base in the compute dtype with LoRA
@@ -228,7 +237,7 @@ def cheapest_fit(shape: ModelShape, lay: Layout, reference_model: bool = False, 
     """The first option set that fits, from the fastest: none, activation checkpointing, both (a reference model,
     trainer.beta > 0, and LoRA, from `base`, stay in every one)."""
     ref = reference_model
-    lora = {"lora_r": base.lora_r, "lora_targets": base.lora_targets} if base is not None else {}
+    lora = {"lora_r": base.lora_r, "lora_targets": base.lora_targets, "lora_merged": base.lora_merged} if base is not None else {}
     for opt in (
         Options(reference_model=ref, **lora),  # type: ignore[arg-type]
         Options(activation_checkpointing=True, reference_model=ref, **lora),  # type: ignore[arg-type]
@@ -314,6 +323,7 @@ def options(p: Plan) -> Options:
         reference_model=t.beta > 0,
         lora_r=t.lora.r,
         lora_targets=tuple(t.lora.target_modules),
+        lora_merged=p.lora_push == MERGED,
     )
 
 

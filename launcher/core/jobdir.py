@@ -39,6 +39,9 @@ class Env:
     """CPU only: the vLLM plugin replaces vLLM's CPU linear kernel with F.linear so weight reloads take effect."""
     PLUGIN_QUIET = "SLURM_GRPO_PLUGIN_QUIET"
     """"1": the vLLM plugin does not announce itself (tests that load it in-process)."""
+    LORA_LOAD_ONCE = "SLURM_GRPO_LORA_LOAD_ONCE"
+    """"1" (trainer.lora, adapter push): the vLLM plugin reads a pushed adapter from disk once, at its load, not again
+    at every engine step of every request naming it (trainer.push.vllm_plugin.load_adapters_once)."""
 
 
 PLUGIN_ENV = Env.CPU_PLAIN_LINEAR

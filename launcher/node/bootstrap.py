@@ -32,6 +32,7 @@ from typing import Protocol
 from launcher.core.config import ConfigError
 from launcher.core.inputs import PreflightError, check_node_inputs
 from launcher.core.jobdir import PREEMPTED_EXIT, Env, Events, JobDir, checkpoint_meta
+from launcher.core.lora import remove_pushed_adapters
 from launcher.core.plan import FIRST_NODE, Plan
 from launcher.core.records import Event
 from launcher.node.commands import NodeCommand, trainer_command, vllm_command
@@ -299,6 +300,8 @@ def run_node(p: Plan, node: int) -> int:
         for pr in reversed(procs):
             pr.stop(FAILED_STOP_GRACE_S if failed else None)
         kill_all(descendants(os.getpid()))  # anything re-parented to us (subreaper) that outlived its parent
+        if p.lora_push:  # trainer.lora: the adapters pushed to this node's server, in node-local /tmp (or TMPDIR)
+            remove_pushed_adapters(p.job_dir, node)
         run.events(Event.BOOTSTRAP_END)
 
 

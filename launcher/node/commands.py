@@ -110,6 +110,7 @@ def vllm_command(plan: Plan, node: int, python: str = "python", allocated: str |
     env |= platform.process_env(plan, "vllm")
     if plan.lora_push == ADAPTER:
         env["VLLM_ALLOW_RUNTIME_LORA_UPDATING"] = "1"  # opens /v1/load_lora_adapter (the server listens on 127.0.0.1 only)
+        env[Env.LORA_LOAD_ONCE] = "1"  # else each engine step re-reads the adapter from disk (vllm_plugin.load_adapters_once)
     if plan.device == "cpu":
         env.update({"VLLM_CPU_KVCACHE_SPACE": str(v.cpu_kvcache_gib), PLUGIN_ENV: "1", "CUDA_VISIBLE_DEVICES": ""})
     argv = platform.bind_prefix(plan.config, n.vllm_gpus) + argv

@@ -73,3 +73,27 @@ def test_dry_run_and_simulate_print_the_lora_estimate(tmp_path, capsys):
     assert cli_main(["simulate", *argv, "--nodes", "1"]) == 0
     out = capsys.readouterr().out
     assert "memory: LoRA r=16 on a frozen base, which models fit" in out, out
+
+
+def test_a_merged_lora_push_keeps_the_ipc_staging_buffer_an_adapter_push_does_not(tmp_path, capsys):
+    shape = common_shape("Qwen2.5-7B")
+    lay = _lay(push_buffer_bytes=2048 * 2**20)  # one shared GPU, ipc push (trainer.ipc_buffer_mb 2048)
+    lora = dict(activation_checkpointing=True, lora_r=16, lora_targets=LORA_TARGETS)
+    adapter = estimate(shape, lay, Options(**lora))  # type: ignore[arg-type]
+    merged = estimate(shape, lay, Options(**lora, lora_merged=True))  # type: ignore[arg-type]
+    full = estimate(shape, lay, Options(activation_checkpointing=True))
+    assert adapter.push_buffer_gb == 0 and merged.push_buffer_gb == full.push_buffer_gb == 2048 * 2**20 / 1e9
+    assert abs(merged.gpu_gb - adapter.gpu_gb - merged.push_buffer_gb) < 1e-9
+    # the plan's choice reaches the estimate: dry-run of the one-GPU (ipc) config with trainer.lora.push merged
+    model = tmp_path / "qwen7b"
+    model.mkdir()
+    cfg = {"hidden_size": 3584, "num_hidden_layers": 28, "intermediate_size": 18944, "vocab_size": 152064}
+    cfg |= {"num_attention_heads": 28, "num_key_value_heads": 4, "architectures": ["Qwen2ForCausalLM"]}
+    (model / "config.json").write_text(json.dumps(cfg))
+    sets = ["--set", f"vllm.model={model}", "--set", "trainer.lora.r=16"]
+    for push, staged in (("auto", False), ("merged", True)):
+        assert cli_main(["dry-run", str(REPO / "configs" / "gpu_1gpu.yaml"), *sets, "--set", f"trainer.lora.push={push}"]) == 0
+        out = capsys.readouterr().out
+        section = out.split("# memory estimate")[1].split("# sbatch")[0]
+        assert ("ipc push buffer 2.1 (trainer.ipc_buffer_mb)" in section) == staged, section
+        assert f"LoRA push = {'merged' if staged else 'adapter'}" in out

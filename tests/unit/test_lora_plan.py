@@ -8,6 +8,7 @@ import json
 import pytest
 
 from launcher.core import config as C
+from launcher.core.jobdir import Env
 from launcher.core.lora import ADAPTER, MERGED, SUPPORTED, lora_push, serving_rank
 from launcher.core.plan import plan
 from launcher.node.commands import vllm_command
@@ -54,6 +55,7 @@ def test_the_adapter_path_starts_vllm_with_lora_and_a_rounded_rank_limit(tmp_pat
     i = cmd.argv.index("--max-lora-rank")
     assert "--enable-lora" in cmd.argv and cmd.argv[i + 1] == "16" == str(serving_rank(12))
     assert cmd.env["VLLM_ALLOW_RUNTIME_LORA_UPDATING"] == "1"
+    assert cmd.env[Env.LORA_LOAD_ONCE] == "1"  # the plugin stops the per-step re-read of the adapter
 
 
 @pytest.mark.parametrize(
@@ -70,6 +72,7 @@ def test_where_adapters_cannot_be_served_the_push_merges_and_says_why(tmp_path, 
     assert why in lora_push(p.config)[1]
     cmd = vllm_command(p, 0)
     assert "--enable-lora" not in cmd.argv and "VLLM_ALLOW_RUNTIME_LORA_UPDATING" not in cmd.env
+    assert Env.LORA_LOAD_ONCE not in cmd.env
     full = plan(cfg(tmp_path, arch, vllm), "/jobs/x")
     assert full.lora_push == "" and "--enable-lora" not in vllm_command(full, 0).argv
 

@@ -69,3 +69,52 @@ def test_the_written_adapter_is_peft_format_and_computes_what_the_trained_model_
     with torch.no_grad():
         diff = (loaded(input_ids=ids).logits - model(input_ids=ids).logits).abs().max().item()
     assert diff <= 1e-5, diff
+
+
+def test_the_plugin_reads_an_adapter_at_its_push_not_at_every_engine_step(monkeypatch):
+    """vLLM gives every request naming the adapter the LoRARequest of its last /v1/load_lora_adapter, load_inplace
+    included, and its per-step activation reloads such an adapter from disk (8x slower generation on the H200).
+    With the plugin's patch the per-step path gets the request with the flag off, the explicit add_lora (the push)
+    keeps it. The worker's adapter manager (its GPU slots) is a stand-in; the patched methods are vLLM's own."""
+    pytest.importorskip("vllm")
+    from vllm.lora import worker_manager as wm
+    from vllm.lora.request import LoRARequest
+
+    from trainer.push.vllm_plugin import load_adapters_once
+
+    for cls, attr in ((wm.LRUCacheWorkerLoRAManager, "_apply_adapters"), (wm.WorkerLoRAManager, "_load_adapter")):
+        monkeypatch.setattr(cls, attr, getattr(cls, attr))  # restored after the test
+    seen: list[tuple[str, bool]] = []
+
+    class Slots:  # the adapter manager's one GPU slot
+        lora_slots = 1
+
+    class Worker(wm.LRUCacheWorkerLoRAManager):
+        def __init__(self) -> None:  # no model: only the per-step path and add_adapter's input are looked at
+            self._adapter_manager = Slots()  # type: ignore[assignment]
+
+        def add_adapter(self, lora_request: LoRARequest) -> bool:
+            seen.append((lora_request.lora_path, lora_request.load_inplace))
+            return True
+
+    import inspect
+
+    from vllm.entrypoints.openai.models import serving
+    from vllm.v1.worker import lora_model_runner_mixin as mixin
+
+    # the vLLM 0.32 code this patch is about: the stored request keeps the flag, the per-step path honours it
+    assert "load_inplace=request.load_inplace" in inspect.getsource(serving.OpenAIServingModels.load_lora_adapter)
+    assert "or lora_request.load_inplace" in inspect.getsource(wm.LRUCacheWorkerLoRAManager.add_adapter)
+    assert "self.lora_manager.add_adapter(lora_request)" in inspect.getsource(mixin.LoRAModelRunnerMixin.add_lora)
+    pushed = LoRARequest("slurm-grpo-policy", 1, "/n/step-000003", load_inplace=True)  # what the server stores
+    Worker()._apply_adapters({pushed})
+    assert seen == [("/n/step-000003", True)]  # vLLM as shipped: a reload at every engine step
+    load_adapters_once()
+    load_adapters_once()  # idempotent: the plugin is loaded by every vLLM process, possibly twice
+    seen.clear()
+    for _ in range(3):  # three engine steps
+        Worker()._apply_adapters({pushed, None})
+    assert seen == [("/n/step-000003", False)] * 3  # add_adapter skips an adapter it holds unless load_inplace
+    assert pushed.load_inplace  # the stored request itself is untouched: the next push still replaces in place
+    Worker().add_adapter(pushed)  # the push's own path (worker add_lora -> add_adapter) is not patched
+    assert seen[-1] == ("/n/step-000003", True)

@@ -175,10 +175,29 @@ def merged_params(
 ) -> Iterator[tuple[str, torch.Tensor]]:
     """The peft model's parameter stream (base_layer weight, its bias, lora_A, lora_B per adapted module, in
     named_parameters order) as the base's, in the same order: an adapted module's base parameters are held until its
-    B arrives, then its weight goes out as W + scale B A (in fp32, sent in `dtype`), followed by its bias."""
+    B arrives, then its weight goes out as W + scale B A (in fp32, sent in `dtype`), followed by its bias.
+
+    CUDA streams, as trainer.push.gather.iter_unsharded_params orders them for the full-weight push (N1/N3/N6):
+    `params` is pulled and every merge computed on the stream current HERE, at the call (the caller's, which the
+    optimizer wrote on), never on whichever stream the consumer pulls under (vLLM's nccl producer pulls under its two
+    side streams in turn); each tensor yielded is handed over to the consumer's stream (gather.hand_over: it waits
+    for the merge, and the allocator keeps the block until the consumer's use). So the merge's fp32 temporaries live
+    in the caller's pool (training reuses it), not in the producer streams' pools, and a merged weight is never read
+    before it is written, whatever the producer's stream. On CPU (or without live CUDA) nothing is ordered."""
+    from trainer.push.gather import _live_cuda
+
+    home = torch.cuda.current_stream() if _live_cuda() else None
+    return _merged(params, scale, dtype, home)
+
+
+def _merged(
+    params: Iterator[tuple[str, torch.Tensor]], scale: float, dtype: torch.dtype, home: torch.cuda.Stream | None
+) -> Iterator[tuple[str, torch.Tensor]]:
+    from trainer.push.gather import _on, _stream, hand_over
+
     held: dict[str, list[tuple[str, torch.Tensor]]] = {}
     a: dict[str, torch.Tensor] = {}
-    for name, t in params:
+    for name, t in _on(home, params):  # each pull with `home` current: the walk hands over to `home` (a no-op)
         module, _, rest = name.rpartition(".lora_")
         if rest.startswith("A."):
             a[module] = t
@@ -186,8 +205,9 @@ def merged_params(
         if rest.startswith("B."):
             for held_name, w in held.pop(module):
                 if held_name.endswith(".weight"):
-                    w = (w.float() + scale * (t.float() @ a.pop(module).float())).to(dtype)
-                yield held_name, w
+                    with _stream(home):
+                        w = (w.float() + scale * (t.float() @ a.pop(module).float())).to(dtype)
+                yield held_name, hand_over(w, home)
             continue
         base = trainer_lora.base_name(name)
         assert base is not None
@@ -195,5 +215,5 @@ def merged_params(
         if sep:  # an adapted module's weight or bias: wait for its adapter
             held.setdefault(owner, []).append((base, t))
         else:
-            yield base, t
+            yield base, hand_over(t, home)
     assert not held and not a, f"adapted weights without their adapter: {sorted(held)} {sorted(a)}"

@@ -1,11 +1,19 @@
 """vLLM plugin (entry point group `vllm.general_plugins`, see pyproject.toml), loaded in every vLLM
-process: registers the project's `gloo` (CPU) and `mapped_ipc` (one shared GPU) weight-transfer engines, and on CPU servers keeps linear
-weights as plain tensors so that pushed weights take effect.
+process: registers the project's `gloo` (CPU) and `mapped_ipc` (one shared GPU) weight-transfer engines, on CPU servers keeps linear
+weights as plain tensors so that pushed weights take effect, and with LoRA pushes reads a pushed adapter once.
 
 Why the second part: vLLM's CPU linear layers prepack weights into oneDNN handles and drop the weight
 tensor (`dispatch_cpu_unquantized_gemm(layer, remove_weight=True)`); a weight reload then writes
 into a tensor nothing reads, and the server keeps serving the old model. Plain
 `torch.nn.functional.linear` on the kept weight costs speed only, irrelevant at test sizes.
+
+Why the third (load_adapters_once, Env.LORA_LOAD_ONCE): vLLM 0.32 stores the LoRARequest of /v1/load_lora_adapter,
+load_inplace=True included, and gives that object to every request naming the adapter; the worker's per-step
+activation (LRUCacheWorkerLoRAManager._apply_adapters -> add_adapter) reloads an adapter whose request says
+load_inplace, so every engine step of every request read the adapter from disk again, pinned it and copied it into
+its slot: generation through the adapter took 8x the base's on the H200 (gpu/RESULTS.md; /tmp/sg/lora_slow's report).
+Only the push, the explicit add_lora (worker add_lora -> add_adapter), needs the reload; the per-step path gets the
+requests with the flag off. Same id, same slot: requests in flight go on under the newly pushed weights, as before.
 """
 
 from __future__ import annotations
@@ -17,6 +25,8 @@ from launcher.core.jobdir import Env
 PLAIN_LINEAR_ENV = Env.CPU_PLAIN_LINEAR
 
 REGISTERED_MARK = "slurm-grpo vLLM plugin: registered gloo and mapped_ipc weight-transfer engines"
+ADAPTER_READ_MARK = "slurm-grpo vLLM plugin: LoRA adapter read from disk"
+"""Printed (with name, id and path) each time a worker reads an adapter, with Env.LORA_LOAD_ONCE: one per push."""
 
 
 def register() -> None:
@@ -34,5 +44,42 @@ def register() -> None:
             layer.cpu_linear = torch.nn.functional.linear
 
         layer_utils.dispatch_cpu_unquantized_gemm = keep_weight
+    once = os.environ.get(Env.LORA_LOAD_ONCE) == "1"
+    if once:
+        load_adapters_once()
     if os.environ.get(Env.PLUGIN_QUIET) != "1":
-        print(f"{REGISTERED_MARK} (pid {os.getpid()}, plain CPU linear: {os.environ.get(PLAIN_LINEAR_ENV) == '1'})", flush=True)
+        print(
+            f"{REGISTERED_MARK} (pid {os.getpid()}, plain CPU linear: {os.environ.get(PLAIN_LINEAR_ENV) == '1'}, "
+            f"LoRA adapters read once: {once})",
+            flush=True,
+        )
+
+
+def load_adapters_once() -> None:
+    """Patch vLLM's LoRA worker manager (idempotent): the per-step path (_apply_adapters) sees every request with
+    load_inplace off, so only an explicit add_lora (a push) reads the adapter again; each read prints
+    ADAPTER_READ_MARK (the integration test counts them against the pushes)."""
+    import msgspec
+    from vllm.lora import worker_manager as wm
+
+    lru = wm.LRUCacheWorkerLoRAManager
+    if getattr(lru._apply_adapters, "_slurm_grpo", False):
+        return
+    apply, read = lru._apply_adapters, wm.WorkerLoRAManager._load_adapter
+
+    def _apply_adapters(self, lora_requests):
+        plain = {msgspec.structs.replace(r, load_inplace=False) if r is not None and r.load_inplace else r for r in lora_requests}
+        return apply(self, plain)
+
+    def _load_adapter(self, lora_request):
+        out = read(self, lora_request)
+        print(
+            f"{ADAPTER_READ_MARK}: {lora_request.lora_name} id {lora_request.lora_int_id} {lora_request.lora_path} "
+            f"(pid {os.getpid()})",
+            flush=True,
+        )
+        return out
+
+    _apply_adapters._slurm_grpo = True  # type: ignore[attr-defined]
+    lru._apply_adapters = _apply_adapters  # type: ignore[method-assign]
+    wm.WorkerLoRAManager._load_adapter = _load_adapter  # type: ignore[method-assign]
