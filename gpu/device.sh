@@ -8,7 +8,9 @@
 # EXTRA (more `--set k=v` of the local run), FLOOR=0 (skip the copy-floor measurement), RESTART_STEPS=N (then resume the
 # same job folder for N more steps: the restart's start-up phases and vLLM's compile-cache lines; RESTART_EXTRA: its own
 # `--set k=v`, e.g. trainer.max_staleness=1 to time asynchronous steps on the warm restart).
-# TRL_SETS (the same as k=v for TRL's run, e.g. trainer.lora.r=16).
+# TRL_SETS (the same as k=v for TRL's run, e.g. trainer.lora.r=16). JOB: the job folder (default /tmp/job-$TAG; never
+# job.job_dir in EXTRA: the results are collected from $JOB). MODEL_BUILDER: a command that builds the model folder
+# given as its argument, in place of the random Qwen2 body (MODEL_ARGS), e.g. the tool model of configs/agents_1gpu.yaml.
 set -uo pipefail
 OUT=${OUT:-/tmp/out}
 STEPS=${STEPS:-30}
@@ -16,10 +18,17 @@ TAG=${TAG:-run}
 cd "$(dirname "$0")/.."
 log() { echo "[device $(date +%T)] $*"; }
 . gpu/stack.sh  # the pinned stack in /tmp/site, the plugin, the environment, versions.json
-MODEL=/tmp/model-$TAG JOB=/tmp/job-$TAG
+MODEL=/tmp/model-$TAG JOB=${JOB:-/tmp/job-$TAG}
+case " ${EXTRA:-} " in *job.job_dir=*)  # the logs, metrics and report below are read from $JOB
+  echo "device.sh: set JOB=/path instead of --set job.job_dir in EXTRA (the results are collected from \$JOB)" >&2; exit 2;;
+esac
 log "building the model"
-[ -f $MODEL/config.json ] || python3 -m trainer.tiny_model $MODEL ${MODEL_ARGS:---hidden 896 --layers 24 --kv-heads 2 --intermediate 4864} \
-  --dtype bfloat16 --vocab 4096 | tail -1
+if [ -n "${MODEL_BUILDER:-}" ]; then  # e.g. "python3 -m trainer.agents.tiny_tool_model" for configs/agents_1gpu.yaml
+  [ -f $MODEL/config.json ] || $MODEL_BUILDER $MODEL | tail -1
+else
+  [ -f $MODEL/config.json ] || python3 -m trainer.tiny_model $MODEL ${MODEL_ARGS:---hidden 896 --layers 24 --kv-heads 2 --intermediate 4864} \
+    --dtype bfloat16 --vocab 4096 | tail -1
+fi
 CONFIG=${CONFIG:-configs/gpu_1gpu.yaml}
 if [ "${FLOOR:-1}" = 1 ]; then
   log "copy bandwidth, GPU 0 -> GPU 0"
@@ -39,7 +48,7 @@ rc=${PIPESTATUS[0]}
 kill $smi $hostmem $busy 2>/dev/null
 log "local run exit $rc"
 cp $JOB/metrics.jsonl $JOB/summary.json "$OUT/" 2>/dev/null
-tar -czf "$OUT/logs.tgz" -C $JOB logs config.yaml plan.json 2>/dev/null
+tar -czf "$OUT/logs.tgz" -C $JOB logs config.yaml plan.json || log "logs.tgz: tar failed (see above)"
 cp -r $JOB/profile "$OUT/" 2>/dev/null  # trainer.profile_steps' tables, when asked for
 python3 gpu/report.py $JOB "$OUT" > /dev/null || true
 if [ -n "${RESTART_STEPS:-}" ]; then  # a restart of the same job: it resumes, and vLLM finds its compile cache in the job folder
