@@ -21,7 +21,14 @@ import pytest
 import torch
 import torch.distributed as dist
 
-from tests.unit.test_gpu_push_order import BUCKET, OPTIMIZER_DELAY_CYCLES, KeepChunks, received, report
+from tests.unit.test_gpu_push_order import (
+    BUCKET,
+    OPTIMIZER_DELAY_CYCLES,
+    KeepChunks,
+    received,
+    report,
+    world_of_one_and_a_body,
+)
 
 pytestmark = [
     pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA device; run gpu/push_order.sh on a GPU machine"),
@@ -35,38 +42,19 @@ R = 16
 def lora_sharded():
     """(model, meta, scale): a random untied Qwen2 body made a peft LoRA model by trainer.lora.apply, sharded by the
     project's shard_model on a world-1 mesh, adapters non-zero."""
-    from torch.distributed.device_mesh import init_device_mesh
-    from transformers import Qwen2Config, Qwen2ForCausalLM
-
     from launcher.core.config import LoraConfig
     from trainer import lora as trainer_lora
-    from trainer.parallel import Parallel, shard_model
+    from trainer.parallel import shard_model
     from trainer.push.adapter import MergedPusher
     from trainer.push.pusher import PushSettings
 
-    device = torch.device("cuda", 0)
-    torch.cuda.set_device(device)
-    dist.init_process_group("nccl", store=dist.HashStore(), rank=0, world_size=1, device_id=device)
-    mesh = init_device_mesh("cuda", (1,), mesh_dim_names=("shard",))
-    cfg = Qwen2Config(  # type: ignore[call-arg]
-        vocab_size=8192,
-        hidden_size=2048,
-        intermediate_size=8192,
-        num_hidden_layers=4,
-        num_attention_heads=32,
-        num_key_value_heads=2,
-        head_dim=64,
-        tie_word_embeddings=False,
-    )
-    torch.manual_seed(0)
-    with device:
-        body = Qwen2ForCausalLM(cfg)
+    par, body = world_of_one_and_a_body()
+    device = par.device
     lora = LoraConfig(r=R, alpha=2 * R)
     model = trainer_lora.apply(body, lora, torch.bfloat16)
     with torch.no_grad():
         for _, p in trainer_lora.adapter_params(model):
             p.normal_(0, 0.02)
-    par = Parallel(0, 0, 1, 0, dist.group.WORLD, [0], 0, mesh, device, {})  # type: ignore[arg-type]
     shard_model(model, par, torch.bfloat16)
     settings = PushSettings("nccl", 0, 1, 60.0, torch.bfloat16, BUCKET)
     meta = MergedPusher(model, None, settings, device, lora).meta

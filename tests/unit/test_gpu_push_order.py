@@ -49,14 +49,14 @@ def report(what: str, **figures) -> None:
     print("PUSH-ORDER " + json.dumps({"what": what, **figures}), flush=True)
 
 
-@pytest.fixture(scope="module")
-def sharded():
-    """(model, meta): a random untied Qwen2 body, FSDP2-sharded by the project's shard_model on a world-1 mesh."""
+def world_of_one_and_a_body():
+    """(par, model): torch.distributed over NCCL on GPU 0 with one rank (a HashStore: no rendezvous), the trainer's
+    Parallel on a world-1 shard mesh, and a random untied Qwen2 body (4 layers of a 2048-wide model, seed 0) on the GPU,
+    not yet sharded (the LoRA test wraps it first)."""
     from torch.distributed.device_mesh import init_device_mesh
     from transformers import Qwen2Config, Qwen2ForCausalLM
 
-    from trainer.parallel import Parallel, shard_model
-    from trainer.push.gather import param_metadata
+    from trainer.parallel import Parallel
 
     device = torch.device("cuda", 0)
     torch.cuda.set_device(device)
@@ -75,7 +75,16 @@ def sharded():
     torch.manual_seed(0)
     with device:
         model = Qwen2ForCausalLM(cfg)
-    par = Parallel(0, 0, 1, 0, dist.group.WORLD, [0], 0, mesh, device, {})  # type: ignore[arg-type]
+    return Parallel(0, 0, 1, 0, dist.group.WORLD, [0], 0, mesh, device, {}), model  # type: ignore[arg-type]
+
+
+@pytest.fixture(scope="module")
+def sharded():
+    """(model, meta): a random untied Qwen2 body, FSDP2-sharded by the project's shard_model on a world-1 mesh."""
+    from trainer.parallel import shard_model
+    from trainer.push.gather import param_metadata
+
+    par, model = world_of_one_and_a_body()
     shard_model(model, par, torch.bfloat16)
     meta = param_metadata(model, torch.bfloat16)
     push(model, meta, Discard(), order_streams=True)  # FSDP's lazy init and the producer's streams, once
