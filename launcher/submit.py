@@ -57,7 +57,6 @@ def executor_parameters(cfg: JobConfig, p: Plan, array: ArraySpec | None = None)
     extra["requeue" if s.requeue else "no_requeue"] = True
     for k, v in sorted(s.extra_sbatch.items()):
         extra[k] = v
-    cpus_arg = [f"--cpus-per-task={s.cpus_per_task}"] if s.cpus_per_task else []
     params: dict[str, object] = dict(
         job_name=cfg.job.name,
         nodes=s.nodes,
@@ -68,8 +67,7 @@ def executor_parameters(cfg: JobConfig, p: Plan, array: ArraySpec | None = None)
         additional_parameters=extra,
         stderr_to_stdout=True,
         # one task per node must see all of the node's GPUs and CPUs; the bootstrap splits them
-        # Slurm 22.05+ srun no longer takes --cpus-per-task from sbatch: without it the task could get one core
-        srun_args=["--kill-on-bad-exit=1", "--cpu-bind=none", *cpus_arg, *pyxis_args(cfg, p, array)],
+        srun_args=["--kill-on-bad-exit=1", "--cpu-bind=none", *pyxis_args(cfg, p, array)],
     )
     for key, value in (
         ("partition", s.partition),

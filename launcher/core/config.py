@@ -61,7 +61,7 @@ class SlurmConfig:
     gpus_per_node: int = 8
     """GPUs (GRES gpu) per node. On a CPU-only cluster they are slots: one per vLLM TP rank and one per trainer rank."""
     cpus_per_task: int = 0
-    """CPUs for the one task per node (sbatch and srun --cpus-per-task: Slurm 22.05+ srun no longer inherits it); 0 = not set."""
+    """CPUs for the one task per node (sbatch --cpus-per-task); 0 = not set."""
     mem: str = ""
     """Memory per node (sbatch --mem), e.g. 200G; empty = not set; '0' = all of it."""
     exclusive: bool = False
