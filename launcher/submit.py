@@ -66,7 +66,10 @@ def executor_parameters(cfg: JobConfig, p: Plan, array: ArraySpec | None = None)
         setup=render_setup(cfg) + container_setup(cfg) + platform.stage_setup(cfg),
         additional_parameters=extra,
         stderr_to_stdout=True,
-        # one task per node must see all of the node's GPUs and CPUs; the bootstrap splits them
+        # one task per node must see all of the node's GPUs and CPUs; the bootstrap splits them. No --cpus-per-task
+        # here although Slurm 22.05+ srun no longer inherits sbatch's: on srun it implies --exact (the step would get
+        # only those CPUs, not the whole node the job may own); a step without it gets every CPU of the job on the
+        # node, and --cpu-bind=none keeps the task from being bound to its one default CPU
         srun_args=["--kill-on-bad-exit=1", "--cpu-bind=none", *pyxis_args(cfg, p, array)],
     )
     for key, value in (

@@ -266,6 +266,9 @@ def test_sbatch_shape():
     # the payload is a readable command, not submitit's pickled function
     last = [ln for ln in text.splitlines() if ln.startswith("srun ")][0]
     assert "-m launcher.node.bootstrap" in last and "submitit.core._submit" not in text
+    # the node's task gets every CPU of the job on its node: unbound, and no --cpus-per-task (on srun it means --exact)
+    assert "#SBATCH --cpus-per-task=64" in text and "--cpu-bind=none" in shlex.split(last), last
+    assert not any(w.startswith(("--cpus-per-task", "-c", "--exact")) for w in shlex.split(last)), last
 
 
 def test_shell_special_values_never_reach_a_shell_unquoted():
