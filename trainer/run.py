@@ -56,8 +56,11 @@ class Run:
             if self.ahead is not None:  # stopped, not waited for: an error exits at once (trainer.main)
                 self.ahead.close(wait=False)
             raise
-        if self.ahead is not None:  # done or preempted: no episode runs on past training (nor into the final push)
-            self.ahead.close()
+        if self.ahead is not None:
+            # done: nothing runs past the last step, and nothing may run into the final push (a quick wait: no batch
+            # is sent past max_steps). Preempted: a batch of step s+1 is mid-request; waiting for it could outlast
+            # the time-limit warning (slurm.signal_seconds) before the exit that lets the bootstrap requeue: stop it
+            self.ahead.close(wait=not self.callback.preempted)
         self.train_s = time.time() - t0
         if self.callback.preempted:
             self.par.log(f"preempted at step {self.trainer.state.global_step}: checkpoint written, exiting for requeue")

@@ -89,10 +89,11 @@ class EpisodeLoop:
         episodes = []
         multi = None not in self.factories
         for row in rows:
+            if self.factories:  # watched from before the factory: it is user code too (a sandbox may start there)
+                note("reset")
             env = self.factories[row.get("environment") if multi else None]() if self.factories else None
             prompt = copy.deepcopy(row["prompt"])
             if env is not None:
-                note("reset")
                 observation = env.reset(**({k: v for k, v in row.items() if k != "environment"} if multi else row))
                 if observation is not None:  # appended to the last message, as TRL does
                     prompt = prompt[:-1] + [{**prompt[-1], "content": prompt[-1]["content"] + observation}]
@@ -190,24 +191,34 @@ class UnitBounds:
     request_timeout_s: float
     """One generation request: the client's deadline for the whole answer (trainer.request_timeout_s)."""
     tool_timeout_s: float
-    """One tool call, abandoned past it (trainer.tool_timeout_s); an environment's reset() is given as long."""
+    """One tool call, abandoned past it (trainer.tool_timeout_s)."""
     slack_s: float = 60.0
     """The loop's own work between two units (chat template, response parser): seconds at most."""
 
+    @property
+    def reset_s(self) -> float:
+        """An environment's construction and reset() (user code with no deadline of its own, often a sandbox's start):
+        the larger of the two settings, so a slow reset is not cut off at a tool call's short bound."""
+        return max(self.request_timeout_s, self.tool_timeout_s)
+
 
 UNITS = {
-    "generate": ("a generation request", "request_timeout_s"),
-    "tool": ("a tool call", "tool_timeout_s"),
-    "reset": ("an environment's reset()", "tool_timeout_s"),
+    "generate": ("a generation request", "request_timeout_s", "trainer.request_timeout_s"),
+    "tool": ("a tool call", "tool_timeout_s", "trainer.tool_timeout_s"),
+    "reset": (
+        "an environment's construction and reset()",
+        "reset_s",
+        "the larger of trainer.request_timeout_s and trainer.tool_timeout_s",
+    ),
 }
-"""unit -> (what it is, the UnitBounds field and trainer.* setting that bounds it)."""
+"""unit -> (what it is, the UnitBounds field that bounds it, the setting(s) behind that bound)."""
 
 
 class Watch:
     """The deadline of the batch of episodes running in the background. A batch is a sequence of units of work, each
     bounded by a setting: at most 1 + max_tool_calling_iterations generation requests (trainer.request_timeout_s
     each), its tool calls (trainer.tool_timeout_s each; how many per turn is the model's choice) and one reset() per
-    episode (given trainer.tool_timeout_s). So its worst case is that sum, known only as the batch goes: the deadline
+    episode (with its construction: the larger of the two settings). So its worst case is that sum, known only as the batch goes: the deadline
     moves on as each unit begins, to its start + its bound + slack. A batch past it is stuck outside every deadline
     (a reset() slower than allowed, a hang in the loop itself), never merely slow."""
 
@@ -237,13 +248,13 @@ class Watch:
         now = time.monotonic()
         if unit is None or now <= deadline:
             return None
-        what, setting = UNITS[unit]
+        what, bound, setting = UNITS[unit]
         frame = sys._current_frames().get(thread) if thread is not None else None
         where = "".join(traceback.format_stack(frame, limit=3)) if frame is not None else "(the thread has ended)\n"
         return (
             f"{who}: the episodes sent ahead for step {step} are stuck: {what} began {now - started:.0f} s ago, past its "
-            f"bound of {getattr(self.bounds, setting):g} s (trainer.{setting}) + {self.bounds.slack_s:g} s for the "
-            f"episode loop's own work. If it legitimately takes that long, raise trainer.{setting}. The background "
+            f"bound of {getattr(self.bounds, bound):g} s ({setting}) + {self.bounds.slack_s:g} s for the "
+            f"episode loop's own work. If it legitimately takes that long, raise {setting}. The background "
             f"thread is at:\n{where}"
         )
 
