@@ -113,7 +113,9 @@ def test_lora_pushes_only_the_adapter_keeps_the_base_resumes_and_writes_a_peft_a
     # request naming it (vLLM 0.32's per-step reload of a load_inplace adapter: 8x slower generation on the H200)
     reads = vllm_log.count(ADAPTER_READ_MARK)
     assert reads == 10, f"{reads} adapter reads from disk for 10 loads"
-    assert not JobDir(job).adapter_pushes(0).exists()  # the pushed adapters' node-local folder is gone at the end
+    pushed = JobDir(job).adapter_pushes(0)
+    assert f"{pushed}/step-" in vllm_log, vllm_log[-2000:]  # the adapters were written there (the plugin's read lines)
+    assert not pushed.exists()  # ... and the folder is gone at the end
 
     # the final adapter: peft's format, loadable, equal to the merged model, not the base
     peft_model = PeftModel.from_pretrained(base, str(job / "adapter"))

@@ -374,6 +374,11 @@ def test_the_ipc_handle_crosses_http_as_json_and_nothing_else_is_accepted():
 
     params = list(inspect.signature(rebuild_cuda_tensor).parameters)
     assert len(params) == 15 and params[6:8] == ["storage_device", "storage_handle"], params  # torch's order, pinned
+    from torch.multiprocessing.reductions import reduce_tensor  # what the sender exports: the classes the codec fixes
+
+    src = inspect.getsource(reduce_tensor)
+    assert "storage = tensor._typed_storage()" in src and "type(tensor)," in src and "type(storage)," in src, src
+    assert type(torch.empty(8, dtype=torch.uint8)._typed_storage()) is torch.storage.TypedStorage
     args = (torch.Tensor, torch.Size([1024]), (1,), 0, torch.storage.TypedStorage, torch.uint8, 3, b"\x00cuda\xff",
             1024, 512, False, b"/torch_123_456", 64, b"\x01event", True)  # fmt: skip
     wire = json.loads(json.dumps(encode_cuda_handle(args)))
