@@ -33,7 +33,16 @@ class Run:
         return [r for r in read(self.trace / f"rank{rank}.jsonl") if r["kind"] == kind]
 
 
-def local_run(tmp: Path, steps: int, *extra: str) -> Run:
+COUNTDOWN = (
+    "trainer.environment=tests.support.agent_envs:RankCountdown",
+    f"trainer.tool_timeout_s={TOOL_TIMEOUT_S}",
+    "trainer.max_completion_length=640",
+    "trainer.grpo={max_tool_calling_iterations: 8}",
+)
+"""The episodes most tests run: the countdown environment, a tool deadline, room for 8 tool calls."""
+
+
+def local_run(tmp: Path, steps: int, *extra: str, agent: tuple[str, ...] = COUNTDOWN) -> Run:
     import subprocess
 
     model, job, trace = tmp / "tool-model", tmp / "job", tmp / "trace"
@@ -44,12 +53,9 @@ def local_run(tmp: Path, steps: int, *extra: str) -> Run:
         *port_sets(),
         f"trainer.max_steps={steps}",
         *extra,
-        "trainer.environment=tests.support.agent_envs:RankCountdown",
-        f"trainer.tool_timeout_s={TOOL_TIMEOUT_S}",
+        *agent,
         "trainer.per_device_train_batch_size=2",
         "trainer.num_generations=2",
-        "trainer.max_completion_length=640",
-        "trainer.grpo={max_tool_calling_iterations: 8}",
     ]
     t0 = time.time()
     r = cli(
@@ -178,31 +184,15 @@ def test_a_users_rollout_func_generates_on_the_nodes_server_and_its_field_reache
     both ranks generate through their generation backend on the node's vLLM server (the tool model's own turn comes
     back, and the server's access log holds exactly their requests besides parity's), and the rollout's extra field
     reaches the reward function (rank_reward scores it: 0.25 on rank 0, 0.5 on rank 1, 0.375 the step's mean)."""
-    import subprocess
-
-    model, job, trace = tmp_path / "tool-model", tmp_path / "job", tmp_path / "trace"
-    subprocess.run([PY, "-m", "trainer.agents.tiny_tool_model", str(model)], check=True, cwd=REPO, capture_output=True)
-    sets = [
-        f"vllm.model={model}",
-        f"job.job_dir={job}",
-        *port_sets(),
-        f"trainer.max_steps={STEPS}",
+    rollout = (
         "trainer.environment=''",
         "trainer.rollout_func=tests.support.agent_rollout:rollout",
         "trainer.reward_funcs=[tests.support.agent_rollout:rank_reward]",
-        "trainer.per_device_train_batch_size=2",
-        "trainer.num_generations=2",
         "trainer.max_completion_length=16",
-    ]
-    r = cli(
-        "local",
-        str(REPO / "configs/agents_cpu.yaml"),
-        *[x for s in sets for x in ("--set", s)],
-        env=clean_env(PYTHONPATH=str(REPO), **{TRACE_ENV: str(trace)}),
-        timeout=900,
     )
+    run = local_run(tmp_path, STEPS, agent=rollout)
+    r, job = run.result, run.job
     assert r.returncode == 0, r.stdout[-3000:] + r.stderr[-3000:]
-    run = Run(job, trace, r, 0.0)
     tok = tokenizer(run)
     for rank in (0, 1):
         gen = run.rows(rank, "generated")

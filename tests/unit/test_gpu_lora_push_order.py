@@ -14,7 +14,6 @@ Needs a CUDA device (gpu/push_order.sh runs it on the H200); not yet run there (
 
 from __future__ import annotations
 
-import threading
 from collections import Counter
 
 import pytest
@@ -25,6 +24,7 @@ from tests.unit.test_gpu_push_order import (
     BUCKET,
     OPTIMIZER_DELAY_CYCLES,
     KeepChunks,
+    produce_on_a_thread,
     received,
     report,
     world_of_one_and_a_body,
@@ -68,25 +68,11 @@ def merged_push(model, meta, scale: float, group, order_streams: bool) -> None:
     stream), vLLM's producer pulls it on another thread with the device set."""
     from trainer.push.adapter import merged_params
     from trainer.push.gather import iter_unsharded_params
-    from trainer.push.senders import checked, nccl_broadcast_packed
+    from trainer.push.senders import checked
 
     walk = iter_unsharded_params(model, torch.bfloat16, order_streams=order_streams)
     params = checked(merged_params(walk, scale, torch.bfloat16) if order_streams else unordered(walk, scale), meta)
-    errors: list[BaseException] = []
-
-    def work() -> None:
-        try:
-            torch.cuda.set_device(0)
-            nccl_broadcast_packed(group, params, BUCKET)
-        except BaseException as e:  # noqa: BLE001 - re-raised below
-            errors.append(e)
-
-    t = threading.Thread(target=work, name="work /update_weights")
-    t.start()
-    t.join(timeout=300)
-    assert not t.is_alive(), "the push did not finish within 300 s"
-    if errors:
-        raise errors[0]
+    produce_on_a_thread(group, params)
 
 
 def unordered(walk, scale: float):

@@ -114,9 +114,17 @@ def push(model, meta, group, order_streams: bool) -> None:
     """The leader's push as NcclSender runs it: the walk is made here (the caller's thread and stream), the
     producer runs on another thread with the device set."""
     from trainer.push.gather import iter_unsharded_params
-    from trainer.push.senders import checked, nccl_broadcast_packed
+    from trainer.push.senders import checked
 
     params = checked(iter_unsharded_params(model, torch.bfloat16, order_streams=order_streams), meta)
+    produce_on_a_thread(group, params)
+
+
+def produce_on_a_thread(group, params) -> None:
+    """vLLM's packed producer over `params` on another thread with the device set, as NcclSender runs it; re-raises
+    its error; 300 s deadline."""
+    from trainer.push.senders import nccl_broadcast_packed
+
     errors: list[BaseException] = []
 
     def work() -> None:
