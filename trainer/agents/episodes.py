@@ -217,10 +217,10 @@ UNITS = {
 class Watch:
     """The deadline of the batch of episodes running in the background. A batch is a sequence of units of work, each
     bounded by a setting: at most 1 + max_tool_calling_iterations generation requests (trainer.request_timeout_s
-    each), its tool calls (trainer.tool_timeout_s each; how many per turn is the model's choice) and one reset() per
-    episode (with its construction: the larger of the two settings). So its worst case is that sum, known only as the batch goes: the deadline
-    moves on as each unit begins, to its start + its bound + slack. A batch past it is stuck outside every deadline
-    (a reset() slower than allowed, a hang in the loop itself), never merely slow."""
+    each), its tool calls (trainer.tool_timeout_s each; how many per turn is the model's choice) and one construction
+    + reset() per episode (the larger of the two settings). So its worst case is that sum, known only as the batch
+    goes: the deadline moves on as each unit begins, to its start + its bound + slack. A batch past it is stuck
+    outside every deadline (a reset() slower than allowed, a hang in the loop itself), never merely slow."""
 
     def __init__(self, bounds: UnitBounds) -> None:
         self.bounds = bounds
