@@ -11,6 +11,8 @@ from __future__ import annotations
 
 import ast
 import dataclasses
+import difflib
+import functools
 import importlib.util
 import inspect
 import re
@@ -42,6 +44,10 @@ class ContainerConfig:
         for m in self.mounts:
             if m.count(":") not in (1, 2) or "," in m or not all(m.split(":")[:2]):
                 raise ConfigError(f"slurm.container.mounts entry {m!r} must be SRC:DST or SRC:DST:ro, without commas")
+        if self.workdir and not self.workdir.startswith("/"):
+            raise ConfigError(
+                f"slurm.container.workdir {self.workdir!r} must be an absolute path inside the image, e.g. /workspace"
+            )
         if (self.mounts or self.workdir) and not self.image:
             raise ConfigError("slurm.container has mounts or a workdir but no image; set slurm.container.image")
 
@@ -104,9 +110,6 @@ class SlurmConfig:
             raise ConfigError(
                 f"slurm.setup_profile {self.setup_profile!r} must be the name of a file in slurm_templates/ without .sh.j2"
             )
-        for k in self.extra_sbatch:
-            if not _FLAG.match(k):
-                raise ConfigError(f"slurm.extra_sbatch key {k!r} must be an sbatch flag name without dashes, e.g. reservation")
         # sbatch's own parser of #SBATCH lines takes a backslash as an escape even inside single quotes, so such a
         # value would reach SLURM changed (the shell quoting that protects it elsewhere does not hold there)
         header = {"partition": self.partition, "account": self.account, "qos": self.qos, "mem": self.mem}
@@ -117,6 +120,17 @@ class SlurmConfig:
                     f"slurm.{key} {value!r} contains a backslash; #SBATCH lines are read by sbatch's own parser, "
                     "which would drop it: remove it"
                 )
+        if time_seconds(self.time) is None:
+            raise ConfigError(f"slurm.time {self.time!r}: minutes and seconds must be below 60, e.g. 04:00:00 or 1-00:00:00")
+        if self.mem and not _MEM.match(self.mem):
+            raise ConfigError(f"slurm.mem {self.mem!r} is not a SLURM size: a whole number with K, M, G or T (no B), e.g. 200G")
+        for key in ("partition", "account", "qos", "constraint"):
+            if not _SLURM_NAME.match(getattr(self, key)):
+                raise ConfigError(
+                    f"slurm.{key} {getattr(self, key)[:40]!r} is not a SLURM name: ASCII only, at most 256 characters"
+                )
+        for k in self.extra_sbatch:
+            check_extra_sbatch_key(k, self)
         if self.gpu_memory_gb < 0:
             raise ConfigError(f"slurm.gpu_memory_gb must be >= 0 (0 = from the GPU name), got {self.gpu_memory_gb}")
         self.container.check()
@@ -136,8 +150,8 @@ class VllmConfig:
     """Fraction of its GPUs' memory vLLM may use (on CPU builds: kept small, see the README)."""
     max_model_len: int = 0
     """Context length; 0 = the model's own."""
-    dtype: Literal["auto", "bfloat16", "float16", "float32"] = "auto"
-    """Serving dtype; must match the trainer's dtype for parity."""
+    dtype: Literal["auto", "bfloat16", "float32"] = "auto"
+    """Serving dtype: auto (the model's own) or trainer.dtype; another one is refused, as parity compares the two."""
     extra_args: list[str] = field(default_factory=list)
     """More api_server arguments, as a list, e.g. ['--enforce-eager']."""
     health_timeout_s: int = 900
@@ -162,6 +176,10 @@ class VllmConfig:
             raise ConfigError(f"vllm.max_model_len must be 0 (the model's own) or positive, got {self.max_model_len}")
         _positive("vllm.health_timeout_s", self.health_timeout_s, "servers need time to load the model")
         _port("vllm.port", self.port)
+        for i, arg in enumerate(self.extra_args):
+            owner = owned_vllm_flag(arg) if arg.startswith("-") else None
+            if owner:
+                raise ConfigError(f"vllm.extra_args[{i}] {arg!r} is set by slurm-grpo from {owner}; set that key instead")
         if self.cache_dir and not self.cache_dir.startswith("/"):
             raise ConfigError(
                 f"vllm.cache_dir {self.cache_dir!r} must be an absolute path (every node reads it); "
@@ -410,8 +428,17 @@ def _default(f: dataclasses.Field) -> Any:
     return f.default_factory()  # type: ignore[misc,operator]
 
 
-def _menu(cls: type) -> str:
-    return ", ".join(f"{f.name} (default {_default(f)!r})" for f in dataclasses.fields(cls))
+def did_you_mean(word: str, options: typing.Iterable[str]) -> str:
+    """ "; did you mean 'x'?" for the nearest option (difflib), or "" when none is near."""
+    close = difflib.get_close_matches(word, list(options), n=1, cutoff=0.7)
+    return f"; did you mean {close[0]!r}?" if close else ""
+
+
+def unknown_key(where: str, key: str, cls: type) -> ConfigError:
+    """A misspelt key: the nearest valid one, and where the full list is (not in the message: it is long)."""
+    names = [f.name for f in dataclasses.fields(cls)]
+    hint = did_you_mean(key, names) or f"; keys of {where}: slurm-grpo config-reference {where}"
+    return ConfigError(f"unknown key '{where}.{key}'{hint}")
 
 
 SCIENTIFIC = re.compile(r"[-+]?(\d+\.?\d*|\.\d+)[eE][-+]?\d+")
@@ -468,7 +495,7 @@ def _coerce(where: str, value: Any, annotation: Any) -> Any:
     """Check a YAML value against a field's type; ints are accepted for floats, nothing else is guessed."""
     origin = typing.get_origin(annotation)
     if annotation is Any:
-        return value
+        return plain(value)
     if isinstance(annotation, type) and dataclasses.is_dataclass(annotation):  # a nested group of keys, e.g. slurm.container
         return _build(annotation, where, value)
     if annotation is bool:
@@ -477,7 +504,9 @@ def _coerce(where: str, value: Any, annotation: Any) -> Any:
         raise ConfigError(f"{where} must be true or false, got {value!r}")
     if annotation is int:
         if isinstance(value, int) and not isinstance(value, bool):
-            return value
+            return int(value)
+        if isinstance(value, str) and re.fullmatch(r"[-+]?0[0-9_]+", value.strip()):
+            raise ConfigError(f"{where} {value!r} has a leading zero (YAML 1.1 reads octal there); write it without")
         raise ConfigError(f"{where} must be an integer, got {value!r}")
     if annotation is float:
         if isinstance(value, (int, float)) and not isinstance(value, bool):
@@ -489,8 +518,12 @@ def _coerce(where: str, value: Any, annotation: Any) -> Any:
         raise ConfigError(f"{where} must be a number, got {value!r}")
     if annotation is str:
         if isinstance(value, (str, int, float)) and not isinstance(value, bool):
-            return str(value)
-        raise ConfigError(f"{where} must be a string, got {value!r}")
+            return written(value)  # the text as typed: 0123 and 1.10 stay as they are
+        if isinstance(value, bool):
+            raise ConfigError(f"{where} is {str(value).lower()} to YAML (an unquoted yes/no/on/off/true/false); quote it: '...'")
+        raise ConfigError(
+            f"{where} must be a string, got {value!r}" + ("; give a value or remove the line" if value is None else "")
+        )
     if origin is Literal:
         text = _text(where, value)
         if text not in choices(annotation):
@@ -508,7 +541,7 @@ def _coerce(where: str, value: Any, annotation: Any) -> Any:
         if not isinstance(value, dict):
             raise ConfigError(f"{where} must be a mapping (key: value), got {value!r}")
         _, item = typing.get_args(annotation)
-        return {str(k): _coerce(f"{where}.{k}", v, item) for k, v in value.items()}
+        return {written(k): _coerce(f"{where}.{written(k)}", v, item) for k, v in value.items()}
     raise AssertionError(f"unsupported annotation {annotation!r} for {where}")
 
 
@@ -541,7 +574,7 @@ def _build(cls: type, section: str, raw: Any) -> Any:
     names = {f.name for f in dataclasses.fields(cls)}
     unknown = sorted(set(raw) - names)
     if unknown:
-        raise ConfigError(f"unknown key '{section}.{unknown[0]}'; valid keys of '{section}': {_menu(cls)}")
+        raise unknown_key(section, unknown[0], cls)
     kwargs = {k: _coerce(f"{section}.{k}", v, hints[k]) for k, v in raw.items()}
     return cls(**kwargs)
 
@@ -559,7 +592,9 @@ def parse_override(text: str) -> tuple[list[str], Any]:
             f"sections: {', '.join(SECTIONS)}"
         )
     try:
-        parsed = yaml.safe_load(value) if value.strip() else ""
+        parsed = read_yaml(value) if value.strip() else ""
+    except ConfigError as e:
+        raise ConfigError(f"--set {text!r}: {e}") from None
     except yaml.YAMLError as e:
         raise ConfigError(f"--set {text!r}: the value is not valid YAML ({e.__class__.__name__})") from None
     return [parts[0], ".".join(parts[1:])], parsed
@@ -586,7 +621,7 @@ def _check_override_path(text: str, section: str, path: list[str]) -> None:
         if isinstance(annotation, type) and dataclasses.is_dataclass(annotation):
             hints = typing.get_type_hints(annotation)
             if part not in hints:
-                raise ConfigError(f"unknown key '{where}.{part}'; valid keys of '{where}': {_menu(annotation)}")
+                raise unknown_key(where, part, annotation)
             annotation = hints[part]
         elif annotation is not Any:  # a mapping: any key, values of its value type
             annotation = typing.get_args(annotation)[1]
@@ -601,7 +636,9 @@ def merge_raw(raw: dict[str, Any], overrides: list[str]) -> dict[str, Any]:
     for text in overrides:
         (section, dotted), value = parse_override(text)
         if section not in SECTIONS:
-            raise ConfigError(f"--set {text!r}: unknown section '{section}'; sections: {', '.join(SECTIONS)}")
+            raise ConfigError(
+                f"--set {text!r}: unknown section '{section}'{did_you_mean(section, SECTIONS)}; sections: {', '.join(SECTIONS)}"
+            )
         path = dotted.split(".")
         _check_override_path(text, section, path)
         merged.setdefault(section, {})
@@ -626,7 +663,8 @@ def from_dict(raw: dict[str, Any]) -> JobConfig:
         raise ConfigError(f"the config must be a mapping of sections ({', '.join(SECTIONS)}), got {type(raw).__name__}")
     unknown = sorted(set(raw) - set(SECTIONS))
     if unknown:
-        raise ConfigError(f"unknown section '{unknown[0]}'; valid sections: {', '.join(SECTIONS)}")
+        hint = did_you_mean(unknown[0], SECTIONS)
+        raise ConfigError(f"unknown section '{unknown[0]}'{hint}; valid sections: {', '.join(SECTIONS)}")
     cfg = JobConfig(**{name: _build(cls, name, raw.get(name)) for name, cls in SECTIONS.items()})
     validate(cfg)
     return cfg
@@ -647,6 +685,102 @@ def deep_merge(under: dict[str, Any], over: dict[str, Any]) -> dict[str, Any]:
     return out
 
 
+# ----------------------------------------------------------------------------- the YAML reader
+
+
+class _Int(int):
+    """An int as YAML read it, with the text the user wrote (a string field takes the text: account 0123 stays 0123)."""
+
+    text: str
+
+
+class _Float(float):
+    """A float as YAML read it, with the text the user wrote (partition 1.10 stays 1.10)."""
+
+    text: str
+
+
+class ConfigLoader(yaml.SafeLoader):
+    """PyYAML's safe loader without YAML 1.1's surprises, for config files and --set values alike: no base-60 numbers
+    (time: 24:00:00 would be 86400), no octal or hex (0123 stays the text 0123), no dates, scientific notation
+    without a dot is a float (1e-5), and a key given twice in one mapping is refused (PyYAML keeps the last)."""
+
+    yaml_implicit_resolvers = {
+        k: [
+            (tag, rx)
+            for tag, rx in v
+            if tag not in ("tag:yaml.org,2002:int", "tag:yaml.org,2002:float", "tag:yaml.org,2002:timestamp")
+        ]
+        for k, v in yaml.SafeLoader.yaml_implicit_resolvers.items()
+    }
+
+    def construct_mapping(self, node: yaml.MappingNode, deep: bool = False) -> dict[Any, Any]:
+        seen: dict[Any, Any] = {}
+        for key_node, _ in node.value:
+            if key_node.tag == "tag:yaml.org,2002:merge":
+                continue
+            key = self.construct_object(key_node, deep=True)
+            if key in seen:
+                line = key_node.start_mark.line + 1
+                raise ConfigError(
+                    f"key {key!r} is given twice in one mapping (line {seen[key]} and line {line}); keep one of them"
+                )
+            seen[key] = key_node.start_mark.line + 1
+        return super().construct_mapping(node, deep=deep)
+
+    def construct_int(self, node: yaml.ScalarNode) -> _Int:
+        value = _Int(node.value.replace("_", ""))
+        value.text = node.value
+        return value
+
+    def construct_float(self, node: yaml.ScalarNode) -> _Float:
+        value = _Float(self.construct_yaml_float(node))
+        value.text = node.value
+        return value
+
+
+ConfigLoader.add_implicit_resolver("tag:yaml.org,2002:int", re.compile(r"^[-+]?(?:0|[1-9][0-9_]*)$"), list("-+0123456789"))
+ConfigLoader.add_implicit_resolver(
+    "tag:yaml.org,2002:float",
+    re.compile(
+        r"""^(?:[-+]?(?:[0-9][0-9_]*)\.[0-9_]*(?:[eE][-+]?[0-9]+)?|[-+]?\.[0-9][0-9_]*(?:[eE][-+]?[0-9]+)?
+        |[-+]?[0-9][0-9_]*[eE][-+]?[0-9]+|[-+]?\.(?:inf|Inf|INF)|\.(?:nan|NaN|NAN))$""",
+        re.X,
+    ),
+    list("-+0123456789."),
+)
+ConfigLoader.add_constructor("tag:yaml.org,2002:int", ConfigLoader.construct_int)
+ConfigLoader.add_constructor("tag:yaml.org,2002:float", ConfigLoader.construct_float)
+
+
+def read_yaml(text: str) -> Any:
+    """YAML text read by ConfigLoader (the one reader of configs and --set values)."""
+    return yaml.load(text, Loader=ConfigLoader)  # noqa: S506 (a SafeLoader subclass)
+
+
+def _yaml_error(e: yaml.YAMLError) -> str:
+    """PyYAML's several-line message as one line: the problem and where."""
+    mark = getattr(e, "problem_mark", None)
+    where = f" at line {mark.line + 1}, column {mark.column + 1}" if mark is not None else ""
+    return f"{getattr(e, 'problem', None) or e.__class__.__name__}{where}"
+
+
+def written(value: Any) -> str:
+    """A scalar as the user wrote it: the YAML text of a number, else str()."""
+    return getattr(value, "text", None) or str(value)
+
+
+def plain(value: Any) -> Any:
+    """A YAML value with ConfigLoader's number types made plain int/float again (for dumping and plan.json)."""
+    if isinstance(value, dict):
+        return {plain(k): plain(v) for k, v in value.items()}
+    if isinstance(value, list):
+        return [plain(v) for v in value]
+    if isinstance(value, _Int):
+        return int(value)
+    return float(value) if isinstance(value, _Float) else value
+
+
 def read_raw(path: Path, chain: tuple[Path, ...] = ()) -> dict[str, Any]:
     """One config file as a plain mapping, its `base:` files (one path or a list, relative to this file's folder)
     deep-merged under it in order, recursively. `chain`: the files that led here, to name a cycle."""
@@ -657,9 +791,11 @@ def read_raw(path: Path, chain: tuple[Path, ...] = ()) -> dict[str, Any]:
     if real in chain:
         raise ConfigError("config base cycle: " + " -> ".join(str(p) for p in (*chain, real)) + "; remove one of the base: lines")
     try:
-        raw = yaml.safe_load(path.read_text()) or {}
+        raw = read_yaml(path.read_text()) or {}
     except yaml.YAMLError as e:
-        raise ConfigError(f"config file {str(path)!r}{where} is not valid YAML: {e}") from None
+        raise ConfigError(f"config file {str(path)!r}{where} is not valid YAML: {_yaml_error(e)}") from None
+    except ConfigError as e:
+        raise ConfigError(f"config file {str(path)!r}{where}: {e}") from None
     if not isinstance(raw, dict):
         raise ConfigError(f"config file {path!s}{where} must hold a mapping of sections ({', '.join(SECTIONS)})")
     bases = raw.pop("base", None) or []
@@ -697,11 +833,19 @@ def to_yaml(cfg: JobConfig, redact: bool = False) -> str:
     return yaml.safe_dump(d, sort_keys=False, default_flow_style=False)
 
 
+# Secrets that must never be written into the job folder, the sbatch text or the logs. The job
+# inherits them from the submitting environment through SLURM (sbatch exports the environment).
+SECRET_ENV_MARKERS = ("TOKEN", "SECRET", "PASSWORD", "API_KEY", "CREDENTIAL")
+
+
+def is_secret(name: str) -> bool:
+    up = name.upper()
+    return any(m in up for m in SECRET_ENV_MARKERS)
+
+
 def redact_argv(argv: list[str]) -> list[str]:
     """The argv as it may be shown (dry-run, log headers): the value after a flag such as --hf-token or
     --api-key, or in --flag=value form, is replaced by ***."""
-    from launcher.core.jobdir import is_secret  # the job folder's module imports this one
-
     out, hide = [], False
     for a in argv:
         flag, eq, _ = a.partition("=")
@@ -724,52 +868,193 @@ _PROFILE = re.compile(r"^[A-Za-z0-9_-]+$")
 _FLAG = re.compile(r"^[a-z][a-z0-9-]*$")
 
 
+_MEM = re.compile(r"^\d+[KMGTkmgt]?$")
+_SLURM_NAME = re.compile(r"^[\x20-\x7e]{0,256}$")  # SLURM's names are ASCII; quoting keeps the rest safe
+
+
+def time_seconds(text: str) -> int | None:
+    """A SLURM time limit (MM, MM:SS, HH:MM:SS, D-HH[:MM[:SS]]) in seconds; None if a minute or second is >= 60.
+    The caller has matched _TIME."""
+    days, _, rest = text.rpartition("-") if "-" in text else ("0", "", text)
+    parts = [int(x) for x in rest.split(":")]
+    if "-" in text:  # D-HH, D-HH:MM, D-HH:MM:SS
+        parts += [0] * (3 - len(parts))
+    elif len(parts) == 1:  # MM
+        parts = [0, parts[0], 0]
+    elif len(parts) == 2:  # MM:SS
+        parts = [0, *parts]
+    h, m, sec = parts
+    if sec >= 60 or (m >= 60 and (rest.count(":") == 2 or "-" in text)):  # MM and MM:SS take any minutes
+        return None
+    return int(days or 0) * 86400 + h * 3600 + m * 60 + sec
+
+
+SBATCH_OWNED = {
+    "job-name": "job.name",
+    "nodes": "slurm.nodes",
+    "time": "slurm.time",
+    "partition": "slurm.partition",
+    "account": "slurm.account",
+    "qos": "slurm.qos",
+    "constraint": "slurm.constraint",
+    "mem": "slurm.mem",
+    "cpus-per-task": "slurm.cpus_per_task",
+    "exclusive": "slurm.exclusive",
+    "signal": "slurm.signal_seconds",
+    "requeue": "slurm.requeue",
+    "no-requeue": "slurm.requeue",
+    **dict.fromkeys(("gpus-per-node", "gpus", "gpus-per-task", "gres"), "slurm.gpus_per_node"),
+    **dict.fromkeys(("ntasks", "ntasks-per-node"), "the launcher (one task per node)"),
+    **dict.fromkeys(("output", "error", "open-mode"), "the launcher (logs go to the job folder)"),
+    "array": "slurm-grpo sweep",
+    **dict.fromkeys(("container-image", "container-mounts", "container-workdir"), "slurm.container"),
+}
+"""sbatch flags the launcher writes itself -> the key that sets them (slurm.extra_sbatch may not repeat them)."""
+
+
+def check_extra_sbatch_key(key: str, s: SlurmConfig) -> None:
+    """An extra_sbatch key is a long sbatch flag (no dashes) the launcher does not write itself."""
+    flag = key.replace("_", "-")
+    if not _FLAG.match(flag) or len(flag) < 2:
+        raise ConfigError(f"slurm.extra_sbatch key {key!r} must be a long sbatch flag name without the dashes, e.g. reservation")
+    if flag != key:
+        raise ConfigError(f"slurm.extra_sbatch key {key!r}: sbatch flags use dashes; write {flag}")
+    owner = SBATCH_OWNED.get(flag) or next((o for f, o in SBATCH_OWNED.items() if f.startswith(flag)), None)
+    if flag == "gres" and "gpu" not in str(s.extra_sbatch[key]):
+        owner = None  # other generic resources (gres: nvme) are the user's
+    if owner:
+        raise ConfigError(f"slurm.extra_sbatch.{key} is written by slurm-grpo from {owner}; set that instead and remove it")
+    if flag in ("mem-per-cpu", "mem-per-gpu") and s.mem:
+        raise ConfigError(f"slurm.extra_sbatch.{key} and slurm.mem exclude each other in sbatch; keep one")
+
+
+VLLM_OWNED = {
+    "model": "vllm.model",
+    "host": "slurm-grpo (127.0.0.1 only: the dev routes must stay private)",
+    "port": "vllm.port",
+    "tensor-parallel-size": "vllm.tensor_parallel_size",
+    "tp": "vllm.tensor_parallel_size",
+    "data-parallel-size": "vllm.data_parallel_size",
+    "dp": "vllm.data_parallel_size",
+    "gpu-memory-utilization": "vllm.gpu_memory_utilization",
+    "dtype": "vllm.dtype",
+    "max-model-len": "vllm.max_model_len",
+    "logprobs-mode": "slurm-grpo (parity needs processed_logprobs)",
+    "weight-transfer-config": "vllm.weight_transfer_backend",
+    "seed": "trainer.seed",
+    "enable-lora": "trainer.lora.r",
+    "max-lora-rank": "trainer.lora.r",
+    "served-model-name": "vllm.model (the ranks ask for it by that name)",
+}
+"""vLLM api_server flags the launcher passes itself -> the key that sets them (vllm.extra_args may not repeat them)."""
+
+
+def owned_vllm_flag(arg: str) -> str | None:
+    """The key owning a vLLM flag (--port, --port=9000, --tensor_parallel_size, -tp); None for the user's own flags."""
+    name = arg.lstrip("-").partition("=")[0].replace("_", "-")
+    return VLLM_OWNED.get(name)
+
+
 def _positive(where: str, value: int | float, fix: str) -> None:
     if value <= 0:
         raise ConfigError(f"{where} must be positive, got {value}; {fix}")
 
 
-def grpo_config_fields() -> set[str] | None:
-    """Field names of trl.GRPOConfig and its parents, read from TRL's source without importing it
-    (importing TRL imports torch, which a login node may not have). None when TRL is not installed."""
-    spec = importlib.util.find_spec("trl")
+def _annotations(path: Path, classes: tuple[str, ...]) -> dict[str, str]:
+    """Field name -> annotation source of the named dataclasses in one Python file, read with ast (nothing imported)."""
+    out: dict[str, str] = {}
+    if not path.is_file():
+        return out
+    for node in ast.parse(path.read_text()).body:
+        if isinstance(node, ast.ClassDef) and node.name in classes:
+            for item in node.body:
+                if isinstance(item, ast.AnnAssign) and isinstance(item.target, ast.Name):
+                    out[item.target.id] = ast.unparse(item.annotation)
+    return out
+
+
+def _package_dir(name: str) -> Path | None:
+    spec = importlib.util.find_spec(name)
     if spec is None or not spec.submodule_search_locations:
         return None
-    root = Path(next(iter(spec.submodule_search_locations)))
-    names: set[str] = set()
-    for rel in ("trainer/grpo_config.py", "trainer/base_config.py"):
-        p = root / rel
-        if p.is_file():
-            for node in ast.walk(ast.parse(p.read_text())):
-                if isinstance(node, ast.AnnAssign) and isinstance(node.target, ast.Name):
-                    names.add(node.target.id)
-    spec_tf = importlib.util.find_spec("transformers")
-    if spec_tf is not None and spec_tf.submodule_search_locations:
-        p = Path(next(iter(spec_tf.submodule_search_locations))) / "training_args.py"
-        if p.is_file():
-            for node in ast.walk(ast.parse(p.read_text())):
-                if isinstance(node, ast.AnnAssign) and isinstance(node.target, ast.Name):
-                    names.add(node.target.id)
-    return names or None
+    return Path(next(iter(spec.submodule_search_locations)))
 
 
-# trainer fields the project sets itself; passing them through grpo would fight the plan
-_OWNED_GRPO = {
-    "use_vllm",
-    "vllm_mode",
-    "vllm_server_base_url",
-    "vllm_server_host",
-    "vllm_server_port",
-    "output_dir",
-    "use_cpu",
-    "fsdp",
-    "fsdp_config",
-    "save_strategy",
-    "report_to",
-    "gradient_checkpointing",
+@functools.cache
+def grpo_config_annotations() -> dict[str, str] | None:
+    """trl.GRPOConfig's fields (its own, TRL's base config's, transformers' TrainingArguments') -> annotation source,
+    read from the installed sources without importing them (importing TRL imports torch, which a login node may not
+    have). None when TRL is not installed."""
+    trl, tf = _package_dir("trl"), _package_dir("transformers")
+    if trl is None:
+        return None
+    out = _annotations(tf / "training_args.py", ("TrainingArguments",)) if tf else {}
+    out |= _annotations(trl / "trainer/base_config.py", ("_BaseConfig",))
+    out |= _annotations(trl / "trainer/grpo_config.py", ("GRPOConfig",))
+    return out or None
+
+
+def grpo_config_fields() -> set[str] | None:
+    """Field names of trl.GRPOConfig and its parents (see grpo_config_annotations)."""
+    found = grpo_config_annotations()
+    return set(found) if found is not None else None
+
+
+GRPO_OWNED = {
+    **dict.fromkeys(("use_vllm", "vllm_mode", "vllm_server_base_url", "vllm_server_host", "vllm_server_port"), "vllm.*"),
+    **dict.fromkeys(("vllm_gpu_memory_utilization", "vllm_tensor_parallel_size"), "vllm.*"),
+    "output_dir": "job.job_dir",
+    "overwrite_output_dir": "job.job_dir",
+    "run_name": "job.name",
+    "use_cpu": "job.device",
+    **dict.fromkeys(("fsdp", "fsdp_config", "deepspeed", "accelerator_config", "parallelism_config"), "trainer.fsdp"),
+    **dict.fromkeys(("fp16", "bf16", "half_precision_backend", "fp16_full_eval", "bf16_full_eval"), "trainer.dtype"),
+    **dict.fromkeys(("save_strategy", "save_total_limit", "save_only_model", "save_on_each_node"), "trainer.save_steps"),
+    "resume_from_checkpoint": "trainer.resume",
+    "num_train_epochs": "trainer.max_steps",
+    "report_to": "trainer.report_to",
+    "gradient_checkpointing": "trainer.activation_checkpointing",
+    **dict.fromkeys(("logging_steps", "logging_strategy", "disable_tqdm"), "slurm-grpo (metrics every step)"),
+    **dict.fromkeys(("dataloader_num_workers", "local_rank", "ddp_backend", "ddp_timeout"), "slurm-grpo"),
+    **dict.fromkeys(("push_to_hub", "hub_model_id", "hub_strategy", "hub_token", "log_completions_hub_repo"), "no one"),
+    **dict.fromkeys(("eval_strategy", "eval_steps", "do_eval", "eval_on_start", "per_device_eval_batch_size"), "no one"),
+    "auto_find_batch_size": "no one",
 }
-_GRPO_NAMED_HERE = {"gradient_checkpointing": "activation_checkpointing"}
-"""trl.GRPOConfig fields that have a trainer.* key of another name (set it there, so the loader applies it)."""
+"""trl.GRPOConfig fields trainer.grpo may not set -> the key that decides it ("slurm-grpo": set by the launcher;
+"no one": not supported, e.g. the nodes are offline for the hub, and no eval dataset reaches TRL)."""
+_GRPO_WHY = {
+    "slurm-grpo (metrics every step)": "slurm-grpo logs every step (metrics.jsonl, the stall watchdog need it)",
+    "slurm-grpo": "slurm-grpo sets it for its own torchrun and FSDP2",
+    "no one": "not supported here (nodes run offline; TRL gets no eval set)",
+}
+GRPO_CHOICES: dict[str, tuple[Any, ...]] = {
+    "loss_type": ("grpo", "dr_grpo", "dapo", "bnpo", "cispo", "sapo", "luspo", "vespo"),
+    "scale_rewards": ("group", "batch", "none", True, False),
+    "importance_sampling_level": ("token", "sequence"),
+    "multi_objective_aggregation": ("sum_then_normalize", "normalize_then_sum"),
+    "vllm_importance_sampling_mode": ("token_truncate", "token_mask", "sequence_truncate", "sequence_mask"),
+}
+"""The values TRL 1.16 accepts for its choice fields (tests/unit/test_config.py checks them against TRL's own help)."""
+
+
+def _grpo_value_problem(key: str, value: Any, annotation: str) -> str | None:
+    """Why a trainer.grpo value would fail in GRPOConfig, by the field's annotation; None if it looks right."""
+    if key in GRPO_CHOICES:
+        ok = GRPO_CHOICES[key]
+        if not any(value == c and type(value) is type(c) for c in ok):
+            return f"must be one of {', '.join(map(str, ok))}"
+        return None
+    if value is None:
+        return None if "None" in annotation or "Optional" in annotation else "may not be null"
+    kinds = set(re.findall(r"\b(bool|int|float|str|list|dict)\b", annotation))
+    if not kinds or "Any" in annotation or "Union" in annotation:
+        return None
+    if isinstance(value, bool):
+        return None if "bool" in kinds else f"must be {annotation}, got {value!r}"
+    checks = {"int": int, "float": (int, float), "str": str, "list": list, "dict": dict}
+    if any(isinstance(value, checks[k]) for k in kinds if k != "bool"):
+        return None
+    return f"must be {annotation}, got {value!r}"
 
 
 _CONTROL = re.compile(r"[\x00-\x1f\x7f]")
@@ -859,23 +1144,25 @@ def _check_agents(t: TrainerConfig) -> None:
 
 
 def _check_grpo(grpo: dict[str, Any]) -> None:
-    """trainer.grpo: no key the project sets itself (or a trainer.* key), and each one a trl.GRPOConfig field."""
-    owned = sorted(set(grpo) & (_OWNED_GRPO | {f.name for f in dataclasses.fields(TrainerConfig)}))
-    if owned:
-        ours = _GRPO_NAMED_HERE.get(owned[0], owned[0])
-        raise ConfigError(
-            f"trainer.grpo.{owned[0]} is set by slurm-grpo itself (or is a trainer.* key); "
-            f"remove it from trainer.grpo (use trainer.{ours} if that key exists)"
-        )
-    known = grpo_config_fields()
-    if known is not None:
-        bad = sorted(set(grpo) - known)
-        if bad:
-            near = sorted(k for k in known if k.startswith(bad[0][:4]))[:8]
-            raise ConfigError(
-                f"trainer.grpo.{bad[0]} is not a trl.GRPOConfig field"
-                + (f"; similar fields: {', '.join(near)}" if near else "; see trl's GRPOConfig docs")
-            )
+    """trainer.grpo: no key the project decides (or a trainer.* key), each a trl.GRPOConfig field, each value of its type."""
+    ours = {f.name for f in dataclasses.fields(TrainerConfig)}
+    for key in sorted(grpo):
+        if key in ours:
+            raise ConfigError(f"trainer.grpo.{key} is a trainer key of its own: set trainer.{key} instead")
+        owner = GRPO_OWNED.get(key)
+        if owner in _GRPO_WHY:
+            raise ConfigError(f"trainer.grpo.{key}: {_GRPO_WHY[owner]}; remove it")
+        if owner:
+            raise ConfigError(f"trainer.grpo.{key} is set by slurm-grpo itself from {owner}; remove it")
+    known = grpo_config_annotations()
+    if known is None:
+        return
+    for key in sorted(grpo):
+        if key not in known:
+            raise ConfigError(f"trainer.grpo.{key} is not a trl.GRPOConfig field{did_you_mean(key, known)}")
+        problem = _grpo_value_problem(key, grpo[key], known[key])
+        if problem:
+            raise ConfigError(f"trainer.grpo.{key} {problem}")
 
 
 def check_job(cfg: JobConfig) -> None:
@@ -905,12 +1192,26 @@ def check_job(cfg: JobConfig) -> None:
             f"trainer.max_staleness {t.max_staleness} generates whole batches ahead, one generation per optimizer step: remove "
             "steps_per_generation, num_iterations and gradient_accumulation_steps from trainer.grpo (or set them to 1)"
         )
+    limit = time_seconds(s.time)
+    if limit and s.signal_seconds >= limit:
+        raise ConfigError(
+            f"slurm.signal_seconds ({s.signal_seconds}) is not below slurm.time ({s.time} = {limit} s): the warning would "
+            "come before the job starts; lower it or raise slurm.time"
+        )
+    if v.max_model_len and t.max_completion_length >= v.max_model_len:
+        raise ConfigError(
+            f"trainer.max_completion_length ({t.max_completion_length}) leaves no room for the prompt in "
+            f"vllm.max_model_len ({v.max_model_len}); raise max_model_len or lower max_completion_length"
+        )
+    if v.dtype not in ("auto", t.dtype):
+        raise ConfigError(
+            f"vllm.dtype {v.dtype} differs from trainer.dtype {t.dtype}: parity after each push would fail; "
+            f"set vllm.dtype: {t.dtype} (or auto)"
+        )
     if j.device == "cpu" and v.weight_transfer_backend in ("nccl", "ipc"):
         raise ConfigError(
             f"vllm.weight_transfer_backend {v.weight_transfer_backend} needs GPUs; with job.device cpu use gloo (or auto)"
         )
-    from launcher.core.platform import check_platform  # it imports this module
-
     check_platform(cfg)  # job.platform (rocm's rules), slurm.stage_env/stage_dir, slurm.gpu_cores
     if j.device == "cpu" and t.dtype != "float32":
         raise ConfigError(
@@ -942,6 +1243,110 @@ def check_lora(cfg: JobConfig) -> None:
             f"trainer.beta {t.beta:g} with trainer.lora: TRL would add a reference adapter to the model after it was sharded "
             "(FSDP2 would not manage it); set trainer.beta: 0 (the default) to train LoRA"
         )
+
+
+# ----------------------------------------------------------------------------- platform rules (check_job calls these)
+
+
+def check_platform(cfg: JobConfig) -> None:
+    if cfg.job.platform == "rocm":
+        check_rocm(cfg)
+    check_stage(cfg)
+    check_gpu_cores(cfg.slurm.gpu_cores, cfg.slurm.gpus_per_node)
+
+
+def check_rocm(cfg: JobConfig) -> None:
+    """What ROCm supports of the config, refused with the fix otherwise."""
+    v, s = cfg.vllm, cfg.slurm
+    if cfg.job.device != "cuda":
+        raise ConfigError(
+            "job.platform rocm needs job.device cuda (torch names AMD GPUs 'cuda' too); for CPU runs remove job.platform"
+        )
+    if s.layout == "shared" and s.gpus_per_node > 1:
+        raise ConfigError(
+            "slurm.layout shared on ROCm would put a vLLM data-parallel engine on every GCD (vLLM masks each DP engine, "
+            "which ROCm renumbers) and push by HIP IPC across GCDs: not supported; use slurm.layout: split"
+        )
+    shared = s.gpus_per_node == 1 and v.tensor_parallel_size * v.data_parallel_size == 1
+    b = v.weight_transfer_backend
+    if b == "gloo":
+        raise ConfigError("vllm.weight_transfer_backend gloo is for job.device cpu; on ROCm use nccl (an RCCL broadcast) or auto")
+    if b == "ipc" and not shared:
+        raise ConfigError(
+            "vllm.weight_transfer_backend ipc (HIP IPC) works on ROCm only for vLLM and the trainer on one shared GCD "
+            "(slurm.gpus_per_node: 1): a HIP IPC handle carries the exporter's device ordinal; with more GCDs use nccl "
+            "(an RCCL broadcast) or auto"
+        )
+    if b == "nccl" and shared:
+        raise ConfigError(
+            "vllm.weight_transfer_backend nccl (RCCL) needs the trainer on another GCD than vLLM (RCCL refuses two ranks "
+            "on one device); on a one-GCD node use ipc (HIP IPC) or auto"
+        )
+    if v.data_parallel_size > 1:
+        raise ConfigError(
+            f"vllm.data_parallel_size {v.data_parallel_size} on ROCm: vLLM gives each DP engine its own device mask, "
+            "and RCCL between a masked engine and the trainer fails under ROCm's per-process renumbering; use "
+            "vllm.data_parallel_size 1 (raise tensor_parallel_size for a bigger server)"
+        )
+
+
+STAGE_VENV = (".tar", ".tar.gz", ".tgz")
+STAGE_IMAGE = (".sif", ".sqsh", ".squashfs")
+_STAGE_DIR = re.compile(r"^/([A-Za-z0-9._/-]|\$USER|\$SLURM_JOB_ID)+$")
+_CORES = re.compile(r"^\d+(-\d+)?(,\d+(-\d+)?)*$")
+
+
+def stage_kind(path: str) -> str:
+    """venv or image, by the file's name; '' for anything else."""
+    if path.endswith(STAGE_VENV):
+        return "venv"
+    return "image" if path.endswith(STAGE_IMAGE) else ""
+
+
+def check_stage(cfg: JobConfig) -> None:
+    s = cfg.slurm
+    if not _STAGE_DIR.match(s.stage_dir) or "//" in s.stage_dir:
+        raise ConfigError(
+            f"slurm.stage_dir {s.stage_dir!r} must be an absolute node-local folder of letters, digits, . _ - / and "
+            "only the variables $USER and $SLURM_JOB_ID, e.g. /tmp/slurm-grpo-$USER-$SLURM_JOB_ID"
+        )
+    if not s.stage_env:
+        return
+    kind = stage_kind(s.stage_env)
+    if not s.stage_env.startswith("/") or not kind:
+        raise ConfigError(
+            f"slurm.stage_env {s.stage_env!r} must be an absolute path on the shared file system to a packed venv "
+            f"({', '.join(STAGE_VENV)}) or an image ({', '.join(STAGE_IMAGE)})"
+        )
+    c = s.container
+    if kind == "image" and (c.image != s.stage_env or c.runtime != "apptainer"):
+        raise ConfigError(
+            f"slurm.stage_env {s.stage_env} is an image: set slurm.container.image to the same file and "
+            "slurm.container.runtime: apptainer (pyxis caches its images itself)"
+        )
+    if kind == "venv" and c.image:
+        raise ConfigError(
+            "slurm.stage_env is a packed venv but the job runs in a container (slurm.container.image); stage the image "
+            "instead (slurm.stage_env: the .sif) or drop the container"
+        )
+    if kind == "venv" and "/" in cfg.job.python:
+        raise ConfigError(
+            f"job.python {cfg.job.python!r} is a path, so the staged venv (slurm.stage_env) would not be used; "
+            "set job.python: python (the staged venv is first on PATH)"
+        )
+
+
+def check_gpu_cores(cores: list[str], gpus: int) -> None:
+    if not cores:
+        return
+    if len(cores) != gpus:
+        raise ConfigError(
+            f"slurm.gpu_cores has {len(cores)} entries for {gpus} GPUs per node; give one core list per GPU in index "
+            "order (e.g. 1-7) or none"
+        )
+    for i, c in enumerate(cores):
+        if not _CORES.match(c.replace(" ", "")):
+            raise ConfigError(f"slurm.gpu_cores[{i}] {c!r} is not a core list such as 1-7 or 0,2,4-6")
 
 
 def validate(cfg: JobConfig) -> None:

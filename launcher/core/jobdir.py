@@ -8,6 +8,7 @@ import hashlib
 import os
 import re
 import secrets
+import shutil
 import tempfile
 import time
 from dataclasses import dataclass
@@ -16,10 +17,6 @@ from pathlib import Path
 from launcher.core.config import JobConfig, to_yaml
 from launcher.core.plan import Plan, plan
 from launcher.core.records import CheckpointMeta, Event, event_line
-
-# Secrets that must never be written into the job folder, the sbatch text or the logs. The job
-# inherits them from the submitting environment through SLURM (sbatch exports the environment).
-SECRET_ENV_MARKERS = ("TOKEN", "SECRET", "PASSWORD", "API_KEY", "CREDENTIAL")
 
 
 class Env:
@@ -266,11 +263,6 @@ def write_job_dir(cfg: JobConfig, p: Plan) -> Path:
     return jd.root
 
 
-def is_secret(name: str) -> bool:
-    up = name.upper()
-    return any(m in up for m in SECRET_ENV_MARKERS)
-
-
 def complete_checkpoints(root: Path) -> list[tuple[int, Path]]:
     """(step, folder) of every complete checkpoint under root, oldest first. A folder counts only once
     its meta.json exists (written last); step-N.tmp folders of an interrupted write never count."""
@@ -305,3 +297,15 @@ class Events:
     def __call__(self, event: Event, **kw: object) -> None:
         with open(self.path, "a") as f:
             f.write(event_line(self.node, event, **kw))
+
+
+def remove_pushed_adapters(job_dir: str, node: int) -> None:
+    """The node-local folder of node `node`'s pushed adapters (JobDir.adapter_pushes), and the job's folder above it
+    once no node on this machine has one left: the bootstrap removes them when its processes have stopped, after a
+    finished, failed or preempted attempt alike (a requeued attempt starts from the zero adapter and a checkpoint)."""
+    folder = JobDir(Path(job_dir)).adapter_pushes(node)
+    shutil.rmtree(folder, ignore_errors=True)
+    try:
+        folder.parent.rmdir()
+    except OSError:  # absent, or another node of this machine (the test cluster) still has its own
+        pass

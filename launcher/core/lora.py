@@ -15,7 +15,6 @@ torch.compile), so the CPU tiers test the adapter path for real.
 from __future__ import annotations
 
 import json
-import shutil
 from pathlib import Path
 
 from launcher.core.config import ConfigError, JobConfig
@@ -74,17 +73,3 @@ def lora_push(cfg: JobConfig, data_parallel_size: int | None = None) -> tuple[st
     if why_not:
         return MERGED, why_not + "; merged weights are pushed instead"
     return ADAPTER, f"only the adapter moves (vLLM --enable-lora --max-lora-rank {serving_rank(lora.r)}, loaded at run time)"
-
-
-def remove_pushed_adapters(job_dir: str, node: int) -> None:
-    """The node-local folder of node `node`'s pushed adapters (JobDir.adapter_pushes), and the job's folder above it
-    once no node on this machine has one left: the bootstrap removes them when its processes have stopped, after a
-    finished, failed or preempted attempt alike (a requeued attempt starts from the zero adapter and a checkpoint)."""
-    from launcher.core.jobdir import JobDir  # jobdir imports the plan, which imports this module
-
-    folder = JobDir(Path(job_dir)).adapter_pushes(node)
-    shutil.rmtree(folder, ignore_errors=True)
-    try:
-        folder.parent.rmdir()
-    except OSError:  # absent, or another node of this machine (the test cluster) still has its own
-        pass

@@ -145,14 +145,23 @@ def check_layout(cfg: JobConfig, shared: bool) -> None:
             )
 
 
+def generation_steps(cfg: JobConfig) -> int:
+    """Optimizer steps per generation batch as TRL counts them: trainer.grpo's steps_per_generation, else its
+    gradient_accumulation_steps (generation_batch_size is refused with max_staleness; without, TRL checks it)."""
+    g = cfg.trainer.grpo
+    steps = g.get("steps_per_generation") or g.get("gradient_accumulation_steps") or 1
+    return steps if isinstance(steps, int) and steps > 0 else 1
+
+
 def check_batch(cfg: JobConfig, world: int, per_node: int) -> None:
     """The global batch splits into whole GRPO groups, and hsdp has ranks to shard over."""
     t = cfg.trainer
-    batch = t.per_device_train_batch_size
-    if (batch * world) % t.num_generations:
+    batch, steps = t.per_device_train_batch_size, generation_steps(cfg)
+    if (batch * world * steps) % t.num_generations:
+        of = f" x {steps} steps_per_generation" if steps > 1 else ""
         raise ConfigError(
-            f"the global batch ({batch} per rank x {world} ranks = {batch * world} completions) is not a multiple of "
-            f"trainer.num_generations ({t.num_generations}); make per_device_train_batch_size x ranks divisible by it"
+            f"completions per generation ({batch} per rank x {world} ranks{of} = {batch * world * steps}) is not a multiple "
+            f"of trainer.num_generations ({t.num_generations}); make per_device_train_batch_size x ranks divisible by it"
         )
     if t.fsdp == "hsdp" and cfg.slurm.nodes > 1 and per_node < 1:
         raise ConfigError("trainer.fsdp hsdp needs at least one trainer rank per node")
@@ -224,7 +233,7 @@ def derivation(p: Plan) -> list[str]:
     v, t = p.config.vllm, p.config.trainer
     tp, dp, g = p.tensor_parallel_size, p.data_parallel_size, p.gpus_per_node
     n0, per_node, world = p.nodes[0], p.ranks_per_node, p.world_size
-    shared, batch = n0.shared_gpu, t.per_device_train_batch_size
+    shared, batch, steps = n0.shared_gpu, t.per_device_train_batch_size, generation_steps(p.config)
     how = "set" if v.weight_transfer_backend != "auto" else "auto: " + p.device + (", shared GPU" if shared else "")
     sharding = "shard over the node's ranks, replicate across nodes" if t.fsdp == "hsdp" else "shard over all ranks"
     if shared and g > 1:
@@ -247,7 +256,12 @@ def derivation(p: Plan) -> list[str]:
         *gpus,
         f"world size = ranks per node x nodes = {per_node} x {p.num_nodes} = {world}",
         f"completions per step = per_device_train_batch_size x world = {batch} x {world} = {batch * world} "
-        f"= {batch * world // t.num_generations} prompts x {t.num_generations} generations",
+        + (
+            f"= {batch * world // t.num_generations} prompts x {t.num_generations} generations"
+            if steps == 1
+            else f"(gradient accumulation: one generation of {batch * world * steps} completions = "
+            f"{batch * world * steps // t.num_generations} prompts x {t.num_generations} feeds {steps} steps)"
+        ),
         f"weight push world per node = 1 sender (the node leader) + TP x DP = {tp} x {dp} server workers = {1 + p.server_world}",
         f"weight push backend = {p.weight_transfer_backend} ({how})",
         f"sharding = {t.fsdp}: {sharding}",

@@ -25,7 +25,7 @@ from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
-from launcher.core.config import ConfigError
+from launcher.core.config import STAGE_IMAGE, STAGE_VENV, ConfigError, stage_kind  # noqa: F401 (the stage rules live with the config checks)
 
 if TYPE_CHECKING:
     from launcher.core.config import JobConfig
@@ -62,110 +62,6 @@ def device_index(platform: str, local_rank: int, gpu: int) -> int:
     """The device a trainer rank passes to set_device: on cuda its index in torchrun's mask (the node's trainer GPUs),
     on rocm its node-local GPU index (the rank sees all of the node's GPUs)."""
     return gpu if platform == "rocm" else local_rank
-
-
-# ----------------------------------------------------------------------------- checks (config.check_job calls these)
-
-
-def check_platform(cfg: JobConfig) -> None:
-    if cfg.job.platform == "rocm":
-        check_rocm(cfg)
-    check_stage(cfg)
-    check_gpu_cores(cfg.slurm.gpu_cores, cfg.slurm.gpus_per_node)
-
-
-def check_rocm(cfg: JobConfig) -> None:
-    """What ROCm supports of the config, refused with the fix otherwise."""
-    v, s = cfg.vllm, cfg.slurm
-    if cfg.job.device != "cuda":
-        raise ConfigError(
-            "job.platform rocm needs job.device cuda (torch names AMD GPUs 'cuda' too); for CPU runs remove job.platform"
-        )
-    if s.layout == "shared" and s.gpus_per_node > 1:
-        raise ConfigError(
-            "slurm.layout shared on ROCm would put a vLLM data-parallel engine on every GCD (vLLM masks each DP engine, "
-            "which ROCm renumbers) and push by HIP IPC across GCDs: not supported; use slurm.layout: split"
-        )
-    shared = s.gpus_per_node == 1 and v.tensor_parallel_size * v.data_parallel_size == 1
-    b = v.weight_transfer_backend
-    if b == "gloo":
-        raise ConfigError("vllm.weight_transfer_backend gloo is for job.device cpu; on ROCm use nccl (an RCCL broadcast) or auto")
-    if b == "ipc" and not shared:
-        raise ConfigError(
-            "vllm.weight_transfer_backend ipc (HIP IPC) works on ROCm only for vLLM and the trainer on one shared GCD "
-            "(slurm.gpus_per_node: 1): a HIP IPC handle carries the exporter's device ordinal; with more GCDs use nccl "
-            "(an RCCL broadcast) or auto"
-        )
-    if b == "nccl" and shared:
-        raise ConfigError(
-            "vllm.weight_transfer_backend nccl (RCCL) needs the trainer on another GCD than vLLM (RCCL refuses two ranks "
-            "on one device); on a one-GCD node use ipc (HIP IPC) or auto"
-        )
-    if v.data_parallel_size > 1:
-        raise ConfigError(
-            f"vllm.data_parallel_size {v.data_parallel_size} on ROCm: vLLM gives each DP engine its own device mask, "
-            "and RCCL between a masked engine and the trainer fails under ROCm's per-process renumbering; use "
-            "vllm.data_parallel_size 1 (raise tensor_parallel_size for a bigger server)"
-        )
-
-
-STAGE_VENV = (".tar", ".tar.gz", ".tgz")
-STAGE_IMAGE = (".sif", ".sqsh", ".squashfs")
-_STAGE_DIR = re.compile(r"^/([A-Za-z0-9._/-]|\$USER|\$SLURM_JOB_ID)+$")
-_CORES = re.compile(r"^\d+(-\d+)?(,\d+(-\d+)?)*$")
-
-
-def stage_kind(path: str) -> str:
-    """venv or image, by the file's name; '' for anything else."""
-    if path.endswith(STAGE_VENV):
-        return "venv"
-    return "image" if path.endswith(STAGE_IMAGE) else ""
-
-
-def check_stage(cfg: JobConfig) -> None:
-    s = cfg.slurm
-    if not _STAGE_DIR.match(s.stage_dir) or "//" in s.stage_dir:
-        raise ConfigError(
-            f"slurm.stage_dir {s.stage_dir!r} must be an absolute node-local folder of letters, digits, . _ - / and "
-            "only the variables $USER and $SLURM_JOB_ID, e.g. /tmp/slurm-grpo-$USER-$SLURM_JOB_ID"
-        )
-    if not s.stage_env:
-        return
-    kind = stage_kind(s.stage_env)
-    if not s.stage_env.startswith("/") or not kind:
-        raise ConfigError(
-            f"slurm.stage_env {s.stage_env!r} must be an absolute path on the shared file system to a packed venv "
-            f"({', '.join(STAGE_VENV)}) or an image ({', '.join(STAGE_IMAGE)})"
-        )
-    c = s.container
-    if kind == "image" and (c.image != s.stage_env or c.runtime != "apptainer"):
-        raise ConfigError(
-            f"slurm.stage_env {s.stage_env} is an image: set slurm.container.image to the same file and "
-            "slurm.container.runtime: apptainer (pyxis caches its images itself)"
-        )
-    if kind == "venv" and c.image:
-        raise ConfigError(
-            "slurm.stage_env is a packed venv but the job runs in a container (slurm.container.image); stage the image "
-            "instead (slurm.stage_env: the .sif) or drop the container"
-        )
-    if kind == "venv" and "/" in cfg.job.python:
-        raise ConfigError(
-            f"job.python {cfg.job.python!r} is a path, so the staged venv (slurm.stage_env) would not be used; "
-            "set job.python: python (the staged venv is first on PATH)"
-        )
-
-
-def check_gpu_cores(cores: list[str], gpus: int) -> None:
-    if not cores:
-        return
-    if len(cores) != gpus:
-        raise ConfigError(
-            f"slurm.gpu_cores has {len(cores)} entries for {gpus} GPUs per node; give one core list per GPU in index "
-            "order (e.g. 1-7) or none"
-        )
-    for i, c in enumerate(cores):
-        if not _CORES.match(c.replace(" ", "")):
-            raise ConfigError(f"slurm.gpu_cores[{i}] {c!r} is not a core list such as 1-7 or 0,2,4-6")
 
 
 # ----------------------------------------------------------------------------- CPU binding

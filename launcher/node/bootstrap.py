@@ -31,8 +31,7 @@ from typing import Protocol
 
 from launcher.core.config import ConfigError
 from launcher.core.inputs import PreflightError, check_node_inputs
-from launcher.core.jobdir import PREEMPTED_EXIT, Env, Events, JobDir, checkpoint_meta
-from launcher.core.lora import remove_pushed_adapters
+from launcher.core.jobdir import PREEMPTED_EXIT, Env, Events, JobDir, checkpoint_meta, remove_pushed_adapters
 from launcher.core.plan import FIRST_NODE, Plan
 from launcher.core.records import Event
 from launcher.node.commands import NodeCommand, trainer_command, vllm_command

@@ -49,6 +49,55 @@ def test_launcher_core_imports_no_wing_and_no_torch():
     )
 
 
+def test_the_config_module_imports_nothing_of_the_house():
+    """config.py is the contract's root: every other module of the core reads it, so it reads none of them."""
+    config = REPO / "launcher/core/config.py"
+    assert not [f"{rel(config)}:{line} imports {mod}" for line, mod in imports(config) if re.match(r"(launcher|trainer)\b", mod)]
+
+
+def runtime_core_imports(p: Path) -> set[str]:
+    """The launcher/core modules a core module imports at run time (those under `if TYPE_CHECKING:` are only names)."""
+    tree = ast.parse(p.read_text())
+    typing_only = {
+        id(n)
+        for node in ast.walk(tree)
+        if isinstance(node, ast.If) and "TYPE_CHECKING" in ast.unparse(node.test)
+        for n in ast.walk(node)
+    }
+    out = set()
+    for node in ast.walk(tree):
+        if id(node) in typing_only:
+            continue
+        if isinstance(node, ast.Import):
+            out |= {a.name.split(".")[2] for a in node.names if a.name.startswith("launcher.core.")}
+        elif isinstance(node, ast.ImportFrom) and node.module == "launcher.core":
+            out |= {a.name for a in node.names}
+        elif isinstance(node, ast.ImportFrom) and (node.module or "").startswith("launcher.core."):
+            out.add(node.module.split(".")[2])  # type: ignore[union-attr]
+    return out
+
+
+def core_cycles() -> list[str]:
+    """Import cycles among launcher/core's modules (lazy imports inside functions count: they hide a circle)."""
+    graph = {p.stem: runtime_core_imports(p) for p in sources("launcher/core")}
+    cycles = []
+
+    def walk(node: str, path: list[str]) -> None:
+        for nxt in sorted(graph.get(node, ())):
+            if nxt == path[0]:
+                cycles.append(" -> ".join([*path, nxt]))
+            elif nxt not in path and nxt > path[0]:  # each cycle once, from its smallest module
+                walk(nxt, [*path, nxt])
+
+    for start in sorted(graph):
+        walk(start, [start])
+    return cycles
+
+
+def test_launcher_core_has_no_import_cycle():
+    assert not core_cycles()
+
+
 def test_the_launcher_imports_no_torch_vllm_or_trainer():
     """The login node and the node supervisor run where torch may not even be installed."""
     assert not broken("launcher", re.compile(r"(torch|vllm|trl|transformers|accelerate|trainer)\b"))

@@ -4,8 +4,7 @@ asserted in tests/integration/test_lora_integration.py)."""
 
 from __future__ import annotations
 
-from launcher.core.jobdir import JobDir
-from launcher.core.lora import remove_pushed_adapters
+from launcher.core.jobdir import JobDir, remove_pushed_adapters
 from tests.support.fakes import fake_vllm
 from tests.unit.test_bootstrap_start import bootstrap, events, job
 
