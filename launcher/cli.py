@@ -9,6 +9,7 @@ slurm-grpo sync JOB_DIR                       upload the job's offline W&B run f
 slurm-grpo sweep CONFIG --grid k=v1,v2 ...    a grid of configs as one job array, a job folder per point
 slurm-grpo make-tiny-model DIR                build a tiny Qwen2 + tokenizer locally (tests, CPU smoke run)
 slurm-grpo simulate CONFIG --nodes 1,2,...    predicted step time, per-node design vs one global server
+slurm-grpo config-reference [SECTION]         every config key, its default and meaning
 """
 
 from __future__ import annotations
@@ -39,10 +40,11 @@ def _add_set_arg(p: argparse.ArgumentParser, what: str = "a config value") -> No
     p.add_argument(
         "--set",
         dest="overrides",
-        action="append",
+        action="extend",
+        nargs="+",
         default=[],
         metavar="SECTION.KEY=VALUE",
-        help=f"override {what} (YAML syntax), e.g. --set slurm.nodes=4; may be repeated",
+        help=f"override {what} (YAML syntax), e.g. --set slurm.nodes=4 trainer.max_steps=50; may be repeated",
     )
 
 
@@ -61,31 +63,57 @@ def _load(a: argparse.Namespace, **force: object) -> JobConfig:
     return resolve_hub_model(cfg, download=a.command in ("submit", "local", "sweep") and not getattr(a, "dry_run", False))
 
 
+def _skipped(a: argparse.Namespace) -> frozenset[str]:
+    """The kinds of submit-host checks this command skips (--skip-checks, --skip-path-checks = all)."""
+    from launcher.core.inputs import CHECK_KINDS, parse_skip
+
+    if getattr(a, "skip_path_checks", False):
+        return frozenset(CHECK_KINDS)
+    return parse_skip(getattr(a, "skip_checks", "") or "")
+
+
 def cmd_dry_run(a: argparse.Namespace) -> int:
+    """The plan, the sbatch text and the commands, then the submit host's checks (those not skipped): a problem
+    submit would refuse makes the dry-run fail too."""
+    from launcher.core.inputs import CHECK_KINDS, submit_checks
     from launcher.core.jobdir import make_plan
 
+    skip = _skipped(a)
     if a.grid:  # a sweep's dry-run: the grid and the array's sbatch text
         a.dry_run, a.parallel, a.skip_path_checks = True, 0, True
         return cmd_sweep(a)
     cfg = _load(a)
     print(render_dry_run(cfg, make_plan(cfg)))
+    print("\n# submit-host checks (what submit checks before sbatch; --skip-checks KIND,... skips some)")
+    failed = []
+    for kind, check in submit_checks(cfg).items():
+        found = [] if kind in skip else check()
+        failed += [kind] * bool(found)
+        state = "skipped" if kind in skip else ("PROBLEM" if found else "ok")
+        print(f"  {kind:<8} {state:<8} {CHECK_KINDS[kind]}" + "".join(f"\n    {p}" for p in found))
+    if failed:
+        raise ConfigError(
+            f"submit would refuse this: the {', '.join(failed)} check found problems (above); fix them, or if those "
+            f"paths exist only on the nodes: --skip-checks {','.join(failed)}"
+        )
     return 0
 
 
-def _show_or_submit(cfg: JobConfig, p: Plan, dry_run: bool, preface: str = "", check_paths: bool = True):
+def _show_or_submit(cfg: JobConfig, p: Plan, dry_run: bool, preface: str = "", skip: frozenset[str] = frozenset()):
     """--dry-run: print what would be submitted and return None; else check the config's paths on this host (unless
     told not to), write the job folder and sbatch it."""
     from launcher.core.inputs import SKIP_HINT, submit_path_problems
     from launcher.core.jobdir import write_job_dir
+    from launcher.simulate import timeout_warning
     from launcher.submit import submit
 
     if dry_run:
         print(preface + render_dry_run(cfg, p))
         return None
-    problems = submit_path_problems(cfg) if check_paths else []
+    problems = submit_path_problems(cfg, skip)
     if problems:  # before sbatch: a typo must not wait in the queue
         raise ConfigError("; ".join(problems) + f" ({SKIP_HINT})")
-    for line in plan_report(p):  # a job that will not fit should not wait in the queue unwarned
+    for line in [*plan_report(p), timeout_warning(cfg) or ""]:  # a job that will not fit should not wait unwarned
         if line.startswith("WARNING"):
             print(line, file=sys.stderr)
     write_job_dir(cfg, p)
@@ -96,7 +124,7 @@ def cmd_submit(a: argparse.Namespace) -> int:
     from launcher.core.jobdir import make_plan
 
     cfg = _load(a)
-    s = _show_or_submit(cfg, make_plan(cfg), a.dry_run, check_paths=not a.skip_path_checks)
+    s = _show_or_submit(cfg, make_plan(cfg), a.dry_run, skip=_skipped(a))
     if s is None:
         return 0
     print(
@@ -122,7 +150,7 @@ def cmd_resume(a: argparse.Namespace) -> int:
     p = make_plan(cfg)
     step, path = done[-1]
     preface = f"# would resume {d} from step {step} ({path.name}) on {p.num_nodes} nodes x {p.ranks_per_node} ranks\n\n"
-    s = _show_or_submit(cfg, p, a.dry_run, preface, check_paths=not a.skip_path_checks)
+    s = _show_or_submit(cfg, p, a.dry_run, preface, skip=_skipped(a))
     if s is None:
         return 0
     print(
@@ -243,7 +271,8 @@ def cmd_sweep(a: argparse.Namespace) -> int:
     if a.dry_run:
         print("\n# sbatch text (one job array; task i runs point-i)\n" + sbatch_text(first.config, first.plan, array))
         return 0
-    problems = [] if a.skip_path_checks else sorted({x for p in points for x in submit_path_problems(p.config)})
+    skip = _skipped(a)
+    problems = sorted({x for p in points for x in submit_path_problems(p.config, skip)})
     if problems:
         raise ConfigError("; ".join(problems) + f" ({SKIP_HINT})")
     sweep.write_sweep(d, grid, points)
@@ -300,6 +329,24 @@ def cmd_make_tiny_model(a: argparse.Namespace) -> int:
     return subprocess.run([sys.executable, "-m", "trainer.tiny_model", *a.args]).returncode
 
 
+def cmd_config_reference(a: argparse.Namespace) -> int:
+    """Every config key with its default and meaning (the README's reference), or one section's / group's."""
+    text = config_mod.reference_markdown()
+    if a.section:
+        tables = {t.split("`**", 1)[0]: "**`" + t for t in text.split("**`")[1:]}
+        section, _, group = a.section.partition(".")
+        if section not in tables:
+            raise ConfigError(
+                f"config-reference {a.section!r}: no such section{config_mod.did_you_mean(section, tables)}; "
+                f"sections: {', '.join(tables)}"
+            )
+        text = tables[section].strip()
+        if group:
+            text = "\n".join(ln for ln in text.splitlines() if ln.startswith(f"| `{group}") or not ln.startswith("| `"))
+    print(text)
+    return 0
+
+
 def cmd_simulate(a: argparse.Namespace) -> int:
     from launcher.simulate import main as simulate_main
 
@@ -320,17 +367,28 @@ def _add_skip_path_checks(p: argparse.ArgumentParser) -> None:
     p.add_argument(
         "--skip-path-checks",
         action="store_true",
-        help="do not check on this host that the model folder, dataset, reward modules and setup venv exist "
-        "(for paths that exist only on the compute nodes; the nodes still check them before starting)",
+        help="skip every check on this host (model folder, dataset, reward/agent modules, setup venv): for paths that "
+        "exist only on the compute nodes; the nodes still check them before starting",
+    )
+    _add_skip_checks(p)
+
+
+def _add_skip_checks(p: argparse.ArgumentParser) -> None:
+    p.add_argument(
+        "--skip-checks",
+        default="",
+        metavar="KIND,...",
+        help="skip these kinds of submit-host checks: model, data, rewards, agents, venv (or all)",
     )
 
 
 def build_parser() -> argparse.ArgumentParser:
     ap = argparse.ArgumentParser(prog="slurm-grpo", description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     sub = ap.add_subparsers(dest="command", required=True, metavar="COMMAND")
-    p = sub.add_parser("dry-run", help="print the plan, sbatch text and per-node commands; submit nothing")
+    p = sub.add_parser("dry-run", help="print the plan, sbatch text and per-node commands, run the submit checks; submit nothing")
     _add_config_args(p)
     _add_grid_arg(p)
+    _add_skip_checks(p)
     p.set_defaults(fn=cmd_dry_run)
     p = sub.add_parser("submit", help="write the job folder and submit it with sbatch (through submitit)")
     _add_config_args(p)
@@ -381,6 +439,9 @@ def build_parser() -> argparse.ArgumentParser:
     )
     p.add_argument("args", nargs=argparse.REMAINDER)
     p.set_defaults(fn=cmd_make_tiny_model)
+    p = sub.add_parser("config-reference", help="every config key with its default and meaning (or one section's)")
+    p.add_argument("section", nargs="?", default="", help="only this section or group, e.g. trainer or slurm.container")
+    p.set_defaults(fn=cmd_config_reference)
     p = sub.add_parser(
         "simulate",
         help="predict step time vs node count (per-node servers vs one global server), the best split of a node's GPUs "
@@ -398,7 +459,10 @@ def build_parser() -> argparse.ArgumentParser:
 
 
 def main(argv: list[str] | None = None) -> int:
-    a = build_parser().parse_args(argv)
+    args = sys.argv[1:] if argv is None else argv
+    if args[:1] == ["make-tiny-model"]:  # its options (--help too) are trainer.tiny_model's: argparse must not read them
+        return cmd_make_tiny_model(argparse.Namespace(args=args[1:]))
+    a = build_parser().parse_args(args)
     try:
         return a.fn(a)
     except ConfigError as e:

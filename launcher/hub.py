@@ -35,13 +35,16 @@ def resolve_hub_model(cfg: JobConfig, say=print, download: bool = True) -> JobCo
         ) from None
     except LocalEntryNotFoundError:  # not in the cache
         if not download and not offline:
-            say(f"vllm.model {name}: a hub name not in HF_HOME={hf_home()} yet; submit downloads it there first")
+            say(
+                f"vllm.model {name}: a hub name not in HF_HOME={hf_home()} yet; submit downloads it there first "
+                f"(a local folder? write it as ./{name} or an absolute path)"
+            )
             return cfg
         if offline:
             raise ConfigError(
                 f"vllm.model {name!r} is a hub name with no snapshot in the cache HF_HOME={hf_home()} and this host is "
                 f"offline (HF_HUB_OFFLINE); on a host with Internet and the same HF_HOME run: "
-                f"huggingface-cli download {name}   (or set vllm.model to a local model folder)"
+                f"hf download {name}   (or set vllm.model to a local model folder)"
             ) from None
         say(f"vllm.model {name}: downloading its snapshot into HF_HOME={hf_home()} (once; the nodes will read it there)")
         try:
@@ -50,7 +53,7 @@ def resolve_hub_model(cfg: JobConfig, say=print, download: bool = True) -> JobCo
             raise ConfigError(
                 f"vllm.model {name!r}: not in the cache HF_HOME={hf_home()} and the download failed "
                 f"({e.__class__.__name__}: {str(e).splitlines()[0][:200]}); download it where the hub is reachable "
-                f"(huggingface-cli download {name}) or set vllm.model to a local model folder"
+                f"(hf download {name}) or set vllm.model to a local model folder"
             ) from None
     say(f"vllm.model {name} -> {path} (its snapshot in HF_HOME; the nodes run offline on this folder)")
     return dataclasses.replace(cfg, vllm=dataclasses.replace(cfg.vllm, model=str(path)))

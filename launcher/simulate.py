@@ -19,6 +19,7 @@ layouts a user would pick instead (see split_rows).
 from __future__ import annotations
 
 import json
+import math
 from dataclasses import asdict, dataclass
 from pathlib import Path
 
@@ -219,6 +220,23 @@ def layout_choice(rows: list[SplitRow], shared: SplitRow) -> tuple[str, str]:
     return ("shared" if min(shared.sync_s, shared_async) < min(best_sync.sync_s, split_async) else "split"), both
 
 
+def timeout_warning(cfg: JobConfig) -> str | None:
+    """A WARNING line when the predicted generation of one step (default figures, GPU runs, the model's config.json
+    readable here) exceeds trainer.request_timeout_s: every generation request would time out after the queue."""
+    shape = ModelShape.read(cfg.vllm.model)
+    if cfg.job.device != "cuda" or shape is None:
+        return None
+    per = cfg.slurm.gpus_per_node - cfg.vllm.tensor_parallel_size * cfg.vllm.data_parallel_size or 1
+    t = cfg.trainer
+    gen_s = predict([1], shape.params / 1e9, per, t.per_device_train_batch_size, t.max_completion_length, DEFAULTS)[0].ours_gen_s
+    if gen_s <= t.request_timeout_s:
+        return None
+    return (
+        f"WARNING: one step's generation is predicted at {gen_s:.0f} s (slurm-grpo simulate), above "
+        f"trainer.request_timeout_s ({t.request_timeout_s:g}); raise it to {2 * gen_s:.0f} or generate less per step"
+    )
+
+
 def layout_verdict(cfg: JobConfig) -> str | None:
     """dry-run's word on the layout: the config's, and which one this model predicts faster for its node (with the
     default figures; `slurm-grpo simulate` prints the tables). None on CPU and one-GPU nodes (no choice to make)."""
@@ -386,6 +404,8 @@ def plot(path: str, nodes: list[int], rows: list[Row]) -> None:
 
 
 def main(a) -> int:
+    if not math.isfinite(a.params_b) or a.params_b < 0:
+        raise ConfigError(f"--params-b {a.params_b:g}: give the model's parameters in billions, e.g. 7 (0 = from the config)")
     cfg = load(a.config, a.overrides)
     nodes = parse_nodes(a.nodes)
     gpu = gpu_of(cfg)

@@ -13,9 +13,10 @@ from dataclasses import dataclass
 from pathlib import Path
 
 import jinja2
+import jinja2.meta
 
 from launcher.core import platform
-from launcher.core.config import ConfigError, JobConfig, control_character
+from launcher.core.config import ConfigError, JobConfig, control_character, did_you_mean
 from launcher.core.jobdir import Env, JobDir
 from launcher.core.plan import Plan
 from launcher.node.commands import bootstrap_argv
@@ -43,6 +44,11 @@ def render_setup(cfg: JobConfig) -> list[str]:
         "hf_home": "",
         "apptainer_ld_library_path": "",
     }
+    # a misspelt key would be dropped without a word; one another profile uses may come from a site base config
+    used = set(known).union(*(jinja2.meta.find_undeclared_variables(env.parse(t.read_text())) for t in TEMPLATES.glob("*.sh.j2")))
+    for key in sorted(set(cfg.slurm.setup_vars) - used):
+        hint = did_you_mean(key, used) or f"; known: {', '.join(sorted(used))}"
+        raise ConfigError(f"slurm.setup_vars.{key} is used by no setup profile{hint}")
     try:
         text = env.from_string(path.read_text()).render({**known, **cfg.slurm.setup_vars})
     except jinja2.UndefinedError as e:

@@ -8,13 +8,15 @@ them before `slurm-grpo local` starts anything, and resolves the rewards, tools,
 
 from __future__ import annotations
 
+import difflib
 import importlib.util
 import json
 import subprocess
 import sys
+from collections.abc import Callable, Iterable
 from pathlib import Path
 
-from launcher.core.config import JobConfig
+from launcher.core.config import ConfigError, JobConfig
 
 TOKENIZER_FILES = ("tokenizer.json", "tokenizer_config.json", "vocab.json", "tokenizer.model")
 WEIGHT_GLOBS = ("*.safetensors", "*.bin", "*.safetensors.index.json", "*.bin.index.json")
@@ -25,8 +27,13 @@ class PreflightError(ValueError):
 
 
 def looks_local(model: str) -> bool:
-    """A hub name is `org/name` (or `name`); anything absolute, relative-dotted or home-based is a path."""
-    return model.startswith(("/", "./", "../", "~")) or Path(model).expanduser().exists()
+    """A hub name is `org/name` (or `name`); anything absolute, relative-dotted or home-based is a path, and so is
+    anything that exists here, has more than one slash, or starts in a folder that exists here (models/qwen7b with a
+    models/ folder: a missing model folder, not a hub name)."""
+    if model.startswith(("/", "./", "../", "~")) or model.count("/") > 1 or Path(model).expanduser().exists():
+        return True
+    first = model.split("/", 1)[0]
+    return "/" in model and Path(first).is_dir()
 
 
 def check_model(model: str) -> None:
@@ -99,12 +106,17 @@ def check_context_length(config: JobConfig) -> None:
     in on a GPU): compared here with config.json's max_position_embeddings, for a model folder on this host."""
     want, model = config.vllm.max_model_len, config.vllm.model
     cfg_file = Path(model).expanduser() / "config.json"
-    if not want or not looks_local(model) or not cfg_file.is_file():
+    if not looks_local(model) or not cfg_file.is_file():
         return
     try:
         own = json.loads(cfg_file.read_text()).get("max_position_embeddings")
     except (OSError, ValueError):
         return  # check_model names an unreadable config.json
+    if not want and isinstance(own, int) and config.trainer.max_completion_length >= own:
+        raise PreflightError(
+            f"trainer.max_completion_length ({config.trainer.max_completion_length}) leaves no room for the prompt in the "
+            f"model's context ({own}, {cfg_file}); lower it"
+        )
     if isinstance(own, int) and want > own:
         raise PreflightError(
             f"vllm.max_model_len ({want}) is above the model's max_position_embeddings ({own}) in {cfg_file}; vLLM would "
@@ -118,7 +130,10 @@ def check_node_inputs(config: JobConfig) -> None:
     check_dataset(config.trainer.dataset)
 
 
-SKIP_HINT = "if these paths exist only on the compute nodes, submit again with --skip-path-checks"
+SKIP_HINT = (
+    "for paths that exist only on the compute nodes: --skip-checks KIND,... (model, data, rewards, agents, venv) "
+    "or --skip-path-checks for all"
+)
 
 
 def reward_module_problem(entry: str) -> str | None:
@@ -155,17 +170,60 @@ def input_problems(config: JobConfig) -> list[str]:
     return problems
 
 
-def submit_path_problems(config: JobConfig) -> list[str]:
-    """What the nodes would find missing, checked on the submit host: each a one-line error."""
-    problems = input_problems(config)
-    problems += [p for p in map(reward_module_problem, config.trainer.reward_funcs) if p]
-    problems += agent_module_problems(config)
+CHECK_KINDS = {
+    "model": "vllm.model: a complete model folder, max_model_len within its context",
+    "data": "trainer.dataset readable, with prompts",
+    "rewards": "trainer.reward_funcs modules importable",
+    "agents": "trainer.tools/environment/rollout_func modules importable",
+    "venv": "slurm.setup_vars.venv has bin/activate",
+}
+"""The kinds of submit-host checks, each skippable on its own (--skip-checks KIND,...)."""
+
+
+def _caught(*checks) -> list[str]:
+    problems = []
+    for check in checks:
+        try:
+            check()
+        except PreflightError as e:
+            problems.append(str(e).replace(" on this node", " on this host"))
+    return problems
+
+
+def venv_problems(config: JobConfig) -> list[str]:
     venv = config.slurm.setup_vars.get("venv", "")
     if venv and not (Path(venv).expanduser() / "bin" / "activate").is_file():
-        problems.append(
-            f"slurm.setup_vars.venv {venv!r}: no bin/activate there; create it (python -m venv {venv}) or fix the path"
-        )
-    return problems
+        return [f"slurm.setup_vars.venv {venv!r}: no bin/activate there; create it (python -m venv {venv}) or fix the path"]
+    return []
+
+
+def submit_checks(config: JobConfig) -> dict[str, Callable[[], list[str]]]:
+    """Kind (CHECK_KINDS) -> the check, run on the submit host; each returns one-line problems."""
+    return {
+        "model": lambda: _caught(lambda: check_model(config.vllm.model), lambda: check_context_length(config)),
+        "data": lambda: _caught(lambda: check_dataset(config.trainer.dataset)),
+        "rewards": lambda: [p for p in map(reward_module_problem, config.trainer.reward_funcs) if p],
+        "agents": lambda: agent_module_problems(config),
+        "venv": lambda: venv_problems(config),
+    }
+
+
+def submit_path_problems(config: JobConfig, skip: Iterable[str] = ()) -> list[str]:
+    """What the nodes would find missing, checked on the submit host (but the kinds in skip): each a one-line error."""
+    return [p for kind, check in submit_checks(config).items() if kind not in skip for p in check()]
+
+
+def parse_skip(text: str) -> frozenset[str]:
+    """--skip-checks model,data (or all) -> the kinds; an unknown kind is a one-line error with the menu."""
+    kinds = {k.strip() for k in text.split(",") if k.strip()}
+    if "all" in kinds:
+        return frozenset(CHECK_KINDS)
+    bad = sorted(kinds - set(CHECK_KINDS))
+    if bad:
+        close = difflib.get_close_matches(bad[0], list(CHECK_KINDS), n=1)
+        hint = f"did you mean {close[0]!r}? " if close else ""
+        raise ConfigError(f"--skip-checks {bad[0]!r} is not a kind of check; {hint}kinds: {', '.join(CHECK_KINDS)} or all")
+    return frozenset(kinds)
 
 
 REWARD_CHECK_TIMEOUT_S = 300

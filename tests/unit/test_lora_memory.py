@@ -65,7 +65,7 @@ def test_dry_run_and_simulate_print_the_lora_estimate(tmp_path, capsys):
     cfg |= {"num_attention_heads": 28, "num_key_value_heads": 4, "architectures": ["Qwen2ForCausalLM"]}
     (model / "config.json").write_text(json.dumps(cfg))
     argv = [str(REPO / "configs" / "gpu_1gpu.yaml"), "--set", f"vllm.model={model}", "--set", "trainer.lora.r=16"]
-    assert cli_main(["dry-run", *argv]) == 0
+    assert cli_main(["dry-run", *argv, "--skip-checks", "all"]) == 0
     out = capsys.readouterr().out
     section = out.split("# memory estimate")[1].split("# sbatch")[0]
     assert "frozen base in bf16 + LoRA r=16 adapters 40.4M" in section, section
@@ -92,7 +92,8 @@ def test_a_merged_lora_push_keeps_the_ipc_staging_buffer_an_adapter_push_does_no
     (model / "config.json").write_text(json.dumps(cfg))
     sets = ["--set", f"vllm.model={model}", "--set", "trainer.lora.r=16"]
     for push, staged in (("auto", False), ("merged", True)):
-        assert cli_main(["dry-run", str(REPO / "configs" / "gpu_1gpu.yaml"), *sets, "--set", f"trainer.lora.push={push}"]) == 0
+        argv = ["dry-run", str(REPO / "configs" / "gpu_1gpu.yaml"), *sets, "--set", f"trainer.lora.push={push}"]
+        assert cli_main([*argv, "--skip-checks", "all"]) == 0
         out = capsys.readouterr().out
         section = out.split("# memory estimate")[1].split("# sbatch")[0]
         assert ("ipc push buffer 2.1 (trainer.ipc_buffer_mb)" in section) == staged, section

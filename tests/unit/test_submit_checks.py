@@ -8,6 +8,7 @@ from __future__ import annotations
 import json
 import shlex
 import subprocess
+import sys
 from pathlib import Path
 
 import pytest
@@ -114,7 +115,8 @@ def test_a_hub_name_runs_offline_on_its_cached_snapshot_and_a_missing_one_fails_
         "submit", "configs/smoke_cpu.yaml", "--set", "vllm.model=acme/missing", "--set", f"job.job_dir={tmp_path / 'j2'}", env=env
     )
     assert r.returncode == 2 and len(r.stderr.strip().splitlines()) == 1, r.stderr
-    assert "no snapshot in the cache" in r.stderr and "huggingface-cli download acme/missing" in r.stderr, r.stderr
+    assert "no snapshot in the cache" in r.stderr and "hf download acme/missing" in r.stderr, r.stderr
+    assert (Path(sys.executable).parent / "hf").is_file()  # the command the message names is the venv's own
     assert fake_slurm.calls() == []
 
 
