@@ -8,6 +8,7 @@ function path is not used (nothing opaque runs on the nodes).
 
 from __future__ import annotations
 
+import functools
 import shlex
 from dataclasses import dataclass
 from pathlib import Path
@@ -23,6 +24,16 @@ from launcher.node.commands import bootstrap_argv
 from launcher.status import q
 
 TEMPLATES = Path(__file__).resolve().parent.parent / "slurm_templates"
+
+
+@functools.cache
+def profile_variables() -> frozenset[str]:
+    """Every variable some setup profile (slurm_templates/*.sh.j2) uses."""
+    env = jinja2.Environment()
+    env.filters["q"] = shlex.quote
+    return frozenset().union(
+        *(jinja2.meta.find_undeclared_variables(env.parse(t.read_text())) for t in TEMPLATES.glob("*.sh.j2"))
+    )
 
 
 def render_setup(cfg: JobConfig) -> list[str]:
@@ -45,7 +56,7 @@ def render_setup(cfg: JobConfig) -> list[str]:
         "apptainer_ld_library_path": "",
     }
     # a misspelt key would be dropped without a word; one another profile uses may come from a site base config
-    used = set(known).union(*(jinja2.meta.find_undeclared_variables(env.parse(t.read_text())) for t in TEMPLATES.glob("*.sh.j2")))
+    used = set(known) | profile_variables()
     for key in sorted(set(cfg.slurm.setup_vars) - used):
         hint = did_you_mean(key, used) or f"; known: {', '.join(sorted(used))}"
         raise ConfigError(f"slurm.setup_vars.{key} is used by no setup profile{hint}")

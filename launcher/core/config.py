@@ -411,6 +411,12 @@ class JobConfig:
 SECTIONS: dict[str, type] = {"slurm": SlurmConfig, "vllm": VllmConfig, "trainer": TrainerConfig, "job": JobSection}
 
 
+@functools.cache
+def _hints(cls: type) -> dict[str, Any]:
+    """typing.get_type_hints of a config dataclass, once (the loader asks for them per key)."""
+    return typing.get_type_hints(cls)
+
+
 def field_docs(cls: type) -> dict[str, str]:
     """The docstring under each field of a config dataclass, read from its source."""
     tree = ast.parse(inspect.getsource(cls))
@@ -570,7 +576,7 @@ def _build(cls: type, section: str, raw: Any) -> Any:
         raw = {}
     if not isinstance(raw, dict):
         raise ConfigError(f"section '{section}' must be a mapping, got {raw!r}")
-    hints = typing.get_type_hints(cls)
+    hints = _hints(cls)
     names = {f.name for f in dataclasses.fields(cls)}
     unknown = sorted(set(raw) - names)
     if unknown:
@@ -619,7 +625,7 @@ def _check_override_path(text: str, section: str, path: list[str]) -> None:
         if not _is_group(annotation):
             raise ConfigError(f"--set {text!r}: {where} is a single value, not a group of keys; set it as --set {where}=VALUE")
         if isinstance(annotation, type) and dataclasses.is_dataclass(annotation):
-            hints = typing.get_type_hints(annotation)
+            hints = _hints(annotation)
             if part not in hints:
                 raise unknown_key(where, part, annotation)
             annotation = hints[part]
@@ -814,7 +820,7 @@ def rebuild(d: dict[str, Any]) -> JobConfig:
     so nothing is checked again (the nodes may lack TRL's source that the grpo check reads)."""
 
     def typed(cls: type, raw: dict[str, Any]) -> Any:
-        hints = typing.get_type_hints(cls)
+        hints = _hints(cls)
         return cls(**{k: typed(hints[k], v) if dataclasses.is_dataclass(hints[k]) else v for k, v in raw.items()})
 
     return JobConfig(**{name: typed(cls, d[name]) for name, cls in SECTIONS.items()})
@@ -1004,11 +1010,10 @@ GRPO_OWNED = {
     **dict.fromkeys(("use_vllm", "vllm_mode", "vllm_server_base_url", "vllm_server_host", "vllm_server_port"), "vllm.*"),
     **dict.fromkeys(("vllm_gpu_memory_utilization", "vllm_tensor_parallel_size"), "vllm.*"),
     "output_dir": "job.job_dir",
-    "overwrite_output_dir": "job.job_dir",
     "run_name": "job.name",
     "use_cpu": "job.device",
     **dict.fromkeys(("fsdp", "fsdp_config", "deepspeed", "accelerator_config", "parallelism_config"), "trainer.fsdp"),
-    **dict.fromkeys(("fp16", "bf16", "half_precision_backend", "fp16_full_eval", "bf16_full_eval"), "trainer.dtype"),
+    **dict.fromkeys(("fp16", "bf16", "fp16_full_eval", "bf16_full_eval"), "trainer.dtype"),
     **dict.fromkeys(("save_strategy", "save_total_limit", "save_only_model", "save_on_each_node"), "trainer.save_steps"),
     "resume_from_checkpoint": "trainer.resume",
     "num_train_epochs": "trainer.max_steps",
@@ -1189,8 +1194,8 @@ def check_job(cfg: JobConfig) -> None:
         t.grpo.get(k, 1) != 1 for k in ("steps_per_generation", "num_iterations", "gradient_accumulation_steps")
     ):
         raise ConfigError(
-            f"trainer.max_staleness {t.max_staleness} generates whole batches ahead, one generation per optimizer step: remove "
-            "steps_per_generation, num_iterations and gradient_accumulation_steps from trainer.grpo (or set them to 1)"
+            f"trainer.max_staleness {t.max_staleness} makes one generation per optimizer step: set steps_per_generation, "
+            "num_iterations and gradient_accumulation_steps in trainer.grpo to 1"
         )
     limit = time_seconds(s.time)
     if limit and s.signal_seconds >= limit:
@@ -1264,8 +1269,8 @@ def check_rocm(cfg: JobConfig) -> None:
         )
     if s.layout == "shared" and s.gpus_per_node > 1:
         raise ConfigError(
-            "slurm.layout shared on ROCm would put a vLLM data-parallel engine on every GCD (vLLM masks each DP engine, "
-            "which ROCm renumbers) and push by HIP IPC across GCDs: not supported; use slurm.layout: split"
+            "slurm.layout shared on ROCm would put a vLLM data-parallel engine on every GCD (masked, which ROCm renumbers); "
+            "use slurm.layout: split"
         )
     shared = s.gpus_per_node == 1 and v.tensor_parallel_size * v.data_parallel_size == 1
     b = v.weight_transfer_backend
@@ -1274,8 +1279,7 @@ def check_rocm(cfg: JobConfig) -> None:
     if b == "ipc" and not shared:
         raise ConfigError(
             "vllm.weight_transfer_backend ipc (HIP IPC) works on ROCm only for vLLM and the trainer on one shared GCD "
-            "(slurm.gpus_per_node: 1): a HIP IPC handle carries the exporter's device ordinal; with more GCDs use nccl "
-            "(an RCCL broadcast) or auto"
+            "(slurm.gpus_per_node: 1); with more GCDs use nccl or auto"
         )
     if b == "nccl" and shared:
         raise ConfigError(
@@ -1285,8 +1289,7 @@ def check_rocm(cfg: JobConfig) -> None:
     if v.data_parallel_size > 1:
         raise ConfigError(
             f"vllm.data_parallel_size {v.data_parallel_size} on ROCm: vLLM gives each DP engine its own device mask, "
-            "and RCCL between a masked engine and the trainer fails under ROCm's per-process renumbering; use "
-            "vllm.data_parallel_size 1 (raise tensor_parallel_size for a bigger server)"
+            "which RCCL fails under; use 1 (raise tensor_parallel_size instead)"
         )
 
 
@@ -1374,13 +1377,13 @@ def reference_markdown() -> str:
     out = []
     for name, cls in SECTIONS.items():
         out.append(f"**`{name}`**\n\n| key | default | meaning |\n|---|---|---|")
-        rows = [(f.name, f, field_docs(cls), typing.get_type_hints(cls)) for f in dataclasses.fields(cls)]
+        rows = [(f.name, f, field_docs(cls), _hints(cls)) for f in dataclasses.fields(cls)]
         while rows:
             key, f, docs, hints = rows.pop(0)
             ann = hints[f.name]
             if isinstance(ann, type) and dataclasses.is_dataclass(ann):  # a nested group: one row per key
                 out.append(f"| `{key}` | | {docs.get(f.name, '')} |")
-                rows[:0] = [(f"{key}.{g.name}", g, field_docs(ann), typing.get_type_hints(ann)) for g in dataclasses.fields(ann)]
+                rows[:0] = [(f"{key}.{g.name}", g, field_docs(ann), _hints(ann)) for g in dataclasses.fields(ann)]
                 continue
             default = repr(_default(f)).replace("|", "\\|")
             meaning = _choices_note(ann) + docs.get(f.name, "")

@@ -491,7 +491,7 @@ def test_tp_must_divide_heads(tmp_path):
                 "--set",
                 "trainer.grpo={steps_per_generation: 2}",
             ],
-            "one generation per optimizer step",
+            "one generation per optimizer step: set steps_per_generation",
         ),
         (["dry-run", "configs/smoke_cpu.yaml", "--set", "slurm.nodes=0"], "slurm.nodes must be positive"),
         (["dry-run", "configs/smoke_cpu.yaml", "--set", "trainer.maxsteps=3"], "unknown key 'trainer.maxsteps'"),

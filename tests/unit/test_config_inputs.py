@@ -1,0 +1,199 @@
+"""The bad inputs a new user types (shared/NEWCOMER.md section 4, issue 36): each one reaches the sbatch text and the
+node commands as meant, or is refused before the queue in one short line that names the key and the fix."""
+
+from __future__ import annotations
+
+import argparse
+import ast
+import re
+from pathlib import Path
+
+import pytest
+
+from launcher import cli
+from launcher.core import config as C
+from launcher.core.config import ConfigError
+from launcher.core.inputs import check_context_length, looks_local
+from launcher.core.plan import plan
+from launcher.node.commands import vllm_command
+from launcher.submit import sbatch_text
+from tests.unit.test_sbatch import sbatch_header
+
+BASE = ["vllm.model=/m", "job.job_dir=/tmp/j"]
+
+
+def header(*sets: str, text: str = "") -> dict[str, str | None]:
+    cfg = C.from_dict(C.merge_raw(C.read_yaml(text) or {}, [*BASE, *sets]))
+    return sbatch_header(sbatch_text(cfg, plan(cfg, "/tmp/j")))
+
+
+@pytest.mark.parametrize("how", ["yaml", "set"])
+def test_times_and_numeric_names_reach_sbatch_as_typed(how):
+    typed = {"time": "24:00:00", "account": "012345", "partition": "1.10", "qos": "0x1f", "constraint": "2026-01-01"}
+    if how == "yaml":  # unquoted, as in most SLURM configs
+        h = header(text="slurm:\n" + "".join(f"  {k}: {v}\n" for k, v in typed.items()))
+    else:
+        h = header(*(f"slurm.{k}={v}" for k, v in typed.items()))
+    assert {k: h[f"--{k}"] for k in typed} == typed
+    assert header("slurm.time=30:00")["--time"] == "30:00"  # MM:SS, as SLURM reads it
+    assert C.load(None, [*BASE, "vllm.extra_args=[--max-num-seqs, 0256]"]).vllm.extra_args == ["--max-num-seqs", "0256"]
+
+
+BAD = [
+    (["slurm.nodes=010"], "slurm.nodes '010' has a leading zero"),
+    (["slurm.qos=no"], "slurm.qos is false to YAML (an unquoted yes/no/on/off/true/false); quote it"),
+    (["slurm.time=24:61:00"], "slurm.time '24:61:00': minutes and seconds must be below 60"),
+    (["slurm.time=00:01:00", "slurm.signal_seconds=600"], "slurm.signal_seconds (600) is not below slurm.time"),
+    (["slurm.mem=200GB"], "slurm.mem '200GB' is not a SLURM size"),
+    (["slurm.mem=-5G"], "slurm.mem '-5G' is not a SLURM size"),
+    (["slurm.account=projé"], "slurm.account 'projé' is not a SLURM name: ASCII only"),
+    (["slurm.extra_sbatch={nodes: 2}"], "slurm.extra_sbatch.nodes is written by slurm-grpo from slurm.nodes"),
+    (["slurm.extra_sbatch={time: '00:10:00'}"], "slurm.extra_sbatch.time is written by slurm-grpo from slurm.time"),
+    (["slurm.extra_sbatch={gres: 'gpu:4'}"], "slurm.extra_sbatch.gres is written by slurm-grpo from slurm.gpus_per_node"),
+    (["slurm.extra_sbatch={ntasks-per-node: 8}"], "ntasks-per-node is written by slurm-grpo from the launcher (one task"),
+    (["slurm.extra_sbatch={ntasks_per_node: 8}"], "sbatch flags use dashes; write ntasks-per-node"),
+    (["slurm.extra_sbatch={nod: 2}"], "slurm.extra_sbatch.nod is written by slurm-grpo from slurm.nodes"),  # an abbreviation
+    (["slurm.extra_sbatch={mem-per-gpu: 8G}", "slurm.mem=200G"], "mem-per-gpu and slurm.mem exclude each other"),
+    (["slurm.setup_vars={venvv: /v}"], None),  # checked where the profile is rendered: see the sbatch test below
+    (["vllm.extra_args=[--port, '9000']"], "vllm.extra_args[0] '--port' is set by slurm-grpo from vllm.port"),
+    (["vllm.extra_args=[--host=0.0.0.0]"], "'--host=0.0.0.0' is set by slurm-grpo from slurm-grpo (127.0.0.1 only"),
+    (["vllm.extra_args=[-tp, '2']"], "'-tp' is set by slurm-grpo from vllm.tensor_parallel_size"),
+    (["vllm.extra_args=[--tensor_parallel_size=2]"], "from vllm.tensor_parallel_size"),
+    (["vllm.max_model_len=4096", "trainer.max_completion_length=8192"], "leaves no room for the prompt in vllm.max_model_len"),
+    (["vllm.dtype=float32"], "vllm.dtype float32 differs from trainer.dtype bfloat16"),
+    (["trainer.grpo.logging_steps=10"], "trainer.grpo.logging_steps: slurm-grpo logs every step"),
+    (["trainer.grpo.push_to_hub=true"], "trainer.grpo.push_to_hub: not supported here"),
+    (["trainer.grpo.save_total_limit=2"], "trainer.grpo.save_total_limit is set by slurm-grpo itself from trainer.save_steps"),
+    (["trainer.grpo.eval_strategy=steps"], "trainer.grpo.eval_strategy: not supported here"),
+    (["trainer.grpo.num_train_epochs=3"], "from trainer.max_steps"),
+    (["trainer.grpo.fp16=true"], "from trainer.dtype"),
+    (["trainer.grpo.deepspeed=ds.json"], "from trainer.fsdp"),
+    (["trainer.grpo.use_vllm=false"], "trainer.grpo.use_vllm is set by slurm-grpo itself from vllm.*"),
+    (["trainer.grpo.max_steps=3"], "trainer.grpo.max_steps is a trainer key of its own: set trainer.max_steps instead"),
+    (["trainer.grpo.loss_type=daop"], "trainer.grpo.loss_type must be one of grpo, dr_grpo, dapo"),
+    (["trainer.grpo.epsilon=wide"], "trainer.grpo.epsilon must be float, got 'wide'"),
+    (["trainer.grpo.epsilom=0.3"], "trainer.grpo.epsilom is not a trl.GRPOConfig field; did you mean 'epsilon'?"),
+    (["slurm.gpus_per_node=3", "trainer.per_device_train_batch_size=3"], "completions per generation (3 per rank x 2 ranks"),
+    (["trainer.learnig_rate=1e-6"], "unknown key 'trainer.learnig_rate'; did you mean 'learning_rate'?"),
+    (["trainr.max_steps=3"], "unknown section 'trainr'; did you mean 'trainer'?"),
+    (["slurm.container.workdir=work"], "slurm.container.workdir 'work' must be an absolute path"),
+]
+
+
+@pytest.mark.parametrize("sets,needle", [b for b in BAD if b[1]], ids=[b[0][-1][:40] for b in BAD if b[1]])
+def test_each_bad_input_is_refused_in_one_short_line_with_the_key(sets, needle):
+    with pytest.raises(ConfigError) as e:
+        cfg = C.load(None, [*BASE, *sets])
+        plan(cfg, "/tmp/j")
+    msg = str(e.value)
+    assert needle in msg and "\n" not in msg and len(msg) <= 200, msg
+
+
+def test_gradient_accumulation_counts_in_the_completions_per_generation():
+    """TRL generates per_device x ranks x steps_per_generation (default: gradient_accumulation_steps) completions at a
+    time: 3 x 2 x 4 = 24 is 3 groups of 8, though 3 x 2 = 6 per optimizer step is not."""
+    sets = [*BASE, "slurm.gpus_per_node=3", "trainer.per_device_train_batch_size=3"]
+    p = plan(C.load(None, [*sets, "trainer.grpo.gradient_accumulation_steps=4"]), "/tmp/j")
+    line = next(d for d in p.derivation if d.startswith("completions per step"))
+    assert "one generation of 24 completions = 3 prompts x 8 feeds 4 steps" in line, line
+    with pytest.raises(ConfigError, match=r"\(3 per rank x 2 ranks x 3 steps_per_generation = 18\) is not a multiple"):
+        plan(C.load(None, [*sets, "trainer.grpo.steps_per_generation=3"]), "/tmp/j")
+
+
+def test_a_key_given_twice_in_a_yaml_file_is_refused_naming_both_lines(tmp_path):
+    f = tmp_path / "c.yaml"
+    f.write_text("vllm: {model: /m}\ntrainer:\n  max_steps: 5\n  beta: 0\n  max_steps: 50\n")
+    with pytest.raises(ConfigError, match=r"c.yaml': key 'max_steps' is given twice in one mapping \(line 3 and line 5\)"):
+        C.load(f)
+    f.write_text("vllm: {model: /m}\nslurm: {nodes: 2}\nslurm: {nodes: 4}\n")
+    with pytest.raises(ConfigError, match="key 'slurm' is given twice"):
+        C.load(f)
+
+
+def test_allowed_pass_through_still_passes():
+    cfg = C.load(None, [*BASE, "slurm.extra_sbatch={reservation: big, gres: 'nvme:1'}", "vllm.extra_args=[--enforce-eager]"])
+    h = sbatch_header(sbatch_text(cfg, plan(cfg, "/tmp/j")))
+    assert h["--reservation"] == "big" and h["--gres"] == "nvme:1"
+    argv = vllm_command(plan(cfg, "/tmp/j"), 0).argv
+    assert argv.count("--port") == 1 and argv.count("--host") == 1 and argv[-1] == "--enforce-eager"
+    assert C.load(None, [*BASE, "trainer.grpo={loss_type: dr_grpo, epsilon: 0.3, scale_rewards: false}"]).trainer.grpo == {
+        "loss_type": "dr_grpo",
+        "epsilon": 0.3,
+        "scale_rewards": False,
+    }
+
+
+def test_a_setup_var_no_profile_uses_is_refused_with_the_nearest():
+    cfg = C.load(None, [*BASE, "slurm.setup_vars.venvv=/v"])
+    with pytest.raises(ConfigError, match=r"^slurm.setup_vars.venvv is used by no setup profile; did you mean 'venv'\?$"):
+        sbatch_text(cfg, plan(cfg, "/tmp/j"))
+
+
+def test_the_completion_must_fit_the_models_own_context(tmp_path):
+    (tmp_path / "config.json").write_text('{"max_position_embeddings": 512}')
+    cfg = C.load(None, [f"vllm.model={tmp_path}", "trainer.max_completion_length=512"])
+    with pytest.raises(ValueError, match=r"max_completion_length \(512\) leaves no room for the prompt in the model's context"):
+        check_context_length(cfg)
+
+
+def test_grpo_choices_are_trls_own():
+    """GRPO_CHOICES against the help text of the pinned TRL's GRPOConfig, read from its source (no torch import)."""
+    src = Path(C._package_dir("trl") / "trainer/grpo_config.py").read_text()  # type: ignore[operator]
+    cls = next(n for n in ast.parse(src).body if isinstance(n, ast.ClassDef) and n.name == "GRPOConfig")
+    helps = {
+        n.target.id: ast.unparse(n.value)
+        for n in cls.body
+        if isinstance(n, ast.AnnAssign) and isinstance(n.target, ast.Name) and n.value is not None
+    }
+    for key, values in C.GRPO_CHOICES.items():
+        for v in values:
+            if isinstance(v, str):
+                assert re.search(rf"['`\"]{v}['`\"]", helps[key]), (key, v)
+    assert C.grpo_config_annotations()["loss_type"] == "str"  # type: ignore[index]
+    assert set(C.GRPO_OWNED) <= set(C.grpo_config_fields() or ())  # each refused key is a real field
+
+
+def test_a_missing_relative_model_folder_is_a_path_not_a_hub_name(tmp_path, monkeypatch):
+    monkeypatch.chdir(tmp_path)
+    (tmp_path / "models").mkdir()
+    assert looks_local("models/qwen7b") and looks_local("a/b/c") and looks_local("./x")
+    assert not looks_local("Qwen/Qwen2.5-7B-Instruct")
+
+
+def test_cli_set_takes_several_pairs_and_config_reference_prints_keys(capsys, tmp_path):
+    a = cli.build_parser().parse_args(["dry-run", "c.yaml", "--set", "slurm.nodes=2", "vllm.data_parallel_size=4"])
+    assert a.overrides == ["slurm.nodes=2", "vllm.data_parallel_size=4"]
+    assert cli.main(["config-reference", "trainer.lora"]) == 0
+    out = capsys.readouterr().out
+    assert "| `lora.r` |" in out and "| `max_steps` |" not in out
+    assert cli.main(["config-reference", "slurm"]) == 0 and "| `extra_sbatch` |" in capsys.readouterr().out
+    assert cli.main(["config-reference", "trainr"]) == 2
+    assert "did you mean 'trainer'" in capsys.readouterr().err
+
+
+def test_make_tiny_model_help_is_the_builders_own(monkeypatch):
+    seen = []
+    monkeypatch.setattr(cli, "cmd_make_tiny_model", lambda a: seen.append(a.args) or 0)
+    assert cli.main(["make-tiny-model", "--help"]) == 0 and seen == [["--help"]]
+
+
+def test_simulate_refuses_a_negative_size(capsys):
+    from launcher.simulate import main
+
+    for bad in (-7.0, float("nan")):
+        with pytest.raises(ConfigError, match="--params-b .*: give the model's parameters in billions"):
+            main(argparse.Namespace(params_b=bad, config=None, overrides=[]))
+
+
+def test_dry_run_runs_the_submit_checks_and_skips_each_kind_on_its_own(tmp_path, capsys):
+    sets = ["--set", f"vllm.model={tmp_path / 'nope'}", f"trainer.dataset={tmp_path / 'none.jsonl'}"]
+    assert cli.main(["dry-run", "configs/smoke_cpu.yaml", *sets]) == 2
+    out, err = capsys.readouterr()
+    assert re.search(r"  model +PROBLEM", out) and re.search(r"  data +PROBLEM", out) and re.search(r"  rewards +ok", out)
+    assert "--skip-checks model,data" in err and len(err.strip().splitlines()) == 1
+    assert cli.main(["dry-run", "configs/smoke_cpu.yaml", *sets, "--skip-checks", "model"]) == 2
+    out, err = capsys.readouterr()
+    assert re.search(r"  model +skipped", out) and "--skip-checks data" in err
+    assert cli.main(["dry-run", "configs/smoke_cpu.yaml", *sets, "--skip-checks", "model,data"]) == 0
+    assert cli.main(["dry-run", "configs/smoke_cpu.yaml", *sets, "--skip-checks", "modle"]) == 2
+    assert "did you mean 'model'" in capsys.readouterr().err
