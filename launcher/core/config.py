@@ -1056,7 +1056,7 @@ def _grpo_value_problem(key: str, value: Any, annotation: str) -> str | None:
         return None
     if isinstance(value, bool):
         return None if "bool" in kinds else f"must be {annotation}, got {value!r}"
-    checks = {"int": int, "float": (int, float), "str": str, "list": list, "dict": dict}
+    checks: dict[str, type | tuple[type, ...]] = {"int": int, "float": (int, float), "str": str, "list": list, "dict": dict}
     if any(isinstance(value, checks[k]) for k in kinds if k != "bool"):
         return None
     return f"must be {annotation}, got {value!r}"
