@@ -229,12 +229,13 @@ def timeout_warning(cfg: JobConfig) -> str | None:
     per = cfg.slurm.gpus_per_node - cfg.vllm.tensor_parallel_size * cfg.vllm.data_parallel_size or 1
     t = cfg.trainer
     gen_s = predict([1], shape.params / 1e9, per, t.per_device_train_batch_size, t.max_completion_length, DEFAULTS)[0].ours_gen_s
-    if gen_s <= t.request_timeout_s:
-        return None
-    return (
-        f"WARNING: one step's generation is predicted at {gen_s:.0f} s (slurm-grpo simulate), above "
-        f"trainer.request_timeout_s ({t.request_timeout_s:g}); raise it to {2 * gen_s:.0f} or generate less per step"
-    )
+    for key, limit in (("request_timeout_s", t.request_timeout_s), ("stall_timeout_s", t.stall_timeout_s)):
+        if limit and gen_s > limit:
+            return (
+                f"WARNING: one step's generation is predicted at {gen_s:.0f} s (slurm-grpo simulate), above "
+                f"trainer.{key} ({limit:g}); raise it to {2 * gen_s:.0f} or generate less per step"
+            )
+    return None
 
 
 def layout_verdict(cfg: JobConfig) -> str | None:

@@ -73,7 +73,7 @@ def executor_parameters(cfg: JobConfig, p: Plan, array: ArraySpec | None = None)
     # off means off: without --no-requeue SLURM's own JobRequeue default (1) could still requeue it after a node failure
     extra["requeue" if s.requeue else "no_requeue"] = True
     for k, v in sorted(s.extra_sbatch.items()):
-        extra[k] = v
+        extra[k] = v if v != "" else True  # '' = a flag without a value: #SBATCH --overcommit
     params: dict[str, object] = dict(
         job_name=cfg.job.name,
         nodes=s.nodes,

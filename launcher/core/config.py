@@ -15,6 +15,7 @@ import difflib
 import functools
 import importlib.util
 import inspect
+import math
 import re
 import types
 import typing
@@ -75,7 +76,7 @@ class SlurmConfig:
     constraint: str = ""
     """Node features (sbatch --constraint), e.g. h100; empty = none."""
     extra_sbatch: dict[str, str] = field(default_factory=dict)
-    """More sbatch flags, name -> value without the leading dashes, e.g. {reservation: big}."""
+    """More sbatch flags, name -> value without the leading dashes, e.g. {reservation: big}; '' = a flag without a value (overcommit: ''). Flags the launcher writes itself (nodes, time, gres, ...) are refused naming their key."""
     setup_profile: str = "generic"
     """Cluster profile under slurm_templates/ (<name>.sh.j2) whose lines run before the job starts."""
     setup_vars: dict[str, str] = field(default_factory=dict)
@@ -516,6 +517,8 @@ def _coerce(where: str, value: Any, annotation: Any) -> Any:
         raise ConfigError(f"{where} must be an integer, got {value!r}")
     if annotation is float:
         if isinstance(value, (int, float)) and not isinstance(value, bool):
+            if not math.isfinite(value):
+                raise ConfigError(f"{where} must be a finite number, got {written(value)}")
             return float(value)
         # PyYAML follows YAML 1.1, where 1e-5 (no dot) is a string: a learning rate written that way is
         # what everyone types, so accept the scientific notation, and nothing looser
@@ -1198,6 +1201,16 @@ def check_job(cfg: JobConfig) -> None:
             "num_iterations and gradient_accumulation_steps in trainer.grpo to 1"
         )
     limit = time_seconds(s.time)
+    if limit and v.health_timeout_s >= limit:
+        raise ConfigError(
+            f"vllm.health_timeout_s ({v.health_timeout_s}) is not below slurm.time ({s.time} = {limit} s): the job would "
+            "end before a slow server is declared failed; lower it or raise slurm.time"
+        )
+    if t.profile_steps and t.profile_steps[1] > t.max_steps:
+        raise ConfigError(
+            f"trainer.profile_steps {t.profile_steps} ends after trainer.max_steps ({t.max_steps}): its tables would never "
+            "be written; profile steps up to max_steps"
+        )
     if limit and s.signal_seconds >= limit:
         raise ConfigError(
             f"slurm.signal_seconds ({s.signal_seconds}) is not below slurm.time ({s.time} = {limit} s): the warning would "

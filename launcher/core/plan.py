@@ -145,10 +145,13 @@ def check_layout(cfg: JobConfig, shared: bool) -> None:
             )
 
 
-def generation_steps(cfg: JobConfig) -> int:
-    """Optimizer steps per generation batch as TRL counts them: trainer.grpo's steps_per_generation, else its
-    gradient_accumulation_steps (generation_batch_size is refused with max_staleness; without, TRL checks it)."""
-    g = cfg.trainer.grpo
+def generation_steps(cfg: JobConfig, world: int) -> int:
+    """Optimizer steps per generation batch as TRL counts them: trainer.grpo's generation_batch_size / (per-rank batch x
+    ranks), else its steps_per_generation, else its gradient_accumulation_steps, else 1."""
+    g, batch = cfg.trainer.grpo, cfg.trainer.per_device_train_batch_size
+    gbs = g.get("generation_batch_size")
+    if isinstance(gbs, int) and gbs > 0:
+        return max(1, gbs // (batch * world))
     steps = g.get("steps_per_generation") or g.get("gradient_accumulation_steps") or 1
     return steps if isinstance(steps, int) and steps > 0 else 1
 
@@ -156,7 +159,16 @@ def generation_steps(cfg: JobConfig) -> int:
 def check_batch(cfg: JobConfig, world: int, per_node: int) -> None:
     """The global batch splits into whole GRPO groups, and hsdp has ranks to shard over."""
     t = cfg.trainer
-    batch, steps = t.per_device_train_batch_size, generation_steps(cfg)
+    batch, steps = t.per_device_train_batch_size, generation_steps(cfg, world)
+    gbs = t.grpo.get("generation_batch_size")
+    if gbs is not None:  # TRL's other way to say steps_per_generation, checked by it only on the nodes
+        if "steps_per_generation" in t.grpo:
+            raise ConfigError("trainer.grpo sets generation_batch_size and steps_per_generation; TRL takes one of them")
+        if not isinstance(gbs, int) or gbs <= 0 or gbs % (batch * world) or gbs % t.num_generations:
+            raise ConfigError(
+                f"trainer.grpo.generation_batch_size ({gbs}) must be a multiple of per_device_train_batch_size x ranks "
+                f"({batch} x {world}) and of trainer.num_generations ({t.num_generations})"
+            )
     if (batch * world * steps) % t.num_generations:
         of = f" x {steps} steps_per_generation" if steps > 1 else ""
         raise ConfigError(
@@ -233,7 +245,7 @@ def derivation(p: Plan) -> list[str]:
     v, t = p.config.vllm, p.config.trainer
     tp, dp, g = p.tensor_parallel_size, p.data_parallel_size, p.gpus_per_node
     n0, per_node, world = p.nodes[0], p.ranks_per_node, p.world_size
-    shared, batch, steps = n0.shared_gpu, t.per_device_train_batch_size, generation_steps(p.config)
+    shared, batch, steps = n0.shared_gpu, t.per_device_train_batch_size, generation_steps(p.config, p.world_size)
     how = "set" if v.weight_transfer_backend != "auto" else "auto: " + p.device + (", shared GPU" if shared else "")
     sharding = "shard over the node's ranks, replicate across nodes" if t.fsdp == "hsdp" else "shard over all ranks"
     if shared and g > 1:
@@ -259,8 +271,9 @@ def derivation(p: Plan) -> list[str]:
         + (
             f"= {batch * world // t.num_generations} prompts x {t.num_generations} generations"
             if steps == 1
-            else f"(gradient accumulation: one generation of {batch * world * steps} completions = "
-            f"{batch * world * steps // t.num_generations} prompts x {t.num_generations} feeds {steps} steps)"
+            else f"(one generation of {batch * world * steps} completions = "
+            f"{batch * world * steps // t.num_generations} prompts x {t.num_generations} feeds {steps} steps: trainer.grpo's "
+            "gradient accumulation or steps_per_generation)"
         ),
         f"weight push world per node = 1 sender (the node leader) + TP x DP = {tp} x {dp} server workers = {1 + p.server_world}",
         f"weight push backend = {p.weight_transfer_backend} ({how})",

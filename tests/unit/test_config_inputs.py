@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import argparse
 import ast
+import json
 import re
 from pathlib import Path
 
@@ -17,6 +18,7 @@ from launcher.core.inputs import check_context_length, looks_local
 from launcher.core.plan import plan
 from launcher.node.commands import vllm_command
 from launcher.submit import sbatch_text
+from tests.conftest import REPO
 from tests.unit.test_sbatch import sbatch_header
 
 BASE = ["vllm.model=/m", "job.job_dir=/tmp/j"]
@@ -43,7 +45,7 @@ BAD = [
     (["slurm.nodes=010"], "slurm.nodes '010' has a leading zero"),
     (["slurm.qos=no"], "slurm.qos is false to YAML (an unquoted yes/no/on/off/true/false); quote it"),
     (["slurm.time=24:61:00"], "slurm.time '24:61:00': minutes and seconds must be below 60"),
-    (["slurm.time=00:01:00", "slurm.signal_seconds=600"], "slurm.signal_seconds (600) is not below slurm.time"),
+    (["slurm.time=00:10:00", "vllm.health_timeout_s=60", "slurm.signal_seconds=600"], "signal_seconds (600) is not below slurm"),
     (["slurm.mem=200GB"], "slurm.mem '200GB' is not a SLURM size"),
     (["slurm.mem=-5G"], "slurm.mem '-5G' is not a SLURM size"),
     (["slurm.account=projé"], "slurm.account 'projé' is not a SLURM name: ASCII only"),
@@ -77,6 +79,12 @@ BAD = [
     (["trainer.learnig_rate=1e-6"], "unknown key 'trainer.learnig_rate'; did you mean 'learning_rate'?"),
     (["trainr.max_steps=3"], "unknown section 'trainr'; did you mean 'trainer'?"),
     (["slurm.container.workdir=work"], "slurm.container.workdir 'work' must be an absolute path"),
+    (["slurm.time=00:10:00"], "vllm.health_timeout_s (900) is not below slurm.time (00:10:00 = 600 s)"),
+    (["trainer.profile_steps=[3, 40]"], "trainer.profile_steps [3, 40] ends after trainer.max_steps (20)"),
+    (["trainer.learning_rate=.nan"], "trainer.learning_rate must be a finite number, got .nan"),
+    (["slurm.gpu_memory_gb=.inf"], "slurm.gpu_memory_gb must be a finite number, got .inf"),
+    (["trainer.grpo.generation_batch_size=60"], "generation_batch_size (60) must be a multiple of per_device_train_batch_size"),
+    (["trainer.grpo={generation_batch_size: 56, steps_per_generation: 2}"], "sets generation_batch_size and steps_per_gen"),
 ]
 
 
@@ -111,9 +119,10 @@ def test_a_key_given_twice_in_a_yaml_file_is_refused_naming_both_lines(tmp_path)
 
 
 def test_allowed_pass_through_still_passes():
-    cfg = C.load(None, [*BASE, "slurm.extra_sbatch={reservation: big, gres: 'nvme:1'}", "vllm.extra_args=[--enforce-eager]"])
+    sets = ["slurm.extra_sbatch={reservation: big, gres: 'nvme:1', overcommit: ''}", "vllm.extra_args=[--enforce-eager]"]
+    cfg = C.load(None, [*BASE, *sets])
     h = sbatch_header(sbatch_text(cfg, plan(cfg, "/tmp/j")))
-    assert h["--reservation"] == "big" and h["--gres"] == "nvme:1"
+    assert h["--reservation"] == "big" and h["--gres"] == "nvme:1" and h["--overcommit"] is None  # '' = a bare flag
     argv = vllm_command(plan(cfg, "/tmp/j"), 0).argv
     assert argv.count("--port") == 1 and argv.count("--host") == 1 and argv[-1] == "--enforce-eager"
     assert C.load(None, [*BASE, "trainer.grpo={loss_type: dr_grpo, epsilon: 0.3, scale_rewards: false}"]).trainer.grpo == {
@@ -127,6 +136,20 @@ def test_a_setup_var_no_profile_uses_is_refused_with_the_nearest():
     cfg = C.load(None, [*BASE, "slurm.setup_vars.venvv=/v"])
     with pytest.raises(ConfigError, match=r"^slurm.setup_vars.venvv is used by no setup profile; did you mean 'venv'\?$"):
         sbatch_text(cfg, plan(cfg, "/tmp/j"))
+
+
+def test_a_generation_longer_than_the_request_timeout_is_warned(tmp_path):
+    from launcher.simulate import timeout_warning
+    from tests.unit.test_memory import QWEN7B
+
+    (tmp_path / "config.json").write_text(json.dumps(QWEN7B))
+    sets = [f"vllm.model={tmp_path}", "vllm.max_model_len=9000", "trainer.max_completion_length=8192"]
+    cfg = C.load(REPO / "configs/gpu_7b_4nodes.yaml", sets)
+    note = timeout_warning(cfg)
+    assert note and re.match(
+        r"WARNING: one step's generation is predicted at \d+ s .* above trainer.request_timeout_s \(300\)", note
+    )
+    assert timeout_warning(C.load(REPO / "configs/gpu_7b_4nodes.yaml", [f"vllm.model={tmp_path}"])) is None
 
 
 def test_the_completion_must_fit_the_models_own_context(tmp_path):
