@@ -91,6 +91,7 @@ def test_any_set_line_plans_or_fails_with_one_short_line(data):
     event("planned")
     text = sbatch_text(cfg, p)
     header = sbatch_header(text)
+    assert C.from_dict(C.read_yaml(C.to_yaml(cfg))) == cfg  # the job folder's config.yaml reads back the same (resume)
     assert header["--nodes"] == str(cfg.slurm.nodes) and header["--time"] == cfg.slurm.time
     # every plain string field got exactly the text after '=' (a number keeps its digits, a time stays a time)
     for line in lines:
@@ -160,6 +161,7 @@ def test_a_yaml_file_reaches_the_sbatch_header_as_written_or_is_refused(values, 
         return
     event("planned")
     header = sbatch_header(sbatch_text(cfg, p))
+    assert C.from_dict(C.read_yaml(C.to_yaml(cfg))) == cfg  # the job folder's config.yaml reads back the same (resume)
     for key, typed in values.items():
         if key in ("nodes", "gpus_per_node"):  # an integer as typed: digits, maybe with YAML's underscores
             assert re.fullmatch(r"[+]?[1-9][0-9_]*", typed), typed
