@@ -40,12 +40,28 @@ def _add_set_arg(p: argparse.ArgumentParser, what: str = "a config value") -> No
     p.add_argument(
         "--set",
         dest="overrides",
-        action="extend",
-        nargs="+",
+        action="append",
         default=[],
         metavar="SECTION.KEY=VALUE",
         help=f"override {what} (YAML syntax), e.g. --set slurm.nodes=4 trainer.max_steps=50; may be repeated",
     )
+
+
+def expand_sets(argv: list[str]) -> list[str]:
+    """`--set a=1 b=2` (the form simulate prints) -> `--set a=1 --set b=2`: the words after --set that hold '=' and are
+    no option; a config path after them stays the positional argument it is."""
+    out: list[str] = []
+    taking = empty = False  # after a --set; and that --set has no value yet
+    for word in argv:
+        if taking and "=" in word and not word.startswith("-"):
+            out += ["--set", word]
+            empty = False
+            continue
+        if empty:
+            out.append("--set")  # a --set with no pair: argparse takes the next word or says what it needs
+        taking = empty = word == "--set"
+        out += [] if taking else [word]
+    return out + ["--set"] * empty
 
 
 def _add_config_args(p: argparse.ArgumentParser) -> None:
@@ -462,7 +478,7 @@ def main(argv: list[str] | None = None) -> int:
     args = sys.argv[1:] if argv is None else argv
     if args[:1] == ["make-tiny-model"]:  # its options (--help too) are trainer.tiny_model's: argparse must not read them
         return cmd_make_tiny_model(argparse.Namespace(args=args[1:]))
-    a = build_parser().parse_args(args)
+    a = build_parser().parse_args(expand_sets(args))
     try:
         return a.fn(a)
     except ConfigError as e:

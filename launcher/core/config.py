@@ -1010,8 +1010,9 @@ def grpo_config_fields() -> set[str] | None:
 
 
 GRPO_OWNED = {
-    **dict.fromkeys(("use_vllm", "vllm_mode", "vllm_server_base_url", "vllm_server_host", "vllm_server_port"), "vllm.*"),
-    **dict.fromkeys(("vllm_gpu_memory_utilization", "vllm_tensor_parallel_size"), "vllm.*"),
+    **dict.fromkeys(("use_vllm", "vllm_mode", "vllm_server_base_url", "vllm_server_host", "vllm_server_port"), "servers"),
+    "vllm_gpu_memory_utilization": "vllm.gpu_memory_utilization",
+    "vllm_tensor_parallel_size": "vllm.tensor_parallel_size",
     "output_dir": "job.job_dir",
     "run_name": "job.name",
     "use_cpu": "job.device",
@@ -1028,9 +1029,10 @@ GRPO_OWNED = {
     **dict.fromkeys(("eval_strategy", "eval_steps", "do_eval", "eval_on_start", "per_device_eval_batch_size"), "no one"),
     "auto_find_batch_size": "no one",
 }
-"""trl.GRPOConfig fields trainer.grpo may not set -> the key that decides it ("slurm-grpo": set by the launcher;
-"no one": not supported, e.g. the nodes are offline for the hub, and no eval dataset reaches TRL)."""
+"""trl.GRPOConfig fields trainer.grpo may not set -> the key that decides it, or a reason named in _GRPO_WHY (set by
+the launcher itself, or not supported: the nodes are offline for the hub, no eval dataset reaches TRL)."""
 _GRPO_WHY = {
+    "servers": "slurm-grpo points TRL at its own vLLM server on each node (the vllm section)",
     "slurm-grpo (metrics every step)": "slurm-grpo logs every step (metrics.jsonl, the stall watchdog need it)",
     "slurm-grpo": "slurm-grpo sets it for its own torchrun and FSDP2",
     "no one": "not supported here (nodes run offline; TRL gets no eval set)",

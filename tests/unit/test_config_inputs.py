@@ -70,7 +70,8 @@ BAD = [
     (["trainer.grpo.num_train_epochs=3"], "from trainer.max_steps"),
     (["trainer.grpo.fp16=true"], "from trainer.dtype"),
     (["trainer.grpo.deepspeed=ds.json"], "from trainer.fsdp"),
-    (["trainer.grpo.use_vllm=false"], "trainer.grpo.use_vllm is set by slurm-grpo itself from vllm.*"),
+    (["trainer.grpo.use_vllm=false"], "trainer.grpo.use_vllm: slurm-grpo points TRL at its own vLLM server on each node"),
+    (["trainer.grpo.vllm_tensor_parallel_size=2"], "is set by slurm-grpo itself from vllm.tensor_parallel_size"),
     (["trainer.grpo.max_steps=3"], "trainer.grpo.max_steps is a trainer key of its own: set trainer.max_steps instead"),
     (["trainer.grpo.loss_type=daop"], "trainer.grpo.loss_type must be one of grpo, dr_grpo, dapo"),
     (["trainer.grpo.epsilon=wide"], "trainer.grpo.epsilon must be float, got 'wide'"),
@@ -184,8 +185,12 @@ def test_a_missing_relative_model_folder_is_a_path_not_a_hub_name(tmp_path, monk
 
 
 def test_cli_set_takes_several_pairs_and_config_reference_prints_keys(capsys, tmp_path):
-    a = cli.build_parser().parse_args(["dry-run", "c.yaml", "--set", "slurm.nodes=2", "vllm.data_parallel_size=4"])
+    a = cli.build_parser().parse_args(
+        cli.expand_sets(["dry-run", "c.yaml", "--set", "slurm.nodes=2", "vllm.data_parallel_size=4"])
+    )
     assert a.overrides == ["slurm.nodes=2", "vllm.data_parallel_size=4"]
+    a = cli.build_parser().parse_args(cli.expand_sets(["resume", "--set", "slurm.nodes=2", "runs/x", "--dry-run"]))
+    assert a.overrides == ["slurm.nodes=2"] and a.job == "runs/x" and a.dry_run
     assert cli.main(["config-reference", "trainer.lora"]) == 0
     out = capsys.readouterr().out
     assert "| `lora.r` |" in out and "| `max_steps` |" not in out

@@ -12,7 +12,7 @@ import typing
 from hypothesis import HealthCheck, event, given, settings
 from hypothesis import strategies as st
 
-from launcher.cli import build_parser
+from launcher.cli import build_parser, expand_sets
 from launcher.core import config as C
 from launcher.core.plan import plan
 from launcher.submit import sbatch_text
@@ -81,15 +81,14 @@ def test_any_set_line_plans_or_fails_with_one_short_line(data):
             key = typo(key, data)
         value = data.draw(st.one_of(token, st.sampled_from(["[--port, 9000]", "{nodes: 2}", "[a, b]", "{}", "[]", ""])))
         lines.append(f"{key}={value}")
-    try:
+    try:  # what dry-run does: load, plan, render
         cfg = C.load(None, lines)
-        p = plan(cfg, JOB_DIR)
+        text = sbatch_text(cfg, plan(cfg, JOB_DIR))
     except C.ConfigError as e:
         assert_one_short_line(e)
         event("refused")
         return
     event("planned")
-    text = sbatch_text(cfg, p)
     header = sbatch_header(text)
     assert C.from_dict(C.read_yaml(C.to_yaml(cfg))) == cfg  # the job folder's config.yaml reads back the same (resume)
     assert header["--nodes"] == str(cfg.slurm.nodes) and header["--time"] == cfg.slurm.time
@@ -152,15 +151,16 @@ def test_a_yaml_file_reaches_the_sbatch_header_as_written_or_is_refused(values, 
     lines += [f"  {k}: {v}" for k, v in values.items()]
     if extra:
         lines += ["  extra_sbatch:"] + [f"    {k}: {v}" for k, v in extra.items()]
-    try:  # what C.load does with a file, from the text
+    try:  # what C.load does with a file, from the text; then plan and render as dry-run does
         cfg = C.from_dict(C.merge_raw(C.read_yaml("\n".join(lines) + "\n"), [f"job.job_dir={JOB_DIR}"]))
         p = plan(cfg, JOB_DIR)
+        text = sbatch_text(cfg, p)
     except C.ConfigError as e:
         assert_one_short_line(e)
         event("refused")
         return
     event("planned")
-    header = sbatch_header(sbatch_text(cfg, p))
+    header = sbatch_header(text)
     assert C.from_dict(C.read_yaml(C.to_yaml(cfg))) == cfg  # the job folder's config.yaml reads back the same (resume)
     for key, typed in values.items():
         if key in ("nodes", "gpus_per_node"):  # an integer as typed: digits, maybe with YAML's underscores
@@ -172,7 +172,7 @@ def test_a_yaml_file_reaches_the_sbatch_header_as_written_or_is_refused(values, 
         assert key not in C.SBATCH_OWNED or (key == "gres" and "gpu" not in typed)  # gres: nvme is the user's
         assert header[f"--{key}"] == typed
     owned = {f for f in header if f.lstrip("-") in C.SBATCH_OWNED}
-    assert all(header_line_count(sbatch_text(cfg, p), f) == 1 for f in owned)  # the launcher's directives, once each
+    assert all(header_line_count(text, f) == 1 for f in owned)  # the launcher's directives, once each
 
 
 def header_line_count(text: str, flag: str) -> int:
@@ -201,8 +201,8 @@ def test_vllm_extra_args_never_repeat_a_flag_the_launcher_passes(args, style):
 @settings(max_examples=100, deadline=None)
 @given(pairs=st.lists(st.builds("{}={}".format, st.sampled_from(KEYS), token), min_size=1, max_size=4))
 def test_one_set_takes_several_pairs_as_simulate_prints_them(pairs):
-    a = PARSER.parse_args(["dry-run", "c.yaml", "--set", *pairs, "--set", "trainer.max_steps=3"])
-    assert a.overrides == [*pairs, "trainer.max_steps=3"]
+    a = PARSER.parse_args(expand_sets(["dry-run", "--set", *pairs, "c.yaml", "--set", "trainer.max_steps=3"]))
+    assert a.overrides == [*pairs, "trainer.max_steps=3"] and a.config == "c.yaml"
 
 
 @settings(max_examples=200, deadline=None)
