@@ -418,6 +418,7 @@ def _hints(cls: type) -> dict[str, Any]:
     return typing.get_type_hints(cls)
 
 
+@functools.cache
 def field_docs(cls: type) -> dict[str, str]:
     """The docstring under each field of a config dataclass, read from its source."""
     tree = ast.parse(inspect.getsource(cls))
