@@ -517,15 +517,15 @@ def _coerce(where: str, value: Any, annotation: Any) -> Any:
             raise ConfigError(f"{where} {value!r} has a leading zero (YAML 1.1 reads octal there); write it without")
         raise ConfigError(f"{where} must be an integer, got {value!r}")
     if annotation is float:
-        if isinstance(value, (int, float)) and not isinstance(value, bool):
-            if not math.isfinite(value):
-                raise ConfigError(f"{where} must be a finite number, got {written(value)}")
-            return float(value)
-        # PyYAML follows YAML 1.1, where 1e-5 (no dot) is a string: a learning rate written that way is
-        # what everyone types, so accept the scientific notation, and nothing looser
+        # a quoted '1e-5' too: a learning rate written that way is what everyone types (and YAML 1.1 reads it as a
+        # string); nothing looser
         if isinstance(value, str) and SCIENTIFIC.fullmatch(value.strip()):
-            return float(value)
-        raise ConfigError(f"{where} must be a number, got {value!r}")
+            value = _Float(value)
+        if not isinstance(value, (int, float)) or isinstance(value, bool):
+            raise ConfigError(f"{where} must be a number, got {value!r}")
+        if not math.isfinite(value):
+            raise ConfigError(f"{where} must be a finite number, got {written(value)}")
+        return float(value)
     if annotation is str:
         if isinstance(value, (str, int, float)) and not isinstance(value, bool):
             return written(value)  # the text as typed: 0123 and 1.10 stay as they are
