@@ -12,6 +12,7 @@ import torch.distributed as dist
 from torch.distributed.device_mesh import DeviceMesh, init_device_mesh
 from torch.distributed.fsdp import CPUOffloadPolicy, MixedPrecisionPolicy, OffloadPolicy, fully_shard
 
+from launcher.core import emulation
 from launcher.core.jobdir import Env
 from launcher.core.plan import Plan
 from launcher.core.platform import MASKS, cores_of
@@ -90,6 +91,9 @@ def init(plan: Plan) -> Parallel:
             f"torchrun gave rank {rank}/{world} local {local} on node {node}, but the plan says "
             f"world {plan.world_size}, rank {rank} is local {expect.local_rank} on node {expect.node}"
         )
+    host_id = emulation.rank_host_id(plan, node, local)
+    if host_id is not None:  # job.emulate_gpus: NCCL reads it once, at this process's first communicator (just below)
+        os.environ[emulation.HOST_ID_ENV] = host_id
     if plan.device == "cuda":
         device = torch.device("cuda", expect.cuda_index)
         torch.cuda.set_device(device)
