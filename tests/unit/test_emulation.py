@@ -156,3 +156,25 @@ def test_the_worker_class_gives_every_worker_the_one_gpu_and_its_own_host_id(mon
             assert host == f"emu-n0-vllm-dp{dp}-w{rank}"
             ids.add(host)
     assert len(ids) == 4
+
+
+@pytest.mark.parametrize("name", sorted(__import__("tests.support.emulated", fromlist=["LAYOUTS"]).LAYOUTS))
+def test_every_gpu_run_of_issue_33_plans_and_dry_runs_on_cpu(name):
+    """The configs gpu/emulated.sh runs on the device (configs/gpu_emulated.yaml + each layout's sets), checked here
+    where they cannot run: the plan is the cluster's (nccl push, the ranks and server world the layout names) and
+    dry-run shows the emulated commands."""
+    from tests.support.emulated import LAYOUTS, load_config
+
+    layout = LAYOUTS[name]
+    cfg = load_config(layout, "/tmp/model-emu", "/tmp/job-emu")
+    p = plan(cfg, "/tmp/job-emu")
+    assert p.emulated and p.weight_transfer_backend == "nccl" and p.config.trainer.max_steps == layout.steps
+    assert p.ranks_per_node == p.gpus_per_node - p.server_world >= 2
+    assert (p.world_size, p.server_world) == {
+        "tp2_ranks2": (2, 2), "lora_adapter_tp2": (2, 2), "lora_merged_dp2": (2, 2), "nodes2": (4, 1)
+    }.get(name, (3, 1))  # fmt: skip
+    assert (p.config.trainer.per_device_train_batch_size * p.world_size) % p.config.trainer.num_generations == 0
+    out = render_dry_run(cfg, p)
+    assert emulation.ANNOUNCE in out and "--kv-cache-memory-bytes" in out and "NCCL_HOSTID=grpo-emu-n0-vllm" in out
+    assert ("--worker-cls" in out) == (p.server_world > 1)
+    assert layout.timeout_s <= 400, "a run, the install and the model build inside one 550 s device call"
