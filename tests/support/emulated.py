@@ -58,8 +58,15 @@ LAYOUTS: dict[str, Layout] = {
 }
 
 
+REAL = os.environ.get("EMU_REAL") == "1"
+"""EMU_REAL=1: the same layouts on a machine with the GPUs they name (nvidia-h100-x4 and up), job.emulate_gpus off:
+what emulation cannot show (NVLink, the real topology; several nodes need several hosts)."""
+
+
 def overrides(layout: Layout, model: str, job_dir: str) -> list[str]:
     sets = {**layout.sets, "vllm.model": model, "job.job_dir": job_dir, "trainer.max_steps": layout.steps}
+    if REAL:
+        sets["job.emulate_gpus"] = False
     return [f"{k}={json.dumps(v)}" for k, v in sets.items()]
 
 
