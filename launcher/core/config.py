@@ -370,7 +370,7 @@ class JobSection:
     node_timeout_s: int = 30
     """A node whose bootstrap shows no heartbeat (in the job folder) for this long is lost: the others stop, naming it."""
     emulate_gpus: bool = False
-    """Tests and benchmarks only, never a real job: lay out slurm.nodes x gpus_per_node exactly as on a cluster, but run every process on this machine's one GPU, each with its own NCCL host id, several nodes on one host with per-node ports (launcher.core.emulation)."""
+    """Tests and benchmarks only, never a real job: lay out slurm.nodes x gpus_per_node exactly as on a cluster, but run every process on this machine's one GPU, each with its own NCCL host id, several nodes on one host with per-node ports (launcher.core.emulation; with job.device cpu only the nodes part)."""
     platform: Literal["cuda", "rocm"] = "cuda"
     """GPU platform of job.device cuda: cuda (NVIDIA: CUDA_VISIBLE_DEVICES per process, NCCL, CUDA IPC) or rocm (AMD, e.g. Frontier: every node process sees all of the node's GPUs and picks its own by index, RCCL, HIP IPC only on a shared GCD); site profiles set it (configs/site/frontier.yaml)."""
 

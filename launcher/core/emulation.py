@@ -12,6 +12,8 @@ world are the config's. What differs, and only here and where this module is cal
               socket transport on loopback (NCCL_SOCKET_IFNAME=lo, no InfiniBand): wiring and correctness, not speed.
   vLLM        TP x DP > 1 on one GPU needs the mp executor (else vLLM counts GPUs), no custom all-reduce (its P2P check
               keys on the physical id) and no symmetric-memory or FlashInfer all-reduce (both assume distinct GPUs).
+  CPU         with job.device cpu only the nodes part applies (several nodes of CPU slots on one host): how this
+              path is run where no GPU is.
   nodes       several nodes run on one host: node i's server and weight-transfer ports are the config's + i, the
               rendezvous is 127.0.0.1, and a node's start-up cleanup stops only its own leftovers on the shared GPU
               (launcher.node.stale).
@@ -45,8 +47,8 @@ ANNOUNCE = (
 def check(cfg: JobConfig) -> None:
     """What emulation can lay out: CUDA, one host (per-node ports that collide with nothing)."""
     j, v, t, s = cfg.job, cfg.vllm, cfg.trainer, cfg.slurm
-    if j.device != "cuda" or j.platform != "cuda":
-        raise ConfigError("job.emulate_gpus needs job.device cuda and job.platform cuda (it maps NVIDIA GPUs); remove it")
+    if j.platform != "cuda":
+        raise ConfigError("job.emulate_gpus maps NVIDIA GPUs (job.platform cuda) or CPU slots (job.device cpu); remove it")
     ports = [("trainer.rendezvous_port", t.rendezvous_port)]
     for n in range(s.nodes):
         ports += [(f"vllm.port of node {n}", node_port(v.port, n, True))]
@@ -82,7 +84,7 @@ def vllm_env(p: Plan, node: int) -> dict[str, str]:
 def vllm_args(p: Plan) -> list[str]:
     """The server's extra arguments under emulation: for more than one worker, the worker class and the settings
     that let several workers share a GPU."""
-    if not p.emulated or p.server_world == 1:
+    if not p.emulated or p.server_world == 1 or p.device == "cpu":  # CPU slots: vLLM's CPU workers, no GPU to share
         return []
     return ["--worker-cls", WORKER_CLS, *VLLM_MULTI_WORKER_ARGS]
 

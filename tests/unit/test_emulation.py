@@ -124,7 +124,7 @@ def test_dry_run_says_emulation_is_on_and_the_default_is_off():
 @pytest.mark.parametrize(
     "over, message",
     [
-        ({"job": {"device": "cpu"}, "trainer": {"dtype": "float32"}}, "job.emulate_gpus needs job.device cuda"),
+        ({"job": {"platform": "rocm"}}, "job.emulate_gpus maps NVIDIA GPUs"),
         ({"slurm": {"nodes": 2, "gpus_per_node": 2}, "trainer": {"rendezvous_port": 8001}}, "are both 8001"),
     ],
 )
@@ -178,3 +178,14 @@ def test_every_gpu_run_of_issue_33_plans_and_dry_runs_on_cpu(name):
     assert emulation.ANNOUNCE in out and "--kv-cache-memory-bytes" in out and "NCCL_HOSTID=grpo-emu-n0-vllm" in out
     assert ("--worker-cls" in out) == (p.server_world > 1)
     assert layout.timeout_s <= 400, "a run, the install and the model build inside one 550 s device call"
+
+
+def test_on_cpu_slots_emulation_is_several_nodes_on_one_host_only():
+    """job.device cpu: no GPU to map, vLLM's CPU workers (no worker class); the nodes get ports of their own."""
+    cfg = config({"job": {"device": "cpu"}, "slurm": {"nodes": 2, "gpus_per_node": 3}, "vllm": {"tensor_parallel_size": 2},
+                  "trainer": {"dtype": "float32", "fsdp": "hsdp"}}, True)  # fmt: skip
+    p = plan(cfg, "/j")
+    assert p.emulated and p.weight_transfer_backend == "gloo" and p.server_port(1) == 8001
+    v, t = vllm_command(p, 1), trainer_command(p, 1, "127.0.0.1")
+    assert "--worker-cls" not in v.argv and v.argv[v.argv.index("--port") + 1] == "8001"
+    assert v.env["CUDA_VISIBLE_DEVICES"] == t.env["CUDA_VISIBLE_DEVICES"] == ""
