@@ -174,7 +174,11 @@ def run_layout(name: str, model: str, out: Path, job_root: Path = Path("/tmp")) 
     dest = out / name
     dest.mkdir(parents=True, exist_ok=True)
     notes: list[str] = []
-    say = lambda s: (notes.append(s), print(f"[emulated {name}] {s}", flush=True))  # noqa: E731
+
+    def say(line: str) -> None:
+        notes.append(line)
+        print(f"[emulated {name}] {line}", flush=True)
+
     t0 = time.time()
     boots = []
     for node in range(p.num_nodes):
@@ -219,9 +223,9 @@ def run_layout(name: str, model: str, out: Path, job_root: Path = Path("/tmp")) 
         res["versions"] = json.loads(versions.read_text())
     (dest / "gpu_results.json").write_text(json.dumps(res, indent=1))
     subprocess.run(["tar", "-czf", str(dest / "logs.tgz"), "-C", str(job), "logs", "plan.json", "config.yaml"], check=False)
-    for f in ("metrics.jsonl", "summary.json"):
-        if (job / f).exists():
-            (dest / f).write_bytes((job / f).read_bytes())
+    for kept in ("metrics.jsonl", "summary.json"):
+        if (job / kept).exists():
+            (dest / kept).write_bytes((job / kept).read_bytes())
     return res
 
 

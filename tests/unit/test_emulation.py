@@ -18,7 +18,7 @@ from launcher.core.plan import SHARED_MULTI_GPU, Plan, plan
 from launcher.dryrun import render_dry_run
 from launcher.node.commands import trainer_command, vllm_command
 
-LAYOUTS = {
+LAYOUTS: dict[str, dict] = {
     "split 1+3": {"slurm": {"gpus_per_node": 4}},
     "tp2 + 2": {"slurm": {"gpus_per_node": 4}, "vllm": {"tensor_parallel_size": 2}},
     "2 nodes x (1+2)": {"slurm": {"nodes": 2, "gpus_per_node": 3}, "trainer": {"fsdp": "hsdp"}},
