@@ -17,6 +17,16 @@ STEPS=${STEPS:-30}
 TAG=${TAG:-run}
 cd "$(dirname "$0")/.."
 log() { echo "[device $(date +%T)] $*"; }
+# G9 (../shared/GPU-AUDIT.md turn 4): one device call gets at most 600 s; the runs' own limits must leave the install
+# (about 30 s), the model build and the report inside 550 s, or a slow first run silently eats the next one's time.
+RUN_TIMEOUT=${RUN_TIMEOUT:-250} TRL_TIMEOUT=${TRL_TIMEOUT:-250} RESTART_TIMEOUT=${RESTART_TIMEOUT:-200}
+budget=$((RUN_TIMEOUT + (${TRL:-0} == 1 ? TRL_TIMEOUT : 0) + (${RESTART_STEPS:-0} > 0 ? RESTART_TIMEOUT : 0)))
+if [ "$budget" -gt "${RUNS_BUDGET_S:-500}" ]; then
+  echo "device.sh: RUN_TIMEOUT + TRL_TIMEOUT (TRL=1) + RESTART_TIMEOUT (RESTART_STEPS) = $budget s > ${RUNS_BUDGET_S:-500} s: \
+lower them so the call fits 550 s (install and model build take the rest)" >&2
+  exit 2
+fi
+[ "${CHECK_ONLY:-0}" = 1 ] && { echo "device.sh: run limits $budget s of ${RUNS_BUDGET_S:-500}"; exit 0; }
 . gpu/stack.sh  # the pinned stack in /tmp/site, the plugin, the environment, versions.json
 MODEL=/tmp/model-$TAG JOB=${JOB:-/tmp/job-$TAG}
 case " ${EXTRA:-} " in *job.job_dir=*)  # the logs, metrics and report below are read from $JOB
@@ -42,7 +52,7 @@ nvidia-smi --query-gpu=utilization.gpu --format=csv,noheader,nounits -lms 500 > 
 busy=$!
 log "slurm-grpo local $CONFIG ($STEPS steps)"
 rm -rf $JOB
-timeout "${RUN_TIMEOUT:-330}" python3 -m launcher local $CONFIG --set job.job_dir=$JOB --set vllm.model=$MODEL \
+timeout "$RUN_TIMEOUT" python3 -m launcher local $CONFIG --set job.job_dir=$JOB --set vllm.model=$MODEL \
   --set "trainer.max_steps=$STEPS" ${EXTRA:-} 2>&1 | grep -v "^\[\#" | tail -25
 rc=${PIPESTATUS[0]}
 kill $smi $hostmem $busy 2>/dev/null
@@ -54,7 +64,7 @@ python3 gpu/report.py $JOB "$OUT" > /dev/null || true
 if [ -n "${RESTART_STEPS:-}" ]; then  # a restart of the same job: it resumes, and vLLM finds its compile cache in the job folder
   log "restart: the same job folder, $RESTART_STEPS more steps"
   cp "$OUT/gpu_results.json" "$OUT/gpu_results.first.json"
-  timeout "${RESTART_TIMEOUT:-200}" python3 -m launcher local $CONFIG --set job.job_dir=$JOB --set vllm.model=$MODEL \
+  timeout "$RESTART_TIMEOUT" python3 -m launcher local $CONFIG --set job.job_dir=$JOB --set vllm.model=$MODEL \
     --set "trainer.max_steps=$((STEPS + RESTART_STEPS))" ${EXTRA:-} ${RESTART_EXTRA:-} 2>&1 | grep -v "^\[\#" | tail -6
   python3 -c "import json,sys; from launcher.status import startup_phases; print(json.dumps(startup_phases(sys.argv[1], 0)))" $JOB \
     | tee "$OUT/restart_phases.json"
@@ -66,7 +76,7 @@ if [ "${TRL:-0}" = 1 ]; then
   log "TRL $(python3 -c 'import trl; print(trl.__version__)') GRPOTrainer, colocate mode, same work"
   nvidia-smi --query-gpu=memory.used --format=csv,noheader,nounits -lms 500 > "$OUT/trl_gpu_mem_used_mib.txt" 2>/dev/null &
   smi=$!
-  timeout "${TRL_TIMEOUT:-300}" python3 -m torch.distributed.run --nproc-per-node 1 --master-port 29555 gpu/trl_colocate.py \
+  timeout "$TRL_TIMEOUT" python3 -m torch.distributed.run --nproc-per-node 1 --master-port 29555 gpu/trl_colocate.py \
     $CONFIG $MODEL "$OUT/trl.json" $STEPS ${TRL_SETS:-} 2>&1 | grep -E "^\[trl|Error|error" | tail -40
   kill $smi 2>/dev/null
 fi

@@ -13,6 +13,9 @@ Arms (each timed after one untimed warm-up of the same arm):
   push_then_plain engine add_lora(new path, load_inplace=True) as a push, then requests with load_inplace=False:
                   fast AND the new weights are served (tokens differ from adapter 1's)
   new_id          a new name + id per push, load_inplace=False (the client-only fix)
+  inplace_req_patched  the project's fix (trainer.push.vllm_plugin.load_adapters_once, applied last: it stays on):
+                  requests carry load_inplace=True again (expect ~0.7 s, loads == 0). On CUDA this runs vLLM's Model
+                  Runner V2 (CPU runs only reached V1): the proof that the fix reaches it (G4 of GPU-AUDIT turn 4).
 """
 
 import json
@@ -125,6 +128,22 @@ arm("push_then_plain", LoRARequest("policy", 1, a2), warm=False)
 res["push_changed_weights"] = res["push_then_plain"]["first_tokens"] != res["plain_req"]["first_tokens"]
 llm.llm_engine.add_lora(LoRARequest("policy-3", 2, a3))  # client-only fix: new name/id per push (LRU evicts id 1)
 arm("new_id", LoRARequest("policy-3", 2, a3), warm=False)
+from trainer.push.vllm_plugin import load_adapters_once  # the checkout on PYTHONPATH (gpu/stack.sh sets it)
+
+load_adapters_once()
+arm("inplace_req_patched", LoRARequest("policy-3", 2, a3, load_inplace=True))
+
+
+def runner_module() -> str:
+    """Which model runner served the arms (vllm.v1.worker.gpu.model_runner = V2 on CUDA; V1's on CPU)."""
+    try:
+        w = llm.llm_engine.model_executor.driver_worker
+        return type(getattr(w, "worker", w).model_runner).__module__
+    except Exception as e:  # noqa: BLE001 - a figure of the report, never the arms' failure
+        return f"? ({e})"
+
+
+res["model_runner"] = runner_module()
 print(
     "[lora_speed]",
     json.dumps(

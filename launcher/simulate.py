@@ -24,7 +24,7 @@ from dataclasses import asdict, dataclass
 from pathlib import Path
 
 from launcher.core.config import ConfigError, JobConfig, load
-from launcher.core.plan import plan
+from launcher.core.plan import plan, shared_runs
 from launcher.core.shape import ModelShape
 from launcher.memory import Layout, fit_table, gpu_name, layout, options
 from launcher.startup import STARTUP_DEFAULTS, predict_startup, processes_per_node, startup_table
@@ -208,11 +208,17 @@ def shared_rows(gpus: int, tp: int, params_b: float, completions: int, tokens: i
     return [shared, trl]
 
 
-def layout_choice(rows: list[SplitRow], shared: SplitRow) -> tuple[str, str]:
-    """Which layout wins (split or shared) and why, on the model's numbers: the shortest step of each, sync and async."""
+def layout_choice(rows: list[SplitRow], shared: SplitRow, shared_can_run: bool = True) -> tuple[str, str]:
+    """Which layout wins (split or shared) and why, on the model's numbers: the shortest step of each, sync and async.
+    shared_can_run False (GPU nodes of 2+ GPUs, launcher.core.plan.shared_runs): split, whatever the numbers say."""
     best_sync, best_async = recommend(rows)
     split_async = best_async.async_s or best_async.sync_s
     shared_async = shared.async_s or shared.sync_s
+    if not shared_can_run:
+        return "split", (
+            f"shared cannot run on {shared.vllm_gpus} GPUs of a CUDA node (refused: ../shared/GPU-AUDIT.md G2), whatever its "
+            f"modelled {shared.sync_s:.1f} s; best split {best_sync.sync_s:.1f} s synchronous, {split_async:.1f} s at max_staleness 1"
+        )
     both = (
         f"synchronous {shared.sync_s:.1f} s (shared) vs {best_sync.sync_s:.1f} s (best split, {best_sync.vllm_gpus} serving); "
         f"max_staleness 1 {shared_async:.1f} s vs {split_async:.1f} s"
@@ -252,7 +258,7 @@ def layout_verdict(cfg: JobConfig) -> str | None:
     tokens = cfg.trainer.max_completion_length
     rows = split_rows(g, tp, cfg.slurm.nodes, params, completions, tokens, f["train_s"] * max(per, 1), f)
     shared = shared_rows(g, tp, params, completions, tokens, f["train_s"] * max(per, 1), f)[0]
-    which, why = layout_choice(rows, shared)
+    which, why = layout_choice(rows, shared, shared_runs(cfg.job.device, g))
     size = "" if shape else "; a 7 B model assumed, its config.json is not readable here"
     return (
         f"layout = {cfg.slurm.layout} (slurm.layout); the step model (`slurm-grpo simulate`{size}) predicts {which} "
@@ -357,7 +363,7 @@ def print_split(cfg: JobConfig, nodes: int, params: float, per: int, figures: di
     for r in shared:
         a = f"{r.async_s:>11.2f}" if r.async_s is not None else f"{'-':>11}"
         print(f"  {r.layout:<44} {r.gen_s:>7.2f} {r.train_s:>8.2f} {r.push_s:>7.3f} {r.sync_s:>10.2f} {a}")
-    which, why = layout_choice(rows2, shared[0])
+    which, why = layout_choice(rows2, shared[0], shared_runs(cfg.job.device, g))
     print(f"layout by this model: {which} is faster per step ({why})")
     now = next((r for r in rows2 if r.vllm_gpus == tp * cfg.vllm.data_parallel_size and r.async_s), None)
     print(

@@ -49,6 +49,11 @@ if __name__ == "__main__":
         traceback.print_exc()
         sys.stdout.flush()
         sys.stderr.flush()
+        # then the other ranks stop within a second, naming this one (trainer.parallel.FailureWatch): the ones in a
+        # collective with this rank would otherwise wait there up to the process group's timeout
+        from trainer.parallel import announce_failure
+
+        announce_failure(sys.exc_info()[1])  # type: ignore[arg-type]
         os._exit(1)
     # Success exits at once too: everything is written (checkpoint, metrics, summary) and the process groups are
     # destroyed; interpreter teardown has been seen to abort a rank after "done" (a native thread destroyed while

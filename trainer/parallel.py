@@ -4,15 +4,21 @@
 from __future__ import annotations
 
 import os
+import sys
+import threading
+import time
+import traceback
 from dataclasses import dataclass
 from datetime import timedelta
+from pathlib import Path
 
 import torch
 import torch.distributed as dist
 from torch.distributed.device_mesh import DeviceMesh, init_device_mesh
 from torch.distributed.fsdp import CPUOffloadPolicy, MixedPrecisionPolicy, OffloadPolicy, fully_shard
 
-from launcher.core.jobdir import Env
+from launcher.core import emulation
+from launcher.core.jobdir import Env, JobDir
 from launcher.core.plan import Plan
 from launcher.core.platform import MASKS, cores_of
 from trainer import trl_glue
@@ -58,6 +64,78 @@ class Parallel:
         dist.destroy_process_group()
 
 
+FAILED_KEY = "slurm_grpo/failed"
+"""The key in torchrun's rendezvous store (shared by every rank of every node) that the first failing rank sets."""
+WATCH_S = 0.5
+STOPPED_BY_PEER = "stopped by another rank's failure"
+"""The line a rank prints when it stops for another's failure (launcher.node.diagnose counts it as a peer's cause)."""
+
+
+class FailureWatch:
+    """Ends every rank of the job within about WATCH_S of the first rank's failure, naming it. Why: a rank that fails
+    (the node leader's push broken half way, G11 of ../shared/GPU-AUDIT.md) leaves the others inside a collective with
+    it, an FSDP all-gather: NCCL between GPUs of one node never notices a peer that exited, and torch's timeout is the
+    process group's (trainer.push_timeout_s + request_timeout_s, 900 s by default); torchrun's SIGTERM cannot reach the
+    Python of a rank blocked in native code either. So the failing rank writes its cause into the rendezvous store
+    (trainer.main, after printing its traceback) and a daemon thread in every rank, which runs while the main thread
+    waits in a collective, polls for it and exits the process with that cause, its node and its log."""
+
+    def __init__(self, store: dist.Store, rank: int, node: int, log: str) -> None:
+        self.store, self.rank, self.node, self.log = store, rank, node, log
+        self.me = f"trainer rank {rank} of node {node} failed"
+        threading.Thread(target=self._watch, name="failure-watch", daemon=True).start()
+
+    def announce(self, cause: BaseException) -> None:
+        """Best effort (the first failure wins): a rank that cannot reach the store still exits, and torchrun and the
+        bootstrap stop the rest within their own deadlines."""
+        what = traceback.format_exception_only(cause)[-1].strip().splitlines()[0][:300]
+        try:
+            self.store.compare_set(FAILED_KEY, "", f"{self.me} ({what}); its traceback is in {self.log}")
+        except Exception:  # noqa: BLE001 - the store's host (node 0's torchrun) may be gone already
+            pass
+
+    def _watch(self) -> None:
+        while True:
+            time.sleep(WATCH_S)
+            try:
+                if not self.store.check([FAILED_KEY]):
+                    continue
+                cause = self.store.get(FAILED_KEY).decode()
+            except Exception:  # noqa: BLE001 - the store is gone: the job is ending, torchrun and the bootstrap see to it
+                return
+            if cause.startswith(self.me):
+                return  # this rank's own failure: its main thread is exiting with the traceback
+            print(
+                f"RuntimeError: {STOPPED_BY_PEER} (trainer rank {self.rank} of node {self.node} stops): {cause}",
+                file=sys.stderr,
+                flush=True,
+            )
+            sys.stdout.flush()
+            os._exit(1)
+
+
+_watch: FailureWatch | None = None
+
+
+def watch_failures(rank: int, node: int, log: str) -> FailureWatch | None:
+    """Start this rank's FailureWatch on its own client of the rendezvous store (MASTER_ADDR/MASTER_PORT, as torchrun
+    sets them), so it never waits behind the main thread's store calls."""
+    global _watch
+    if "MASTER_ADDR" not in os.environ or "MASTER_PORT" not in os.environ:
+        return None
+    store = dist.TCPStore(
+        os.environ["MASTER_ADDR"], int(os.environ["MASTER_PORT"]), is_master=False, timeout=timedelta(seconds=30)
+    )
+    _watch = FailureWatch(store, rank, node, log)
+    return _watch
+
+
+def announce_failure(cause: BaseException) -> None:
+    """trainer.main, on any error of this rank: tell the others (FailureWatch) before exiting."""
+    if _watch is not None:
+        _watch.announce(cause)
+
+
 def check_allreduce(rank: int, world: int, device: torch.device) -> dict[str, float]:
     """Sum of rank+1 over every rank of every node: the cheapest proof that the world is wired right."""
     probe = torch.tensor([float(rank + 1)], device=device)
@@ -90,6 +168,9 @@ def init(plan: Plan) -> Parallel:
             f"torchrun gave rank {rank}/{world} local {local} on node {node}, but the plan says "
             f"world {plan.world_size}, rank {rank} is local {expect.local_rank} on node {expect.node}"
         )
+    host_id = emulation.rank_host_id(plan, node, local)
+    if host_id is not None:  # job.emulate_gpus: NCCL reads it once, at this process's first communicator (just below)
+        os.environ[emulation.HOST_ID_ENV] = host_id
     if plan.device == "cuda":
         device = torch.device("cuda", expect.cuda_index)
         torch.cuda.set_device(device)
@@ -104,6 +185,7 @@ def init(plan: Plan) -> Parallel:
         timeout=timedelta(seconds=plan.process_group_timeout_s),
         device_id=device if plan.device == "cuda" else None,
     )
+    watch_failures(rank, node, str(JobDir(Path(plan.job_dir)).log(node, "trainer")))
     groups = {}
     for n in plan.nodes:  # every rank creates every group, in the same order (new_group is collective)
         groups[n.node] = dist.new_group([r.global_rank for r in n.ranks], backend="gloo")

@@ -162,7 +162,7 @@ def build(plan: Plan, par: Parallel, preemption: grpo.PreemptionFlag) -> Run:
     ahead = None
     if agents is not None and lookahead is not None and not t.rollout_func:
         bounds = UnitBounds(t.request_timeout_s, t.tool_timeout_s)
-        ahead = AheadRollout(agents, lookahead, t.max_staleness, t.max_steps, bounds)
+        ahead = AheadRollout(agents, lookahead, t.max_staleness, t.max_steps, bounds, plan.config.vllm.max_model_len)
         reward_fns += environment_rewards(agents)
     trainer = trl_glue.build_trainer(
         model,

@@ -90,7 +90,7 @@ class SlurmConfig:
     container: ContainerConfig = field(default_factory=ContainerConfig)
     """Run each node's processes in a container: {image, runtime, mounts, workdir} (keys below)."""
     layout: Literal["split", "shared"] = "split"
-    """How a node's GPUs are shared out: split = vLLM on the first TP x DP GPUs, a trainer rank on each of the others; shared = vLLM data parallel over all of the node's GPUs (DP = GPUs / TP) at vllm.gpu_memory_utilization, a trainer rank on every GPU beside an engine, the push by ipc (a one-GPU node is always shared). `slurm-grpo simulate` models both; dry-run says which the config gets and why."""
+    """How a node's GPUs are shared out: split = vLLM on the first TP x DP GPUs, a trainer rank on each of the others; shared = vLLM data parallel over all of the node's GPUs (DP = GPUs / TP) at vllm.gpu_memory_utilization, a trainer rank on every GPU beside an engine (a one-GPU node is always shared; with 2+ GPUs it runs on CPU slots only: on CUDA its push cannot reach the other GPUs' engines, refused). `slurm-grpo simulate` models both; dry-run says which the config gets and why."""
     stage_env: str = ""
     """A packed environment on the shared file system, copied to each node's local storage with sbcast before any Python starts and used from there: a packed venv (.tar, .tar.gz, .tgz; made with venv-pack/conda-pack or tar of a venv) or a container image (.sif, .sqsh, .squashfs; the same file as slurm.container.image, runtime apptainer); empty = run from where it is."""
     stage_dir: str = "/tmp/slurm-grpo-$USER-$SLURM_JOB_ID"
@@ -388,6 +388,8 @@ class JobSection:
     """Python interpreter the job runs on the nodes (after the setup profile ran)."""
     node_timeout_s: int = 30
     """A node whose bootstrap shows no heartbeat (in the job folder) for this long is lost: the others stop, naming it."""
+    emulate_gpus: bool = False
+    """Tests and benchmarks only, never a real job: lay out slurm.nodes x gpus_per_node exactly as on a cluster, but run every process on this machine's one GPU, each with its own NCCL host id, several nodes on one host with per-node ports (launcher.core.emulation; with job.device cpu only the nodes part)."""
     platform: Literal["cuda", "rocm"] = "cuda"
     """GPU platform of job.device cuda: cuda (NVIDIA: CUDA_VISIBLE_DEVICES per process, NCCL, CUDA IPC) or rocm (AMD, e.g. Frontier: every node process sees all of the node's GPUs and picks its own by index, RCCL, HIP IPC only on a shared GCD); site profiles set it (configs/site/frontier.yaml)."""
 

@@ -11,6 +11,7 @@ from dataclasses import asdict, dataclass, field, replace
 from pathlib import Path
 from typing import Any
 
+from launcher.core import emulation
 from launcher.core import platform as platform_mod
 from launcher.core.config import ConfigError, JobConfig, rebuild
 from launcher.core.lora import lora_push
@@ -78,6 +79,9 @@ class Plan:
     """job.platform: cuda (a mask per process) or rocm (every process sees the node's GPUs; launcher.core.platform)."""
     lora_push: str = ""
     """trainer.lora on: 'adapter' (only the adapter moves; vLLM started with LoRA) or 'merged' (launcher.core.lora)."""
+    emulated: bool = False
+    """job.emulate_gpus (tests and benchmarks only): this layout, every logical GPU on one physical GPU
+    (launcher.core.emulation); each node's server_url and weight_transfer_port carry its own port."""
 
     @property
     def server_world(self) -> int:
@@ -98,6 +102,10 @@ class Plan:
         if not p.is_file():
             raise ConfigError(f"plan file {str(p)!r} not found; it is written by `slurm-grpo submit|local` into the job folder")
         return Plan.from_dict(json.loads(p.read_text()))
+
+    def server_port(self, node: int) -> int:
+        """The port of the node's vLLM server (vllm.port; + node index when emulated nodes share a host)."""
+        return emulation.node_port(self.vllm_port, node, self.emulated)
 
     def rank(self, global_rank: int) -> RankPlan:
         return self.nodes[global_rank // self.ranks_per_node].ranks[global_rank % self.ranks_per_node]
@@ -122,9 +130,23 @@ def resolve_backend(cfg: JobConfig, shared_gpu: bool) -> str:
     return "ipc" if shared_gpu else "nccl"
 
 
+SHARED_MULTI_GPU = (
+    "slurm.layout shared with {g} GPUs on CUDA cannot push: the node leader's one IPC handle names its own GPU, and every "
+    "other GPU's vLLM engine refuses it (../shared/GPU-AUDIT.md G2); use slurm.layout: split (the default)"
+)
+
+
+def shared_runs(device: str, gpus_per_node: int) -> bool:
+    """The shared layout can push on this node: one GPU (vLLM and the trainer on it), or CPU slots (gloo reaches every
+    engine). On GPUs with more than one per node it cannot (SHARED_MULTI_GPU): the layout advice never picks it there."""
+    return device == "cpu" or gpus_per_node == 1
+
+
 def check_layout(cfg: JobConfig, shared: bool) -> None:
     """The node's GPUs hold the server and at least one trainer rank, and TP divides the model's heads."""
     tp, dp, g = cfg.vllm.tensor_parallel_size, cfg.vllm.data_parallel_size, cfg.slurm.gpus_per_node
+    if shared and not shared_runs(cfg.job.device, g):
+        raise ConfigError(SHARED_MULTI_GPU.format(g=g))
     if shared and cfg.job.device == "cpu" and cfg.slurm.gpus_per_node == 1:
         raise ConfigError(
             "slurm.gpus_per_node 1 with job.device cpu leaves no slot for a trainer rank beside vLLM; "
@@ -187,6 +209,9 @@ def plan(cfg: JobConfig, job_dir: str) -> Plan:
     if shared:  # vLLM data parallel over every GPU of the node, a trainer rank on each beside an engine
         dp = g // tp
     check_layout(cfg, shared)
+    emulated = cfg.job.emulate_gpus
+    if emulated:
+        emulation.check(cfg)
     vllm_gpus = list(range(g)) if shared else list(range(tp * dp))
     trainer_gpus = list(range(g)) if shared else list(range(tp * dp, g))
     per_node = len(trainer_gpus)
@@ -197,15 +222,16 @@ def plan(cfg: JobConfig, job_dir: str) -> Plan:
             node=n,
             vllm_gpus=vllm_gpus,
             trainer_gpus=trainer_gpus,
-            server_url=f"http://127.0.0.1:{v.port}",
-            weight_transfer_port=t.weight_transfer_port,
+            server_url=f"http://127.0.0.1:{emulation.node_port(v.port, n, emulated)}",
+            weight_transfer_port=emulation.node_port(t.weight_transfer_port, n, emulated),
             ranks=[
                 RankPlan(
                     global_rank=n * per_node + i,
                     local_rank=i,
                     node=n,
                     gpu=gpu,
-                    cuda_index=platform_mod.device_index(cfg.job.platform, i, gpu),
+                    # emulated: every rank's mask is the one GPU
+                    cuda_index=0 if emulated else platform_mod.device_index(cfg.job.platform, i, gpu),
                 )
                 for i, gpu in enumerate(trainer_gpus)
             ],
@@ -225,7 +251,7 @@ def plan(cfg: JobConfig, job_dir: str) -> Plan:
         world_size=world,
         tensor_parallel_size=tp,
         weight_transfer_backend=resolve_backend(cfg, shared),
-        rendezvous_host="127.0.0.1" if s.nodes == 1 else FIRST_NODE,
+        rendezvous_host="127.0.0.1" if s.nodes == 1 or emulated else FIRST_NODE,
         rendezvous_port=t.rendezvous_port,
         vllm_port=v.port,
         nodes=nodes,
@@ -236,8 +262,9 @@ def plan(cfg: JobConfig, job_dir: str) -> Plan:
         data_parallel_size=dp,
         platform=cfg.job.platform,
         lora_push=lora_push(cfg, dp)[0],
+        emulated=emulated,
     )
-    return replace(p, derivation=derivation(p) + platform_mod.derivation_lines(p))
+    return replace(p, derivation=derivation(p) + platform_mod.derivation_lines(p) + emulation.derivation_lines(p))
 
 
 def derivation(p: Plan) -> list[str]:
@@ -252,8 +279,8 @@ def derivation(p: Plan) -> list[str]:
         gpus = [
             f"layout = shared (slurm.layout): vLLM data parallel over all {g} GPUs, DP = gpus_per_node / TP = {g} / {tp} "
             f"= {dp} engines at gpu_memory_utilization {v.gpu_memory_utilization:g} of each GPU = {n0.vllm_gpus}",
-            f"trainer ranks per node = gpus_per_node = {per_node}, one beside each engine; the push today: the node "
-            "leader to every engine (each rank to its own GPU's engine: not built, it waits for a multi-GPU machine)",
+            f"trainer ranks per node = gpus_per_node = {per_node}, one beside each engine; the push: the node leader to "
+            "every engine over gloo (CPU slots only: on GPUs this layout is refused, see SHARED_MULTI_GPU)",
         ]
     else:
         gpus = [

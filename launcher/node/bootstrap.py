@@ -215,7 +215,10 @@ def check_port_free(port: int, what: str, where: str) -> None:
 def preflight(run: NodeRun) -> None:
     """Everything that can be checked before a process starts, so a bad input costs seconds, not a minute."""
     p = run.plan
-    for port, what in ((p.vllm_port, "vllm.port"), (p.nodes[run.node].weight_transfer_port, "trainer.weight_transfer_port")):
+    for port, what in (
+        (p.server_port(run.node), "vllm.port"),
+        (p.nodes[run.node].weight_transfer_port, "trainer.weight_transfer_port"),
+    ):
         check_port_free(port, what, run.where)
     if run.node == 0:
         check_port_free(p.rendezvous_port, "trainer.rendezvous_port", run.where)
@@ -411,10 +414,13 @@ def clear_leftovers(run: NodeRun, allocated: str | None) -> None:
     ports = {
         p.rendezvous_port: "trainer.rendezvous_port",
         p.nodes[run.node].weight_transfer_port: "trainer.weight_transfer_port",
-        p.vllm_port: "vllm.port",
+        p.server_port(run.node): "vllm.port",
     }
+    if p.emulated and run.node:  # emulated nodes share one host: node 0's torchrun holds the rendezvous port
+        del ports[p.rendezvous_port]
     try:
-        done = clean_node(p.job_dir, ports, p.device == "cuda", run.say, allocated)
+        # emulated nodes share one GPU: a node stops only its own leftovers there, never another node's processes
+        done = clean_node(p.job_dir, ports, p.device == "cuda", run.say, allocated, node=run.node if p.emulated else None)
     except StaleError as e:
         raise NodeFailure(f"{run.where}: {e}") from None
     run.events(Event.LEFTOVERS, **done)

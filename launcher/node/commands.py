@@ -10,7 +10,7 @@ import json
 from dataclasses import dataclass
 from pathlib import Path
 
-from launcher.core import platform
+from launcher.core import emulation, platform
 from launcher.core.config import ConfigError
 from launcher.core.jobdir import PLUGIN_ENV, Env, JobDir
 from launcher.core.lora import ADAPTER, serving_rank
@@ -57,6 +57,8 @@ def visible_devices(plan: Plan, gpus: list[int], allocated: str | None) -> dict[
     node's GPUs, as the bootstrap left them, and picks its own by index: launcher.core.platform)."""
     if not platform.of_plan(plan).per_process_mask:
         return {}
+    if plan.emulated:  # job.emulate_gpus: the plan's GPUs are logical, all of them this machine's one GPU
+        return {"CUDA_VISIBLE_DEVICES": emulation.devices(gpus, allocated)}
     return {"CUDA_VISIBLE_DEVICES": gpu_list(gpus, allocated)}
 
 
@@ -73,7 +75,7 @@ def vllm_command(plan: Plan, node: int, python: str = "python", allocated: str |
         "--host",
         "127.0.0.1",
         "--port",
-        str(plan.vllm_port),
+        str(plan.server_port(node)),
         "--tensor-parallel-size",
         str(plan.tensor_parallel_size),
         "--gpu-memory-utilization",
@@ -94,6 +96,7 @@ def vllm_command(plan: Plan, node: int, python: str = "python", allocated: str |
         argv += ["--max-model-len", str(v.max_model_len)]
     if plan.lora_push == ADAPTER:  # the trainer pushes only its adapter, loaded at run time (trainer.push.adapter)
         argv += ["--enable-lora", "--max-lora-rank", str(serving_rank(plan.config.trainer.lora.r))]
+    argv += emulation.vllm_args(plan)  # job.emulate_gpus only: several workers on one GPU
     argv += list(v.extra_args)
     env = {
         **OFFLINE_ENV,
@@ -108,6 +111,8 @@ def vllm_command(plan: Plan, node: int, python: str = "python", allocated: str |
     env.update({"VLLM_CACHE_ROOT": str(cache / "vllm"), "TORCHINDUCTOR_CACHE_DIR": str(cache / "inductor")})
     env["TRITON_CACHE_DIR"] = str(cache / "triton")
     env |= platform.process_env(plan, "vllm")
+    if plan.emulated:  # job.emulate_gpus only: its own NCCL host id, loopback sockets; the node index marks the
+        env |= emulation.vllm_env(plan, node) | {Env.NODE: str(node)}  # server as this node's (launcher.node.stale)
     if plan.lora_push == ADAPTER:
         env["VLLM_ALLOW_RUNTIME_LORA_UPDATING"] = "1"  # opens /v1/load_lora_adapter (the server listens on 127.0.0.1 only)
         env[Env.LORA_LOAD_ONCE] = "1"  # else each engine step re-reads the adapter from disk (vllm_plugin.load_adapters_once)
@@ -157,6 +162,7 @@ def trainer_command(
         "TORCH_NCCL_ASYNC_ERROR_HANDLING": "1",
         "PYTHONUNBUFFERED": "1",
         **platform.process_env(plan, "trainer"),
+        **emulation.trainer_env(plan),  # job.emulate_gpus only: loopback sockets (each rank sets its own host id)
     }
     if plan.device == "cpu":
         env.update({"CUDA_VISIBLE_DEVICES": "", "OMP_NUM_THREADS": "1"})

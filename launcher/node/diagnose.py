@@ -21,7 +21,15 @@ def tail(path: Path, lines: int = 25, max_bytes: int = 64_000) -> str:
 
 CAUSE_RE = re.compile(r"^(?:\[rank\d+\]:\s*)?((?:[A-Za-z_][\w.]*\.)?\w*(?:Error|Exception|Interrupt)): (.+)$")
 NOT_CAUSES = ("ChildFailedError", "SignalException")
-PEER_LOST = ("closed by peer", "reset by peer", "remote worker", "Broken pipe", "NCCL communicator was aborted")
+# "stopped by another rank's failure": trainer.parallel.FailureWatch (a rank stopped because another rank failed)
+PEER_LOST = (
+    "closed by peer",
+    "reset by peer",
+    "remote worker",
+    "Broken pipe",
+    "NCCL communicator was aborted",
+    "stopped by another rank's failure",
+)
 # torchrun's failure summary lists every failed rank ("Failures:" and "Root Cause (first observed failure):"). A rank
 # killed by a signal (SIGKILL by the OOM killer or a user, SIGSEGV, ...) is this node's own root cause, even when the
 # surviving local ranks printed "reset by peer" before it and torchrun, seeing both exits in one poll, named a

@@ -37,6 +37,8 @@ class Holder:
     cmdline: str
     job_dir: str
     slurm_job: str
+    node: str = ""
+    """SLURM_GRPO_NODE of its environment: which node of the job started it (set by launcher.node.commands)."""
 
     def describe(self) -> str:
         origin = f"job folder {self.job_dir}" if self.job_dir else f"SLURM job {self.slurm_job or '?'}"
@@ -75,7 +77,7 @@ def holder(pid: int, what: str, proc: Path = Path("/proc")) -> Holder | None:
     except OSError:
         return None  # gone meanwhile
     env = read_environ(pid, proc)
-    return Holder(pid, what, uid, cmd, env.get(Env.JOB_DIR, ""), env.get("SLURM_JOB_ID", ""))
+    return Holder(pid, what, uid, cmd, env.get(Env.JOB_DIR, ""), env.get("SLURM_JOB_ID", ""), env.get(Env.NODE, ""))
 
 
 def port_holders(ports: dict[int, str], proc: Path = Path("/proc")) -> list[Holder]:
@@ -190,11 +192,16 @@ def clean_node(
     gpus: str | None = None,
     shm: Path = Path("/dev/shm"),
     proc: Path = Path("/proc"),
+    node: int | None = None,
 ) -> dict:
     """Stop this job folder's leftovers, fail on anyone else's that is in the way (any user's on our ports, where the
     server could not bind; the same user's on our GPUs), drop orphaned shared memory in `shm`. Returns what was done
-    (the bootstrap's `leftovers` event)."""
-    holders = port_holders(ports, proc) + (gpu_holders(gpus, proc) if cuda else [])
+    (the bootstrap's `leftovers` event). node: only that node's processes count on the GPUs (job.emulate_gpus: every
+    node of the job runs on this host's one GPU, and node i must not stop node j)."""
+    on_gpu = gpu_holders(gpus, proc) if cuda else []
+    if node is not None:
+        on_gpu = [h for h in on_gpu if h.job_dir != job_dir or h.node == str(node)]
+    holders = port_holders(ports, proc) + on_gpu
     mine = [h for h in holders if h.job_dir == job_dir]
     others = [
         h

@@ -10,7 +10,7 @@ import re
 import pytest
 
 from launcher.core import config as C
-from launcher.core.plan import plan
+from launcher.core.plan import SHARED_MULTI_GPU, plan
 from launcher.dryrun import render_dry_run
 from launcher.node.commands import trainer_command, vllm_command
 from launcher.simulate import DEFAULTS, LAYOUT_DEFAULTS, SHARED_CALIBRATION, layout_choice, shared_rows, split_rows
@@ -30,20 +30,31 @@ def config(gpus: int = 8, tp: int = 1, device: str = "cuda", **over: object) -> 
 
 
 @pytest.mark.parametrize("tp", [1, 2])
-def test_every_gpu_holds_an_engine_and_a_trainer_rank(tp):
-    p = plan(config(tp=tp), "/jobs/x")
+def test_every_slot_holds_an_engine_and_a_trainer_rank(tp):
+    p = plan(config(tp=tp, device="cpu"), "/jobs/x")
     assert p.data_parallel_size == 8 // tp and p.server_world == 8 and p.ranks_per_node == 8 and p.world_size == 16
-    assert p.weight_transfer_backend == "ipc", "each rank's engine is on its own GPU"
+    assert p.weight_transfer_backend == "gloo", "the leader reaches every engine over gloo"
     for n in p.nodes:
         assert n.shared_gpu and n.vllm_gpus == n.trainer_gpus == list(range(8))
-        assert [(r.gpu, r.cuda_index) for r in n.ranks] == [(i, i) for i in range(8)]
+        assert [r.gpu for r in n.ranks] == list(range(8))
         assert [r.global_rank for r in n.ranks] == list(range(8 * n.node, 8 * n.node + 8))
-    v, t = vllm_command(p, 1, allocated="4,5,6,7,0,1,2,3"), trainer_command(p, 1, "$FIRST_NODE", allocated="4,5,6,7,0,1,2,3")
-    assert v.env["CUDA_VISIBLE_DEVICES"] == t.env["CUDA_VISIBLE_DEVICES"] == "4,5,6,7,0,1,2,3"
+    v, t = vllm_command(p, 1), trainer_command(p, 1, "$FIRST_NODE")
     assert v.argv[v.argv.index("--data-parallel-size") + 1] == str(8 // tp)
     assert v.argv[v.argv.index("--gpu-memory-utilization") + 1] == "0.3"
-    assert json.loads(v.argv[v.argv.index("--weight-transfer-config") + 1]) == {"backend": "mapped_ipc"}
+    assert json.loads(v.argv[v.argv.index("--weight-transfer-config") + 1]) == {"backend": "gloo"}
     assert "--nproc-per-node" in t.argv and t.argv[t.argv.index("--nproc-per-node") + 1] == "8"
+
+
+@pytest.mark.parametrize("gpus, tp", [(2, 1), (8, 1), (8, 2)])
+def test_the_shared_layout_on_gpu_nodes_of_two_or_more_is_refused_before_the_queue(gpus, tp):
+    """G2 of ../shared/GPU-AUDIT.md: the leader's one IPC handle names its own GPU, every other engine refuses it at
+    the first push; the plan (dry-run, submit, local, simulate) refuses the layout in one line naming the fix."""
+    with pytest.raises(C.ConfigError) as e:
+        plan(config(gpus=gpus, tp=tp), "/j")
+    msg = str(e.value)
+    assert msg == SHARED_MULTI_GPU.format(g=gpus) and "use slurm.layout: split" in msg and "\n" not in msg, msg
+    assert len(msg) < 240
+    assert plan(config(gpus=gpus, tp=tp, slurm__layout="split", vllm__tensor_parallel_size=1), "/j").nodes[0].trainer_gpus
 
 
 def test_the_one_gpu_node_is_the_shared_layout_with_one_gpu():
@@ -64,7 +75,7 @@ def test_on_cpu_slots_the_shared_layout_runs_with_gloo():
     [
         ({"tp": 3}, "slurm.layout shared puts vLLM engines of vllm.tensor_parallel_size (3) GPUs on all 8 GPUs"),
         ({"vllm__data_parallel_size": 2}, "vllm.data_parallel_size 2 says otherwise: remove it (or set it to 8)"),
-        ({"vllm__weight_transfer_backend": "nccl"}, "vllm.weight_transfer_backend nccl needs the trainer on another GPU"),
+        ({"gpus": 1, "slurm__nodes": 1, "vllm__weight_transfer_backend": "nccl"}, "nccl needs the trainer on another GPU"),
     ],
 )
 def test_a_shared_layout_the_node_cannot_hold_is_refused_with_the_fix(over, message):
@@ -73,18 +84,21 @@ def test_a_shared_layout_the_node_cannot_hold_is_refused_with_the_fix(over, mess
     assert message in str(e.value)
 
 
-def test_dry_run_says_which_layout_the_config_gets_and_what_the_model_predicts():
-    shared = render_dry_run(config(), plan(config(), "/j"))
-    assert "layout = shared (slurm.layout): vLLM data parallel over all 8 GPUs, DP = gpus_per_node / TP = 8 / 1 = 8" in shared
-    assert "the push today: the node leader to every engine" in shared
-    assert "layout = shared (slurm.layout); the step model (`slurm-grpo simulate`" in shared
-    assert re.search(r"predicts (shared|split) faster per step on this node: synchronous [0-9.]+ s \(shared\) vs", shared)
+def test_dry_run_says_which_layout_the_config_gets_and_never_advises_one_that_cannot_run():
+    cpu = config(gpus=3, device="cpu")
+    shared = render_dry_run(cpu, plan(cpu, "/j"))
+    assert "layout = shared (slurm.layout): vLLM data parallel over all 3 GPUs, DP = gpus_per_node / TP = 3 / 1 = 3" in shared
+    assert "the push: the node leader to every engine over gloo" in shared
+    assert "the step model" not in shared, "no GPUs: nothing to choose"
     split_cfg = config(slurm__layout="split")
     split = render_dry_run(split_cfg, plan(split_cfg, "/j"))
     assert "layout = split (slurm.layout): vLLM GPUs per node = first tensor_parallel_size x data_parallel_size" in split
-    assert "layout = split (slurm.layout); the step model" in split
-    cpu = config(gpus=3, device="cpu")
-    assert "the step model" not in render_dry_run(cpu, plan(cpu, "/j")), "no GPUs: nothing to choose"
+    # the model alone would pick shared for this node (the test below); it cannot run on 8 GPUs, so the advice is split
+    assert re.search(
+        r"layout = split \(slurm.layout\); the step model .* predicts split faster per step on this node: "
+        r"shared cannot run on 8 GPUs of a CUDA node",
+        split,
+    ), split
 
 
 def test_the_shared_model_adds_up_and_reproduces_its_one_gpu_calibration():
@@ -115,3 +129,5 @@ def test_for_the_7b_example_the_shared_layout_beats_the_best_split_and_trl_coloc
     assert shared.async_s is not None and shared.async_s < trl.sync_s and shared.async_s < 18.4
     which, why = layout_choice(rows, shared)
     assert which == "shared" and "max_staleness 1 14.6 s vs 18.4 s" in why, why
+    which, why = layout_choice(rows, shared, shared_can_run=False)  # what dry-run and simulate pass on a GPU node
+    assert which == "split" and "cannot run" in why, why

@@ -198,3 +198,22 @@ def test_a_gpu_holder_of_another_user_is_not_this_jobs_business(fake_nvidia_smi,
     finally:
         theirs.kill()
         theirs.wait(timeout=10)
+
+
+def test_an_emulated_node_stops_only_its_own_leftovers_on_the_shared_gpu(fake_nvidia_smi, shm):
+    """job.emulate_gpus: every node of the job runs on this host's one GPU; node 1 starting must not stop node 0's
+    server (same job folder), only an earlier attempt of its own. Without `node` (a real node) both are stopped."""
+    job = "/runs/emulated"
+    node0 = sleeper({Env.JOB_DIR: job, Env.NODE: "0"})
+    node1_old = sleeper({Env.JOB_DIR: job, Env.NODE: "1"})
+    try:
+        fake_nvidia_smi(node0, node1_old)
+        done = clean_node(job, {}, cuda=True, say=lambda _: None, shm=shm, node=1)
+        assert done["stopped"] == [node1_old.pid] and node1_old.wait(timeout=10) is not None, done
+        assert node0.poll() is None, "node 1 stopped node 0's process"
+        fake_nvidia_smi(node0)
+        assert clean_node(job, {}, cuda=True, say=lambda _: None, shm=shm)["stopped"] == [node0.pid]
+    finally:
+        for p in (node0, node1_old):
+            p.kill()
+            p.wait(timeout=10)

@@ -37,6 +37,13 @@ def tool_suffix_ids(tokenizer, chat_template: str | None, kwargs: dict, tool_mes
     return full[len(prefix) :]
 
 
+def episode_len_limit(server_max_model_len: int, max_position_embeddings: int) -> int:
+    """The length an episode's next prompt must stay under: the server's --max-model-len (vllm.max_model_len; vLLM
+    refuses a longer prompt with an HTTP 400, which would fail the step instead of ending the episode), else the model's
+    own (0 = vLLM takes max_position_embeddings). G8 of ../shared/GPU-AUDIT.md; TRL's colocate branch uses vLLM's too."""
+    return server_max_model_len or max_position_embeddings
+
+
 def make_loop(tokenizer, agents: Agents, max_completion_length: int, max_model_len: int, max_iterations: int,
               template_kwargs: dict) -> EpisodeLoop:  # fmt: skip
     """The loop with TRL's own tokenization, template choice and response parser."""
@@ -88,9 +95,13 @@ def environment_rewards(agents: Agents) -> list[Callable]:
 class AheadRollout:
     """The rollout_func TRL calls on every rank, once per generation (k >= 1, multi-turn)."""
 
-    def __init__(self, agents: Agents, lookahead, max_staleness: int, max_steps: int, bounds: UnitBounds) -> None:
-        """bounds: trainer.request_timeout_s and trainer.tool_timeout_s, which bound every wait for the episodes."""
+    def __init__(
+        self, agents: Agents, lookahead, max_staleness: int, max_steps: int, bounds: UnitBounds, max_model_len: int = 0
+    ) -> None:
+        """bounds: trainer.request_timeout_s and trainer.tool_timeout_s, which bound every wait for the episodes;
+        max_model_len: the plan's vllm.max_model_len (0: the model's own)."""
         self.agents, self.lookahead, self.k, self.max_steps, self.bounds = agents, lookahead, max_staleness, max_steps, bounds
+        self.max_model_len = max_model_len
         self.rows: list[dict] = []
         self.loop: EpisodeLoop | None = None
         self.ahead: AheadEpisodes | None = None
@@ -104,7 +115,7 @@ class AheadRollout:
             trainer.processing_class,
             self.agents,
             args.max_completion_length,
-            trainer.model.config.max_position_embeddings,
+            episode_len_limit(self.max_model_len, trainer.model.config.max_position_embeddings),
             args.max_tool_calling_iterations if args.max_tool_calling_iterations is not None else 2**31,
             args.chat_template_kwargs or {},
         )
