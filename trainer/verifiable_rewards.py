@@ -66,8 +66,10 @@ def math_accuracy(prompts, completions, solution, **kwargs) -> list[float | None
 
 
 def think_answer_format(prompts, completions, **kwargs) -> list[float]:
-    """1.0 for '<think>reasoning</think><answer>answer</answer>' (whitespace between and around), else 0.0."""
-    return [float(THINK_ANSWER.match(completion_text(c)) is not None) for c in completions]
+    """1.0 for '<think>reasoning</think><answer>answer</answer>' (whitespace between and around; a non-blank answer),
+    else 0.0."""
+    found = [THINK_ANSWER.match(completion_text(c)) for c in completions]
+    return [float(m is not None and bool(m.group(1).strip())) for m in found]
 
 
 def boxed_format(prompts, completions, **kwargs) -> list[float]:

@@ -32,8 +32,8 @@ class Schema:
 
 
 def read_schema(path: str, required: tuple[str, ...] = ()) -> Schema:
-    """The dataset's format and columns; DatasetError if it is unreadable or empty, or (JSONL: on any line) lacks a
-    column of `required` (the names as stored)."""
+    """The dataset's format and columns; DatasetError if it is unreadable or empty, or (JSONL) a line lacks a column
+    of `required` (the names as stored) that the first rows have."""
     p = Path(path)
     if p.is_dir():
         return _folder(p)
@@ -49,14 +49,23 @@ def read_schema(path: str, required: tuple[str, ...] = ()) -> Schema:
     if head.startswith(b"ARROW1") or head.startswith(b"\xff\xff\xff\xff"):
         return Schema("arrow", _arrow_columns(p))
     if head.lstrip()[:1] == b"{":
-        rows = read_jsonl(path, required)
-        columns = dict.fromkeys(k for row in rows[:100] for k in row)  # first rows' keys, in order
-        return Schema("jsonl", tuple(columns))
+        lines = _jsonl_lines(path)
+        columns = tuple(dict.fromkeys(k for _, row in lines[:100] for k in row))  # the first rows' keys, in order
+        # a column no first row has is the caller's one-line column error; one that only some lines lack, this one's
+        _require(path, lines, [c for c in required if c in columns])
+        return Schema("jsonl", columns)
     raise DatasetError(f"trainer.dataset {path!r}: not a format slurm-grpo reads; use {FORMATS}")
 
 
 def read_jsonl(path: str, required: tuple[str, ...] = ()) -> list[dict]:
     """Every non-empty line a JSON object holding each column of `required`; the error names the file and the line."""
+    lines = _jsonl_lines(path)
+    _require(path, lines, required)
+    return [row for _, row in lines]
+
+
+def _jsonl_lines(path: str) -> list[tuple[int, dict]]:
+    """(line number, object) of every non-empty line; DatasetError naming the first line that is no JSON object."""
     try:
         text = Path(path).read_text()
     except (OSError, UnicodeDecodeError) as e:
@@ -73,16 +82,20 @@ def read_jsonl(path: str, required: tuple[str, ...] = ()) -> list[dict]:
             raise DatasetError(
                 f'trainer.dataset {path}: line {i} is not a JSON object; each line must be like {{"prompt": "..."}}'
             )
+        rows.append((i, row))
+    if not rows:
+        raise DatasetError(f"trainer.dataset {path} is empty")
+    return rows
+
+
+def _require(path: str, lines: list[tuple[int, dict]], required: tuple[str, ...] | list[str]) -> None:
+    for i, row in lines:
         missing = [c for c in required if c not in row]
         if missing:
             raise DatasetError(
                 f"trainer.dataset {path}: line {i} has no {missing[0]!r} field (keys: {', '.join(row) or 'none'}); "
                 f"add it to every line or map another column with trainer.columns"
             )
-        rows.append(row)
-    if not rows:
-        raise DatasetError(f"trainer.dataset {path} is empty")
-    return rows
 
 
 def _parquet(p: Path) -> Schema:

@@ -136,7 +136,11 @@ def source_of(module: str) -> Path | None:
             return compiled[0]
         if folder.is_dir():  # a namespace package
             return folder
-    return None
+    try:  # a module that is no file of its package (os.path): ask the import system, which imports the parents
+        spec = importlib.util.find_spec(module)
+    except (ImportError, ValueError):
+        return None
+    return Path(spec.origin) if spec is not None and spec.origin else None
 
 
 def _top_level(tree: ast.Module) -> list[ast.stmt]:
