@@ -90,13 +90,18 @@ def check_dataset(
                 f"trainer.columns renames {stored!r} to {run_name!r}, which trainer.dataset {path} already has; "
                 f"map {run_name!r} to another name too, or drop it from the data"
             )
-    for name in needed:
-        if columns.get(name, name) not in schema.columns:
-            guess = next((c for c in schema.columns if c not in columns.values()), "COLUMN")
-            raise PreflightError(
-                f"trainer.dataset {path} has no {name!r} column{why.get(name, '')} (columns: {have}); "
-                f"map one with trainer.columns={{{name}: {guess}}}"
-            )
+    missing = [name for name in needed if columns.get(name, name) not in schema.columns]
+    if missing:  # every missing column in the one line: a fix per round trip would take several
+        free = [c for c in schema.columns if c not in columns.values() and c not in needed]
+        guess = {name: free[i] if i < len(free) else "COLUMN" for i, name in enumerate(missing)}
+        raise PreflightError(
+            f"trainer.dataset {path} has no "
+            + " and no ".join(f"{n!r} column{why.get(n, '')}" for n in missing)
+            + f" (columns: {have}); map {'one' if len(missing) == 1 else 'them'} with trainer.columns="
+            + "{"
+            + ", ".join(f"{n}: {c}" for n, c in guess.items())
+            + "}"
+        )
     return schema
 
 
