@@ -122,9 +122,10 @@ def test_submit_names_the_column_a_reward_needs(tmp_path):
     path = write("parquet", tmp_path / "gsm8k.parquet")
     problems = submit_path_problems(cfg(path, reward_funcs=["math_accuracy"]))
     assert (
-        f"trainer.dataset {path} has no 'prompt' column (columns: question, answer); map one with trainer.columns={{prompt: question}}"
-        in problems
-    )
+        f"trainer.dataset {path} has no 'prompt' column and no 'solution' column (reward math_accuracy needs it) "
+        "(columns: question, answer); map them with trainer.columns={prompt: question, solution: answer}"
+    ) in problems
+    assert not any("trainer.reward_funcs" in p for p in problems)  # the reward itself is fine
     problems = submit_path_problems(cfg(path, reward_funcs=["math_accuracy"], columns={"prompt": "question"}))
     assert (
         f"trainer.dataset {path} has no 'solution' column (reward math_accuracy needs it) (columns: question, answer); map one with trainer.columns={{solution: answer}}"
