@@ -29,6 +29,8 @@ class Schema:
     """Column names as stored (before trainer.columns renames them)."""
     files: tuple[str, ...] = ()
     """The Arrow files of a `datasets` folder (empty otherwise)."""
+    list_columns: tuple[str, ...] = ()
+    """Columns holding lists (a conversational prompt is a list of messages): JSONL's first row, Arrow's types."""
 
 
 def read_schema(path: str, required: tuple[str, ...] = ()) -> Schema:
@@ -47,13 +49,13 @@ def read_schema(path: str, required: tuple[str, ...] = ()) -> Schema:
     if head.startswith(b"PAR1"):
         return _parquet(p)
     if head.startswith(b"ARROW1") or head.startswith(b"\xff\xff\xff\xff"):
-        return Schema("arrow", _arrow_columns(p))
+        return _arrow(p, "arrow")
     if head.lstrip()[:1] == b"{":
         lines = _jsonl_lines(path)
         columns = tuple(dict.fromkeys(k for _, row in lines[:100] for k in row))  # the first rows' keys, in order
         # a column no first row has is the caller's one-line column error; one that only some lines lack, this one's
         _require(path, lines, [c for c in required if c in columns])
-        return Schema("jsonl", columns)
+        return Schema("jsonl", columns, list_columns=tuple(k for k, v in lines[0][1].items() if isinstance(v, list)))
     raise DatasetError(f"trainer.dataset {path!r}: not a format slurm-grpo reads; use {FORMATS}")
 
 
@@ -107,29 +109,36 @@ def _parquet(p: Path) -> Schema:
         raise DatasetError(f"trainer.dataset {p}: unreadable Parquet ({_first_line(e)})") from None
     if meta.num_rows == 0:
         raise DatasetError(f"trainer.dataset {p} is empty (a Parquet file with no rows)")
-    return Schema("parquet", tuple(meta.schema.to_arrow_schema().names))
+    return _schema("parquet", meta.schema.to_arrow_schema())
 
 
-def _arrow_columns(p: Path) -> tuple[str, ...]:
+def _schema(fmt: str, arrow_schema, files: tuple[str, ...] = ()) -> Schema:
+    import pyarrow as pa
+
+    lists = tuple(f.name for f in arrow_schema if pa.types.is_list(f.type) or pa.types.is_large_list(f.type))
+    return Schema(fmt, tuple(arrow_schema.names), files, lists)
+
+
+def _arrow(p: Path, fmt: str, files: tuple[str, ...] = ()) -> Schema:
     import pyarrow as pa
 
     try:
         with pa.memory_map(str(p)) as source:
             try:
                 reader = pa.ipc.open_file(source)
-                names, rows = (
-                    reader.schema.names,
+                schema, rows = (
+                    reader.schema,
                     sum(reader.get_batch(i).num_rows for i in range(min(1, reader.num_record_batches))),
                 )
             except pa.ArrowInvalid:
                 source.seek(0)
                 stream = pa.ipc.open_stream(source)
-                names, rows = stream.schema.names, next((b.num_rows for b in stream if b.num_rows), 0)
+                schema, rows = stream.schema, next((b.num_rows for b in stream if b.num_rows), 0)
     except Exception as e:
         raise DatasetError(f"trainer.dataset {p}: unreadable Arrow ({_first_line(e)})") from None
     if not rows:
         raise DatasetError(f"trainer.dataset {p} is empty (an Arrow file with no rows)")
-    return tuple(names)
+    return _schema(fmt, schema, files)
 
 
 def _folder(p: Path) -> Schema:
@@ -148,7 +157,7 @@ def _folder(p: Path) -> Schema:
         ) from None
     if not files:
         raise DatasetError(f"trainer.dataset {p} is empty (its state.json lists no data file)")
-    return Schema("datasets-folder", _arrow_columns(Path(files[0])), tuple(files))
+    return _arrow(Path(files[0]), "datasets-folder", tuple(files))
 
 
 def _first_line(e: Exception) -> str:

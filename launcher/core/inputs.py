@@ -117,15 +117,39 @@ def data_needs(config: JobConfig) -> tuple[tuple[str, ...], dict[str, str]]:
 
 
 def check_data(config: JobConfig) -> None:
-    """The dataset holds what the run reads, and trainer.chat_template's file is there."""
+    """The dataset holds what the run reads; trainer.chat_template's file is there; conversational prompts (or a
+    system prompt, which makes them so) have a chat template to be rendered with."""
     t = config.trainer
     needed, why = data_needs(config)
-    check_dataset(t.dataset, needed, t.columns, why)
+    schema = check_dataset(t.dataset, needed, t.columns, why)
     if t.chat_template and not is_inline_template(t.chat_template) and not Path(t.chat_template).expanduser().is_file():
         raise PreflightError(
             f"trainer.chat_template {t.chat_template!r}: no such file on this node (give a Jinja file on a shared file "
             "system, or the template text itself)"
         )
+    conversational = t.columns.get("prompt", "prompt") in schema.list_columns
+    if (conversational or t.system_prompt) and not t.chat_template and has_chat_template(config.vllm.model) is False:
+        why_template = (
+            "trainer.system_prompt makes the prompts conversations" if t.system_prompt else "the prompts are conversations"
+        )
+        raise PreflightError(
+            f"vllm.model {config.vllm.model!r} has no chat template and {why_template}: set trainer.chat_template (a "
+            "Jinja file or the text), or use plain-string prompts without trainer.system_prompt"
+        )
+
+
+def has_chat_template(model: str) -> bool | None:
+    """Whether a model folder's tokenizer has a chat template (tokenizer_config.json's, or chat_template.jinja/.json
+    beside it); None for a hub name or an unreadable folder (the other checks name those)."""
+    p = Path(model).expanduser()
+    if not looks_local(model) or not p.is_dir():
+        return None
+    if (p / "chat_template.jinja").is_file() or (p / "chat_template.json").is_file():
+        return True
+    try:
+        return bool(json.loads((p / "tokenizer_config.json").read_text()).get("chat_template"))
+    except (OSError, ValueError, AttributeError):
+        return None
 
 
 def is_inline_template(text: str) -> bool:

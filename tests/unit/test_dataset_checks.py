@@ -141,6 +141,31 @@ def test_a_chat_template_file_must_exist_and_inline_jinja_needs_none(tmp_path):
     check_data(cfg(path, chat_template="{% for m in messages %}{{ m['content'] }}{% endfor %}"))
 
 
+@pytest.mark.parametrize("fmt", ["jsonl", "parquet", "arrow-stream"])
+def test_conversational_prompts_need_a_chat_template(tmp_path, fmt):
+    """A base model without a chat template fails at the first step on conversational prompts (transformers refuses to
+    render them): refused at submit, as is a system prompt (it turns plain prompts into conversations)."""
+    model = tmp_path / "base-model"
+    model.mkdir()
+    (model / "tokenizer_config.json").write_text(json.dumps({"model_max_length": 512}))
+    conv = write(fmt, tmp_path / "conv", [{"prompt": [{"role": "user", "content": "hi"}]}])
+    plain = write(fmt, tmp_path / "plain", [{"prompt": "hi"}])
+
+    def check(dataset: str, **trainer) -> None:
+        check_data(C.from_dict({"vllm": {"model": str(model)}, "trainer": {"dataset": dataset, **trainer}}))
+
+    check(plain)
+    with pytest.raises(
+        PreflightError, match=r"has no chat template and the prompts are conversations: set trainer.chat_template"
+    ):
+        check(conv)
+    with pytest.raises(PreflightError, match=r"has no chat template and trainer.system_prompt makes the prompts conversations"):
+        check(plain, system_prompt="Be brief.")
+    check(conv, chat_template="{% for m in messages %}{{ m['content'] }}{% endfor %}")
+    (model / "chat_template.jinja").write_text("{{ messages }}")  # transformers 5 keeps the template beside the config
+    check(conv)
+
+
 @pytest.mark.parametrize("fmt", FORMATS)
 def test_the_trainer_loads_each_format_with_the_mapping_and_the_system_prompt(tmp_path, fmt):
     path = write(fmt, tmp_path / ("d.bin" if fmt != "datasets-folder" else "folder"))
