@@ -69,6 +69,7 @@ def main(config: str, model_path: str, out: str, steps: int, sets: list[str] | N
     t_start = time.time()
     model = AutoModelForCausalLM.from_pretrained(model_path, dtype=torch.float32)
     tok = AutoTokenizer.from_pretrained(model_path)
+    data.use_chat_template(tok, t.chat_template)
     steps_cb = StepTimes()
     # multi-turn configs (configs/agents_1gpu.yaml): the same tools / environment, with the same deadlines, in TRL's loop
     agents = resolve_agents(t.tools, t.environment, t.rollout_func, t.tool_timeout_s) if t.multi_turn else None
@@ -76,7 +77,7 @@ def main(config: str, model_path: str, out: str, steps: int, sets: list[str] | N
         model=model,
         reward_funcs=[rewards.resolve(r) for r in t.reward_funcs],
         args=args,
-        train_dataset=data.load_prompts(t.dataset),
+        train_dataset=data.load_prompts(t.dataset, t.columns, t.system_prompt),
         processing_class=tok,
         callbacks=[steps_cb],
         **(agents.trainer_kwargs() if agents else {}),

@@ -15,7 +15,7 @@ t0=$(date +%s)
 pip install -q --upgrade pip
 # torch first, pinned: pip takes the local CPU wheel; a bare `torch` would pull a multi-GB CUDA build
 pip install -q torch==2.13.0
-pip install -q -e ".[cpu,dev,track]"
+pip install -q -e ".[cpu,dev,track,math]"  # math: math_verify, which the math reward and its tests use (~2 s)
 pip uninstall -q -y torchvision torchaudio torchcodec 2>/dev/null || true
 python -c "import vllm, trl, transformers, submitit, torch; print('[install] torch', torch.__version__, 'vllm', vllm.__version__, 'trl', trl.__version__)"
 echo "$want" > "$STAMP"

@@ -1,5 +1,6 @@
-"""Training prompts from local files only (JSONL, Parquet, or a folder saved by `datasets`), and the data cursor
-that lets a resumed run continue their order."""
+"""Training prompts from local files only (JSONL, Parquet, Arrow, or a folder saved by `datasets`), with the config's
+column mapping, system prompt and chat template applied, and the data cursor that lets a resumed run continue their
+order."""
 
 from __future__ import annotations
 
@@ -10,27 +11,64 @@ from pathlib import Path
 
 from torch.utils.data import Sampler
 
+from launcher.core.dataset_schema import read_jsonl
 from trainer import trl_glue
 
 
-def load_prompts(path: str):
+def load_prompts(path: str, columns: dict[str, str] | None = None, system_prompt: str = ""):
+    """The dataset as the trainer reads it: the format found from the content (JSONL, Parquet, Arrow, a `datasets`
+    folder), `columns` renamed (run name -> stored name: {prompt: question}) and `system_prompt` put first in every
+    prompt (prompts_with_system)."""
     from datasets import Dataset, load_from_disk
 
-    from launcher.core.inputs import check_dataset, read_jsonl_prompts
+    from launcher.core.inputs import check_dataset
 
-    check_dataset(path)  # the same checks the bootstrap ran before starting the node
-    p = Path(path)
-    if p.is_dir():
-        ds = load_from_disk(str(p))
-    elif p.suffix == ".parquet":
-        ds = Dataset.from_parquet(str(p))
+    columns = columns or {}
+    schema = check_dataset(path, ("prompt",), columns)  # the same checks the bootstrap ran before starting the node
+    if schema.format == "datasets-folder":
+        ds = load_from_disk(path)
+    elif schema.format == "parquet":
+        ds = Dataset.from_parquet(path)
+    elif schema.format == "arrow":
+        ds = _arrow(path)
     else:
-        ds = Dataset.from_list(read_jsonl_prompts(path))
-    if "prompt" not in ds.column_names:
-        raise ValueError(f"trainer.dataset {path}: no 'prompt' column (columns: {', '.join(ds.column_names)})")
-    if len(ds) == 0:
-        raise ValueError(f"trainer.dataset {path} is empty")
+        ds = Dataset.from_list(read_jsonl(path, (columns.get("prompt", "prompt"),)))
+    ds = ds.rename_columns({stored: name for name, stored in columns.items() if stored != name})
+    if system_prompt:
+        ds = ds.map(lambda row: {"prompt": prompts_with_system(row["prompt"], system_prompt)})
     return ds
+
+
+def _arrow(path: str):
+    import pyarrow as pa
+    from datasets import Dataset
+
+    try:  # the stream format `datasets` writes (cache files, save_to_disk shards)
+        return Dataset.from_file(path)
+    except Exception:  # the IPC file format (pyarrow.ipc.new_file, `feather` v2)
+        with pa.memory_map(path) as source:
+            return Dataset(pa.ipc.open_file(source).read_all())
+
+
+def prompts_with_system(prompt, system_prompt: str) -> list[dict]:
+    """A prompt with `system_prompt` first: a plain string becomes [system, user] (so it goes through the chat
+    template); a conversation that opens with its own system message keeps it."""
+    if isinstance(prompt, str):
+        return [{"role": "system", "content": system_prompt}, {"role": "user", "content": prompt}]
+    messages = list(prompt)
+    if messages and messages[0].get("role") == "system":
+        return messages
+    return [{"role": "system", "content": system_prompt}, *messages]
+
+
+def use_chat_template(tokenizer, template: str) -> None:
+    """trainer.chat_template: conversational prompts are rendered with it instead of the model's own template (TRL
+    renders them with the tokenizer's). `template` is the Jinja text itself or a file holding it; "" keeps the model's."""
+    from launcher.core.inputs import is_inline_template
+
+    if not template:
+        return
+    tokenizer.chat_template = template if is_inline_template(template) else Path(template).expanduser().read_text()
 
 
 class FastForward(Sampler):

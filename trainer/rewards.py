@@ -1,5 +1,6 @@
-"""Rewards: built-ins for the synthetic task a tiny random model learns in tens of CPU steps, and user
-rewards by dotted path 'pkg.module:function' (TRL's signature: f(completions, **kwargs) -> list[float]).
+"""Rewards: built-ins (the synthetic task a tiny random model learns in tens of CPU steps here; the verifiable math
+and format rewards in trainer/verifiable_rewards.py), and user rewards by dotted path 'pkg.module:function' (TRL's
+signature: f(prompts, completions, **kwargs) -> list[float], the dataset's other columns as keyword arguments).
 
 `resolve` wraps every reward so that one which raises names itself in the error the run stops with:
 "reward 'pkg.mod:fn' raised ValueError at step 2 on node 0: ...", the function's own frames below it.
@@ -19,32 +20,35 @@ import traceback
 from collections.abc import Callable
 from typing import Any
 
+from launcher.core import reward_check
 from launcher.core.jobdir import Env
 
 NODE_ENV = Env.NODE
 """Set for the trainer ranks by launcher.node.commands: the node they run on."""
 
 
-def _text(c) -> str:
-    # TRL passes strings for plain prompts and [{"role": ..., "content": ...}] for conversational ones
-    return c if isinstance(c, str) else "".join(m.get("content", "") for m in c)
+def completion_text(c) -> str:
+    """A completion's text: TRL passes strings for plain prompts and [{"role": ..., "content": ...}] for conversational
+    ones (content None for a message that only calls tools)."""
+    return c if isinstance(c, str) else "".join(m.get("content") or "" for m in c)
 
 
 def letter_a_fraction(completions, **kwargs) -> list[float]:
     """Fraction of the completion's characters that are the letter 'a' (0..1): learnable from scratch."""
     out = []
     for c in completions:
-        t = _text(c)
+        t = completion_text(c)
         out.append(t.count("a") / max(1, len(t)))
     return out
 
 
 def short_completion(completions, **kwargs) -> list[float]:
     """1 / (1 + characters / 32): prefers short answers; a second, competing signal for tests."""
-    return [1.0 / (1.0 + len(_text(c)) / 32) for c in completions]
+    return [1.0 / (1.0 + len(completion_text(c)) / 32) for c in completions]
 
 
-BUILTIN: dict[str, Callable] = {"letter_a_fraction": letter_a_fraction, "short_completion": short_completion}
+BUILTIN = reward_check.BUILTIN
+"""Built-in name -> 'pkg.module:function' (launcher.core.reward_check owns the list: the submit checks read it too)."""
 
 
 def import_module_of(label: str, mod_name: str) -> Any:
@@ -69,11 +73,9 @@ class RewardError(RuntimeError):
 
 
 def _find(name: str) -> Callable:
-    if name in BUILTIN:
-        return BUILTIN[name]
-    if ":" not in name:
+    if ":" not in name and name not in BUILTIN:
         raise ValueError(f"reward {name!r} is not built in ({', '.join(BUILTIN)}) and not a 'pkg.module:function' path")
-    mod_name, _, fn_name = name.partition(":")
+    mod_name, _, fn_name = BUILTIN.get(name, name).partition(":")
     mod = import_module_of(f"reward {name!r}", mod_name)
     fn = getattr(mod, fn_name, None)
     if not callable(fn):
@@ -126,14 +128,40 @@ def resolve(name: str, node: int | str | None = None) -> Callable:
     return wrapper
 
 
+def params_of(fn: Callable) -> list[reward_check.Param] | None:
+    """The parameters TRL's call binds to (a callable instance: its __call__'s); None if Python cannot tell."""
+    try:
+        sig = inspect.signature(fn)
+    except (TypeError, ValueError):
+        return None
+    kinds = {
+        inspect.Parameter.POSITIONAL_ONLY: "positional-only",
+        inspect.Parameter.POSITIONAL_OR_KEYWORD: "positional",
+        inspect.Parameter.KEYWORD_ONLY: "keyword-only",
+        inspect.Parameter.VAR_POSITIONAL: "*args",
+        inspect.Parameter.VAR_KEYWORD: "**kwargs",
+    }
+    return [
+        reward_check.Param(
+            p.name, kinds[p.kind], p.default is inspect.Parameter.empty and p.kind not in (p.VAR_POSITIONAL, p.VAR_KEYWORD)
+        )
+        for p in sig.parameters.values()
+    ]
+
+
 def problems(names: list[str]) -> list[str]:
-    """Each reward that `resolve` cannot find, as one line naming the config key and the fix."""
+    """Each reward that `resolve` cannot find, or whose signature TRL's call would not fit, as one line naming the
+    config key and the fix."""
     out = []
     for name in names:
         try:
-            _find(name)
+            fn = _find(name)
         except ValueError as e:
             out.append(f"trainer.reward_funcs: {e}")
+            continue
+        params = params_of(fn)
+        if params is not None:
+            out += reward_check.signature_problems(name, params)[0]
     return out
 
 

@@ -119,6 +119,7 @@ def build(plan: Plan, par: Parallel, preemption: grpo.PreemptionFlag) -> Run:
     node_event(Event.RENDEZVOUS_DONE, world=par.world)
     dtype = getattr(torch, t.dtype)
     tokenizer = AutoTokenizer.from_pretrained(plan.config.vllm.model)
+    data.use_chat_template(tokenizer, t.chat_template)
     # fp32 master weights; FSDP2 computes in the configured dtype (bf16 on GPU)
     model, report = loading.load_model(
         plan.config.vllm.model,
@@ -167,7 +168,7 @@ def build(plan: Plan, par: Parallel, preemption: grpo.PreemptionFlag) -> Run:
     trainer = trl_glue.build_trainer(
         model,
         tokenizer,
-        data.load_prompts(t.dataset),
+        data.load_prompts(t.dataset, t.columns, t.system_prompt),
         reward_fns,
         args,
         callback,

@@ -25,6 +25,8 @@ from typing import Any, ClassVar, Literal
 
 import yaml
 
+from launcher.core.reward_check import BUILTIN as BUILTIN_REWARDS
+
 
 class ConfigError(ValueError):
     """A user mistake in the config or the command line; the message holds the fix."""
@@ -242,7 +244,13 @@ class TrainerConfig:
     dataset: str = "data/letters.jsonl"
     """Training prompts: a JSONL/Parquet file or a saved `datasets` folder with a 'prompt' column."""
     reward_funcs: list[str] = field(default_factory=lambda: ["letter_a_fraction"])
-    """Rewards: built-in names (see trainer/rewards.py) or dotted paths 'pkg.module:function'."""
+    """Rewards: built-in names (letter_a_fraction, short_completion, math_accuracy, think_answer_format, boxed_format) or dotted paths 'pkg.module:function'."""
+    columns: dict[str, str] = field(default_factory=dict)
+    """Dataset columns renamed for the run, the run's name -> the dataset's column, e.g. {prompt: question, solution: answer} for GSM8K as it comes; the trainer reads 'prompt', each reward gets the other columns by name; {} = as stored."""
+    system_prompt: str = ""
+    """A system message put first in every prompt: a plain-string prompt becomes [system, user] and so goes through the chat template; a row with its own system message keeps it; "" = none."""
+    chat_template: str = ""
+    """The chat template conversational prompts are rendered with instead of the model's own: a Jinja file's path (read on the nodes) or the Jinja text itself; "" = the tokenizer's."""
     max_steps: int = 20
     """Optimizer steps to run."""
     per_device_train_batch_size: int = 8
@@ -327,6 +335,7 @@ class TrainerConfig:
         if not self.dataset:
             raise ConfigError("trainer.dataset is required: a JSONL/Parquet file or a `datasets` folder with a 'prompt' column")
         _check_reward_funcs(self.reward_funcs, self.environment)
+        _check_data_fields(self)
         for name in (
             "max_steps",
             "per_device_train_batch_size",
@@ -1072,7 +1081,7 @@ def _grpo_value_problem(key: str, value: Any, annotation: str) -> str | None:
 
 _CONTROL = re.compile(r"[\x00-\x1f\x7f]")
 _CONTROL_NAMES = {"\n": "a newline (\\n)", "\r": "a carriage return (\\r)", "\x00": "a NUL character (\\0)", "\t": "a tab (\\t)"}
-PASSED_AS_DATA = {"trainer.grpo"}
+PASSED_AS_DATA = {"trainer.grpo", "trainer.system_prompt", "trainer.chat_template"}
 """Keys whose values only travel as data (plan.json -> trl.GRPOConfig) and never reach the sbatch text or a command
 line: a generation stop string may well be a newline there."""
 
@@ -1121,8 +1130,25 @@ def _check_reward_funcs(entries: list[str], environment: str | dict[str, str] = 
             mod, _, fn = r.partition(":")
             if not re.match(r"^[A-Za-z_][\w.]*$", mod) or not fn.isidentifier():
                 raise ConfigError(f"trainer.reward_funcs entry {r!r} is not a dotted path 'pkg.module:function'")
-        elif not r.isidentifier():
-            raise ConfigError(f"trainer.reward_funcs entry {r!r} is neither a built-in reward name nor 'pkg.module:function'")
+        elif r not in BUILTIN_REWARDS:
+            raise ConfigError(
+                f"trainer.reward_funcs entry {r!r} is not a built-in reward ({', '.join(BUILTIN_REWARDS)}) "
+                "nor 'pkg.module:function'"
+            )
+
+
+def _check_data_fields(t: TrainerConfig) -> None:
+    """trainer.columns, trainer.chat_template: well formed (whether the dataset has the columns is the submit check's)."""
+    for run_name, stored in t.columns.items():
+        if not run_name.isidentifier() or not stored:
+            raise ConfigError(
+                f"trainer.columns {run_name!r}: {stored!r} must map a run name (an identifier such as prompt or solution) "
+                "to the dataset's column, e.g. {prompt: question}"
+            )
+    if len(set(t.columns.values())) < len(t.columns):
+        raise ConfigError(f"trainer.columns {t.columns} maps one dataset column to two names; give each its own")
+    if t.chat_template and not t.chat_template.strip():
+        raise ConfigError('trainer.chat_template is blank; give a Jinja file path or the template text, or "" for the model\'s')
 
 
 def _check_dotted(where: str, entry: str) -> None:

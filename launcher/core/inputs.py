@@ -2,8 +2,9 @@
 readable there. A missing model or a malformed data line then fails in seconds, naming the node and the
 file, instead of after a minute of vLLM start-up or inside a torchrun traceback.
 
-`submit_path_problems` runs the same checks on the submit host before sbatch (plus: reward, tool, environment and
-rollout_func modules importable, the setup venv present), so a typo fails at once instead of after the job waited in the queue. `local_problems` runs
+`submit_path_problems` runs the same checks on the submit host before sbatch (plus: each reward read from its source
+down to its function's signature and imports, tool, environment and rollout_func modules findable, the setup venv
+present), so a typo fails at once instead of after the job waited in the queue. `local_problems` runs
 them before `slurm-grpo local` starts anything, and resolves the rewards, tools, environments and rollout_func as the trainer will (this host runs it)."""
 
 from __future__ import annotations
@@ -17,6 +18,8 @@ from collections.abc import Callable, Iterable
 from pathlib import Path
 
 from launcher.core.config import ConfigError, JobConfig
+from launcher.core.dataset_schema import DatasetError, Schema, read_jsonl, read_schema
+from launcher.core.reward_check import reward_needs
 
 TOKENIZER_FILES = ("tokenizer.json", "tokenizer_config.json", "vocab.json", "tokenizer.model")
 WEIGHT_GLOBS = ("*.safetensors", "*.bin", "*.safetensors.index.json", "*.bin.index.json")
@@ -62,43 +65,103 @@ def check_model(model: str) -> None:
 
 def read_jsonl_prompts(path: str) -> list[dict]:
     """Every non-empty line a JSON object with a 'prompt'; the error names the file and the line."""
-    p = Path(path)
     try:
-        text = p.read_text()
-    except OSError as e:
-        raise PreflightError(f"trainer.dataset {path!r} is unreadable: {e.strerror}") from None
-    rows = []
-    for i, line in enumerate(text.splitlines(), 1):
-        if not line.strip():
-            continue
-        try:
-            row = json.loads(line)
-        except ValueError as e:
-            raise PreflightError(f"trainer.dataset {path}: line {i} is not valid JSON ({e}); fix or remove that line") from None
-        if not isinstance(row, dict) or "prompt" not in row:
-            raise PreflightError(
-                f'trainer.dataset {path}: line {i} has no \'prompt\' field; each line must be an object like {{"prompt": "..."}}'
-            )
-        rows.append(row)
-    if not rows:
-        raise PreflightError(f"trainer.dataset {path} is empty")
-    return rows
+        return read_jsonl(path, ("prompt",))
+    except DatasetError as e:
+        raise PreflightError(str(e)) from None
 
 
-def check_dataset(path: str) -> None:
-    p = Path(path)
+def check_dataset(
+    path: str, needed: tuple[str, ...] = ("prompt",), columns: dict[str, str] | None = None, why: dict[str, str] | None = None
+) -> Schema:
+    """The dataset exists, is a format the trainer reads (from its content) and, after `columns` renames (run name ->
+    stored name), holds every column of `needed`; `why` says who needs a column for the error."""
+    p, columns, why = Path(path), columns or {}, why or {}
     if not p.exists():
         raise PreflightError(
             f"trainer.dataset {path!r} does not exist on this node (paths are read on the nodes; "
             f"use an absolute path on a shared file system)"
         )
-    if p.is_dir():
-        if not any((p / f).exists() for f in ("dataset_info.json", "state.json", "dataset_dict.json")):
-            raise PreflightError(f"trainer.dataset {path!r} is a folder but not one saved by `datasets` (no dataset_info.json)")
-    elif p.suffix in (".jsonl", ".json"):
-        read_jsonl_prompts(path)
-    elif p.suffix != ".parquet":
-        raise PreflightError(f"trainer.dataset {path!r}: unknown format; use .jsonl, .parquet or a `datasets` folder")
+    try:
+        schema = read_schema(path, required=tuple(columns.get(c, c) for c in needed))
+    except DatasetError as e:
+        raise PreflightError(str(e)) from None
+    have = ", ".join(schema.columns)
+    for run_name, stored in columns.items():
+        if stored not in schema.columns:
+            raise PreflightError(
+                f"trainer.columns maps {run_name!r} to {stored!r}, which trainer.dataset {path} lacks (columns: {have})"
+            )
+        if run_name in schema.columns and run_name not in columns.values():
+            raise PreflightError(
+                f"trainer.columns renames {stored!r} to {run_name!r}, which trainer.dataset {path} already has; "
+                f"map {run_name!r} to another name too, or drop it from the data"
+            )
+    missing = [name for name in needed if columns.get(name, name) not in schema.columns]
+    if missing:  # every missing column in the one line: a fix per round trip would take several
+        free = [c for c in schema.columns if c not in columns.values() and c not in needed]
+        guess = {name: free[i] if i < len(free) else "COLUMN" for i, name in enumerate(missing)}
+        raise PreflightError(
+            f"trainer.dataset {path} has no "
+            + " and no ".join(f"{n!r} column{why.get(n, '')}" for n in missing)
+            + f" (columns: {have}); map {'one' if len(missing) == 1 else 'them'} with trainer.columns="
+            + "{"
+            + ", ".join(f"{n}: {c}" for n, c in guess.items())
+            + "}"
+        )
+    return schema
+
+
+def data_needs(config: JobConfig) -> tuple[tuple[str, ...], dict[str, str]]:
+    """(the columns the run reads: 'prompt' and every column a reward requires, who needs each for the error)."""
+    needed, why = ["prompt"], {}
+    for entry in config.trainer.reward_funcs:
+        for c in reward_needs(entry).columns:
+            if c not in needed:
+                needed.append(c)
+                why[c] = f" (reward {entry} needs it)"
+    return tuple(needed), why
+
+
+def check_data(config: JobConfig) -> None:
+    """The dataset holds what the run reads; trainer.chat_template's file is there; conversational prompts (or a
+    system prompt, which makes them so) have a chat template to be rendered with."""
+    t = config.trainer
+    needed, why = data_needs(config)
+    schema = check_dataset(t.dataset, needed, t.columns, why)
+    if t.chat_template and not is_inline_template(t.chat_template) and not Path(t.chat_template).expanduser().is_file():
+        raise PreflightError(
+            f"trainer.chat_template {t.chat_template!r}: no such file on this node (give a Jinja file on a shared file "
+            "system, or the template text itself)"
+        )
+    conversational = t.columns.get("prompt", "prompt") in schema.list_columns
+    if (conversational or t.system_prompt) and not t.chat_template and has_chat_template(config.vllm.model) is False:
+        why_template = (
+            "trainer.system_prompt makes the prompts conversations" if t.system_prompt else "the prompts are conversations"
+        )
+        raise PreflightError(
+            f"vllm.model {config.vllm.model!r} has no chat template and {why_template}: set trainer.chat_template (a "
+            "Jinja file or the text), or use plain-string prompts without trainer.system_prompt"
+        )
+
+
+def has_chat_template(model: str) -> bool | None:
+    """Whether a model folder's tokenizer has a chat template (tokenizer_config.json's, or chat_template.jinja/.json
+    beside it); None for a hub name or an unreadable folder (the other checks name those)."""
+    p = Path(model).expanduser()
+    if not looks_local(model) or not p.is_dir():
+        return None
+    if (p / "chat_template.jinja").is_file() or (p / "chat_template.json").is_file():
+        return True
+    try:
+        return bool(json.loads((p / "tokenizer_config.json").read_text()).get("chat_template"))
+    except (OSError, ValueError, AttributeError):
+        return None
+
+
+def is_inline_template(text: str) -> bool:
+    """trainer.chat_template holds the Jinja text itself rather than a file path."""
+    return "{{" in text or "{%" in text
 
 
 def check_context_length(config: JobConfig) -> None:
@@ -127,13 +190,19 @@ def check_context_length(config: JobConfig) -> None:
 def check_node_inputs(config: JobConfig) -> None:
     check_model(config.vllm.model)
     check_context_length(config)
-    check_dataset(config.trainer.dataset)
+    check_data(config)
 
 
 SKIP_HINT = (
     "for paths that exist only on the compute nodes: --skip-checks KIND,... (model, data, rewards, agents, venv) "
     "or --skip-path-checks for all"
 )
+
+
+def reward_problems(entries: list[str]) -> list[str]:
+    """Each reward read from its source, not imported (launcher.core.reward_check): its module and function exist,
+    its signature takes TRL's call, the modules it imports are installed here. One line each."""
+    return [p for e in entries for p in reward_needs(e).problems]
 
 
 def reward_module_problem(entry: str) -> str | None:
@@ -160,7 +229,7 @@ def input_problems(config: JobConfig) -> list[str]:
     checks = (
         lambda: check_model(config.vllm.model),
         lambda: check_context_length(config),
-        lambda: check_dataset(config.trainer.dataset),
+        lambda: check_data(config),
     )
     for check in checks:
         try:
@@ -172,8 +241,8 @@ def input_problems(config: JobConfig) -> list[str]:
 
 CHECK_KINDS = {
     "model": "vllm.model: a complete model folder, max_model_len within its context",
-    "data": "trainer.dataset readable, with prompts",
-    "rewards": "trainer.reward_funcs modules importable",
+    "data": "trainer.dataset readable (by content), with the columns the run needs",
+    "rewards": "trainer.reward_funcs: module, function and signature (read from source), their imports installed",
     "agents": "trainer.tools/environment/rollout_func modules importable",
     "venv": "slurm.setup_vars.venv has bin/activate",
 }
@@ -201,8 +270,8 @@ def submit_checks(config: JobConfig) -> dict[str, Callable[[], list[str]]]:
     """Kind (CHECK_KINDS) -> the check, run on the submit host; each returns one-line problems."""
     return {
         "model": lambda: _caught(lambda: check_model(config.vllm.model), lambda: check_context_length(config)),
-        "data": lambda: _caught(lambda: check_dataset(config.trainer.dataset)),
-        "rewards": lambda: [p for p in map(reward_module_problem, config.trainer.reward_funcs) if p],
+        "data": lambda: _caught(lambda: check_data(config)),
+        "rewards": lambda: reward_problems(config.trainer.reward_funcs),
         "agents": lambda: agent_module_problems(config),
         "venv": lambda: venv_problems(config),
     }
@@ -259,9 +328,12 @@ def _child_problems(argv: list[str], what: str) -> list[str]:
 def local_problems(config: JobConfig, python: str = sys.executable) -> list[str]:
     """What `slurm-grpo local` would find only after vLLM started: the nodes' checks, run here, and the rewards
     resolved as the trainer will. (No venv check: local runs in this interpreter.)"""
+    static = {e: reward_problems([e]) for e in config.trainer.reward_funcs}
+    unflagged = [e for e, found in static.items() if not found]  # the child finds what only importing shows
     return (
         input_problems(config)
-        + reward_import_problems(config.trainer.reward_funcs, python)
+        + [p for found in static.values() for p in found]
+        + reward_import_problems(unflagged, python)
         + agent_import_problems(config, python)
     )
 

@@ -112,7 +112,12 @@ BAD = [
     (_with("trainer", learning_rate=-1.0), "learning_rate must be positive"),
     (_with("trainer", reward_funcs=[]), "reward_funcs is empty"),
     (_with("trainer", reward_funcs=["pkg.mod:"]), "not a dotted path"),
-    (_with("trainer", reward_funcs=["not a name"]), "neither a built-in"),
+    (_with("trainer", reward_funcs=["not a name"]), "is not a built-in reward"),
+    # NEWCOMER §4: an unknown built-in name passed dry-run and submit
+    (_with("trainer", reward_funcs=["accuracy_reward"]), "'accuracy_reward' is not a built-in reward (letter_a_fraction"),
+    (_with("trainer", columns={"my prompt": "question"}), "trainer.columns 'my prompt'"),
+    (_with("trainer", columns={"prompt": "q", "solution": "q"}), "maps one dataset column to two names"),
+    (_with("trainer", chat_template="  "), "trainer.chat_template is blank"),
     (_with("trainer", dtype="int8"), "trainer.dtype"),
     (_with("trainer", fsdp="ddp"), "trainer.fsdp"),
     (_with("trainer", parity_action="ignore"), "parity_action"),
@@ -371,6 +376,7 @@ def test_the_nested_groups_are_the_ones_the_dotted_set_tests_cover():
         "slurm.container",
         "slurm.extra_sbatch",
         "slurm.setup_vars",
+        "trainer.columns",
         "trainer.grpo",
         "trainer.lora",
     ]
@@ -388,7 +394,7 @@ def test_a_dotted_set_reaches_into_every_nested_group_and_keeps_its_other_keys(t
                     "setup_vars": {"venv": "/v", "modules": "cuda"},
                     "extra_sbatch": {"reservation": "big"},
                 },
-                "trainer": {"grpo": {"loss_type": "dapo"}, "lora": {"r": 8, "dropout": 0.1}},
+                "trainer": {"grpo": {"loss_type": "dapo"}, "lora": {"r": 8, "dropout": 0.1}, "columns": {"prompt": "question"}},
             }
         )
     )
@@ -402,8 +408,10 @@ def test_a_dotted_set_reaches_into_every_nested_group_and_keeps_its_other_keys(t
             "trainer.grpo.epsilon=0.3",
             "trainer.grpo.generation_kwargs.top_k=5",
             "trainer.lora.r=16",
+            "trainer.columns.solution=answer",
         ],
     )
+    assert cfg.trainer.columns == {"prompt": "question", "solution": "answer"}
     assert (cfg.trainer.lora.r, cfg.trainer.lora.dropout) == (16, 0.1)
     c = cfg.slurm.container
     assert (c.image, c.workdir, c.mounts, c.runtime) == ("nvcr.io#nvidia/pytorch:25.01-py3", "/w", ["/shared:/shared"], "pyxis")

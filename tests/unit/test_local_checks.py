@@ -40,7 +40,9 @@ def reward_src(tmp_path: Path) -> Path:
     (src / "lrewards").mkdir(parents=True)
     (src / "lrewards" / "__init__.py").write_text("")
     (src / "lrewards" / "ok.py").write_text("def score(completions, **kwargs):\n    return [0.0] * len(completions)\n")
-    (src / "lrewards" / "boom.py").write_text("raise RuntimeError('needs a licence server')\n")
+    (src / "lrewards" / "boom.py").write_text(  # f is there (the source check finds it), importing the module fails
+        "raise RuntimeError('needs a licence server')\ndef f(completions, **kwargs):\n    return []\n"
+    )
     return src
 
 
@@ -56,7 +58,11 @@ def model_copy(tiny_model: str, dst: Path, breakage: str) -> Path:
 
 CASES = [
     # (name, --set values ({model}, {tmp}, {data}), what the one line must say)
-    ("reward module missing", ["trainer.reward_funcs=[no_such_pkg_q.rewards:f]"], "cannot import module 'no_such_pkg_q.rewards'"),
+    (
+        "reward module missing",
+        ["trainer.reward_funcs=[no_such_pkg_q.rewards:f]"],
+        "module 'no_such_pkg_q.rewards' is not importable here",
+    ),
     ("reward function missing", ["trainer.reward_funcs=[letter_a_fraction, lrewards.ok:nope]"], "has no function 'nope'"),
     ("reward module raises", ["trainer.reward_funcs=[lrewards.boom:f]"], "raised RuntimeError: needs a licence server"),
     ("dataset missing", ["trainer.dataset={tmp}/nowhere.jsonl"], "does not exist on this host"),
@@ -100,7 +106,7 @@ def test_every_problem_is_named_in_the_one_line(tmp_path, fake):
     (line,) = r.stderr.strip().splitlines()
     assert line.startswith("slurm-grpo local: error: vllm.model "), line
     for needle in ("no such folder on this host", "; trainer.dataset ", "does not exist on this host",
-                   "; trainer.reward_funcs: ", "cannot import module 'no_such_pkg_q.rewards'"):  # fmt: skip
+                   "; trainer.reward_funcs 'no_such_pkg_q.rewards:f'", "module 'no_such_pkg_q.rewards' is not importable here"):  # fmt: skip
         assert needle in line, (needle, line)
     assert fake.starts == []
 

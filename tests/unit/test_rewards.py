@@ -139,7 +139,7 @@ def test_the_named_line_is_the_root_cause_the_bootstrap_reports(user_pkg, tmp_pa
         ("{pkg}.funcs:missing", "module '{pkg}.funcs' has no function 'missing'"),
         ("{pkg}.funcs:not_a_function", "module '{pkg}.funcs' has no function 'not_a_function'"),
         ("{pkg}.broken:f", "importing module '{pkg}.broken' raised SyntaxError"),
-        ("no_colon_reward", "is not built in (letter_a_fraction, short_completion)"),
+        ("no_colon_reward", "is not built in (letter_a_fraction, short_completion, math_accuracy,"),
     ],
 )
 def test_a_reward_that_cannot_be_resolved_is_one_line_naming_it(user_pkg, entry, needle):

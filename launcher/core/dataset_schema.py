@@ -1,0 +1,164 @@
+"""What a training dataset file holds, read cheaply where no torch or `datasets` is (the login node, a node before its
+trainer starts): its format, found from the content and not the file name, its columns and whether it has a row.
+
+- JSONL: every line is parsed (a JSON object each), so a malformed line fails here, naming its number.
+- Parquet (magic `PAR1`): the footer only (schema and row count).
+- Arrow, IPC file (`ARROW1`) or stream (what `datasets` writes): the schema and the first record batch.
+- A folder saved by `datasets` (`save_to_disk`): its state.json names the Arrow files; a DatasetDict folder (several
+  splits) is refused with the split folders to pick from.
+"""
+
+from __future__ import annotations
+
+import json
+from dataclasses import dataclass
+from pathlib import Path
+
+FORMATS = "JSONL (one JSON object a line), Parquet, Arrow, or a folder saved by `datasets` (save_to_disk)"
+
+
+class DatasetError(ValueError):
+    """A dataset that cannot be read as one of FORMATS, or that is empty: one line naming the file and the fix."""
+
+
+@dataclass(frozen=True)
+class Schema:
+    format: str
+    """jsonl, parquet, arrow or datasets-folder."""
+    columns: tuple[str, ...]
+    """Column names as stored (before trainer.columns renames them)."""
+    files: tuple[str, ...] = ()
+    """The Arrow files of a `datasets` folder (empty otherwise)."""
+    list_columns: tuple[str, ...] = ()
+    """Columns holding lists (a conversational prompt is a list of messages): JSONL's first row, Arrow's types."""
+
+
+def read_schema(path: str, required: tuple[str, ...] = ()) -> Schema:
+    """The dataset's format and columns; DatasetError if it is unreadable or empty, or (JSONL) a line lacks a column
+    of `required` (the names as stored) that the first rows have."""
+    p = Path(path)
+    if p.is_dir():
+        return _folder(p)
+    try:
+        with p.open("rb") as f:
+            head = f.read(8)
+    except OSError as e:
+        raise DatasetError(f"trainer.dataset {path!r} is unreadable: {e.strerror}") from None
+    if not head.strip():
+        raise DatasetError(f"trainer.dataset {path} is empty")
+    if head.startswith(b"PAR1"):
+        return _parquet(p)
+    if head.startswith(b"ARROW1") or head.startswith(b"\xff\xff\xff\xff"):
+        return _arrow(p, "arrow")
+    if head.lstrip()[:1] == b"{":
+        lines = _jsonl_lines(path)
+        columns = tuple(dict.fromkeys(k for _, row in lines[:100] for k in row))  # the first rows' keys, in order
+        # a column no first row has is the caller's one-line column error; one that only some lines lack, this one's
+        _require(path, lines, [c for c in required if c in columns])
+        return Schema("jsonl", columns, list_columns=tuple(k for k, v in lines[0][1].items() if isinstance(v, list)))
+    raise DatasetError(f"trainer.dataset {path!r}: not a format slurm-grpo reads; use {FORMATS}")
+
+
+def read_jsonl(path: str, required: tuple[str, ...] = ()) -> list[dict]:
+    """Every non-empty line a JSON object holding each column of `required`; the error names the file and the line."""
+    lines = _jsonl_lines(path)
+    _require(path, lines, required)
+    return [row for _, row in lines]
+
+
+def _jsonl_lines(path: str) -> list[tuple[int, dict]]:
+    """(line number, object) of every non-empty line; DatasetError naming the first line that is no JSON object."""
+    try:
+        text = Path(path).read_text()
+    except (OSError, UnicodeDecodeError) as e:
+        raise DatasetError(f"trainer.dataset {path!r} is unreadable as JSONL text: {getattr(e, 'strerror', None) or e}") from None
+    rows = []
+    for i, line in enumerate(text.splitlines(), 1):
+        if not line.strip():
+            continue
+        try:
+            row = json.loads(line)
+        except ValueError as e:
+            raise DatasetError(f"trainer.dataset {path}: line {i} is not valid JSON ({e}); fix or remove that line") from None
+        if not isinstance(row, dict):
+            raise DatasetError(
+                f'trainer.dataset {path}: line {i} is not a JSON object; each line must be like {{"prompt": "..."}}'
+            )
+        rows.append((i, row))
+    if not rows:
+        raise DatasetError(f"trainer.dataset {path} is empty")
+    return rows
+
+
+def _require(path: str, lines: list[tuple[int, dict]], required: tuple[str, ...] | list[str]) -> None:
+    for i, row in lines:
+        missing = [c for c in required if c not in row]
+        if missing:
+            raise DatasetError(
+                f"trainer.dataset {path}: line {i} has no {missing[0]!r} field (keys: {', '.join(row) or 'none'}); "
+                f"add it to every line or map another column with trainer.columns"
+            )
+
+
+def _parquet(p: Path) -> Schema:
+    import pyarrow.parquet as pq
+
+    try:
+        meta = pq.ParquetFile(p).metadata
+    except Exception as e:  # pyarrow raises ArrowInvalid/OSError for a truncated or foreign file
+        raise DatasetError(f"trainer.dataset {p}: unreadable Parquet ({_first_line(e)})") from None
+    if meta.num_rows == 0:
+        raise DatasetError(f"trainer.dataset {p} is empty (a Parquet file with no rows)")
+    return _schema("parquet", meta.schema.to_arrow_schema())
+
+
+def _schema(fmt: str, arrow_schema, files: tuple[str, ...] = ()) -> Schema:
+    import pyarrow as pa
+
+    lists = tuple(f.name for f in arrow_schema if pa.types.is_list(f.type) or pa.types.is_large_list(f.type))
+    return Schema(fmt, tuple(arrow_schema.names), files, lists)
+
+
+def _arrow(p: Path, fmt: str, files: tuple[str, ...] = ()) -> Schema:
+    import pyarrow as pa
+
+    try:
+        with pa.memory_map(str(p)) as source:
+            try:
+                reader = pa.ipc.open_file(source)
+                schema, rows = (
+                    reader.schema,
+                    sum(reader.get_batch(i).num_rows for i in range(min(1, reader.num_record_batches))),
+                )
+            except pa.ArrowInvalid:
+                source.seek(0)
+                stream = pa.ipc.open_stream(source)
+                schema, rows = stream.schema, next((b.num_rows for b in stream if b.num_rows), 0)
+    except Exception as e:
+        raise DatasetError(f"trainer.dataset {p}: unreadable Arrow ({_first_line(e)})") from None
+    if not rows:
+        raise DatasetError(f"trainer.dataset {p} is empty (an Arrow file with no rows)")
+    return _schema(fmt, schema, files)
+
+
+def _folder(p: Path) -> Schema:
+    if (p / "dataset_dict.json").is_file():
+        splits = sorted(q.name for q in p.iterdir() if (q / "state.json").is_file())
+        raise DatasetError(
+            f"trainer.dataset {str(p)!r} holds several splits ({', '.join(splits)}); name one folder, e.g. "
+            f"trainer.dataset={p / (splits[0] if splits else 'train')}"
+        )
+    state = p / "state.json"
+    try:
+        files = [str(p / f["filename"]) for f in json.loads(state.read_text())["_data_files"]]
+    except (OSError, ValueError, KeyError, TypeError):
+        raise DatasetError(
+            f"trainer.dataset {str(p)!r} is a folder but not one saved by `datasets` (no readable state.json); use {FORMATS}"
+        ) from None
+    if not files:
+        raise DatasetError(f"trainer.dataset {p} is empty (its state.json lists no data file)")
+    return _arrow(Path(files[0]), "datasets-folder", tuple(files))
+
+
+def _first_line(e: Exception) -> str:
+    return (str(e).splitlines() or [type(e).__name__])[0][:150]

@@ -1,0 +1,212 @@
+"""Datasets checked at submit for the columns the run needs (launcher.core.inputs + dataset_schema): JSONL, Parquet,
+Arrow (file and stream) and `datasets` folders, recognised by content, not by name; 'prompt' after trainer.columns
+renames it, and each column a reward needs. Then the trainer's side (trainer/data.py): the same files loaded with
+the mapping, the system prompt and the chat template applied."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pyarrow as pa
+import pyarrow.parquet as pq
+import pytest
+
+from launcher.core import config as C
+from launcher.core.inputs import PreflightError, check_data, check_dataset, submit_path_problems
+from trainer import data
+
+ROWS = [{"question": "What is 2 + 3?", "answer": "5"}, {"question": "What is 4 x 4?", "answer": "16"}]
+MATH = {"prompt": "question", "solution": "answer"}
+
+
+def write(fmt: str, path: Path, rows: list[dict] = ROWS) -> str:
+    """`rows` written in format `fmt` at `path` (whatever its suffix)."""
+    table = pa.Table.from_pylist(rows) if rows else pa.table({"question": pa.array([], pa.string())})
+    if fmt == "jsonl":
+        path.write_text("".join(json.dumps(r) + "\n" for r in rows))
+    elif fmt == "parquet":
+        pq.write_table(table, path)
+    elif fmt == "arrow-file":
+        with pa.ipc.new_file(path, table.schema) as w:
+            w.write_table(table)
+    elif fmt == "arrow-stream":
+        with pa.ipc.new_stream(path, table.schema) as w:
+            w.write_table(table)
+    elif fmt == "datasets-folder":
+        from datasets import Dataset
+
+        Dataset.from_list(rows).save_to_disk(str(path))
+    return str(path)
+
+
+FORMATS = ["jsonl", "parquet", "arrow-file", "arrow-stream", "datasets-folder"]
+
+
+@pytest.mark.parametrize("fmt", FORMATS)
+def test_each_format_is_checked_for_the_mapped_prompt_and_the_rewards_columns(tmp_path, fmt):
+    # a misleading name on purpose: the format comes from the content
+    path = write(fmt, tmp_path / ("data.txt" if fmt != "datasets-folder" else "folder"))
+    assert check_dataset(path, ("prompt", "solution"), MATH).columns == ("question", "answer")
+    with pytest.raises(PreflightError) as got:
+        check_dataset(path)  # no mapping: GSM8K's columns as they come
+    assert str(got.value) == (
+        f"trainer.dataset {path} has no 'prompt' column (columns: question, answer); "
+        "map one with trainer.columns={prompt: question}"
+    )
+    with pytest.raises(PreflightError, match=r"has no 'solution' column \(reward math_accuracy needs it\)"):
+        check_dataset(path, ("prompt", "solution"), {"prompt": "question"}, {"solution": " (reward math_accuracy needs it)"})
+
+
+@pytest.mark.parametrize("fmt", ["parquet", "arrow-file", "arrow-stream"])
+def test_an_empty_table_is_refused_in_every_format(tmp_path, fmt):
+    path = write(fmt, tmp_path / "empty", rows=[])
+    with pytest.raises(PreflightError, match=r"is empty"):
+        check_dataset(path, ("question",))
+
+
+@pytest.mark.parametrize(
+    "content, needle",
+    [
+        (b"", "is empty"),
+        (b"PAR1 but cut short", "unreadable Parquet"),
+        (b"\x89PNG\r\n\x1a\n....", "not a format slurm-grpo reads; use JSONL"),
+        (b'{"prompt": "a"}\n{"prompt": broken\n', "line 2 is not valid JSON"),
+        (b'{"prompt": "a"}\n["a list"]\n', "line 2 is not a JSON object"),
+    ],
+)
+def test_a_broken_file_is_one_line_naming_it(tmp_path, content, needle):
+    f = tmp_path / "data.parquet"
+    f.write_bytes(content)
+    with pytest.raises(PreflightError) as got:
+        check_dataset(str(f))
+    assert needle in str(got.value) and str(f) in str(got.value) and "\n" not in str(got.value)
+
+
+def test_a_folder_of_several_splits_names_them_and_a_foreign_folder_is_refused(tmp_path):
+    from datasets import Dataset, DatasetDict
+
+    ds = Dataset.from_list(ROWS)
+    DatasetDict({"train": ds, "test": ds}).save_to_disk(str(tmp_path / "dd"))
+    with pytest.raises(
+        PreflightError, match=r"holds several splits \(test, train\); name one folder, e.g. trainer.dataset=.*/dd/test"
+    ):
+        check_dataset(str(tmp_path / "dd"))
+    assert check_dataset(str(tmp_path / "dd" / "train"), ("prompt",), MATH).format == "datasets-folder"
+    (tmp_path / "plain").mkdir()
+    with pytest.raises(PreflightError, match=r"is a folder but not one saved by `datasets`"):
+        check_dataset(str(tmp_path / "plain"))
+
+
+def test_a_jsonl_line_that_lacks_a_needed_column_is_named(tmp_path):
+    f = tmp_path / "d.jsonl"
+    f.write_text('{"question": "a", "answer": "1"}\n\n{"question": "b"}\n')
+    with pytest.raises(PreflightError, match=r"d.jsonl: line 3 has no 'answer' field \(keys: question\)"):
+        check_dataset(str(f), ("prompt", "solution"), MATH)
+
+
+def test_a_mapping_must_name_columns_that_exist_and_not_clash(tmp_path):
+    path = write("parquet", tmp_path / "d.parquet", [{"question": "q", "answer": "1", "solution": "s"}])
+    with pytest.raises(PreflightError, match=r"trainer.columns maps 'prompt' to 'text', which trainer.dataset .* lacks"):
+        check_dataset(path, ("prompt",), {"prompt": "text"})
+    with pytest.raises(PreflightError, match=r"renames 'answer' to 'solution', which trainer.dataset .* already has"):
+        check_dataset(path, ("prompt",), MATH)
+
+
+def cfg(dataset: str, **trainer) -> C.JobConfig:
+    return C.from_dict({"vllm": {"model": "org/model"}, "trainer": {"dataset": dataset, **trainer}})
+
+
+def test_submit_names_the_column_a_reward_needs(tmp_path):
+    """NEWCOMER §2: a Parquet without 'prompt' passed every check and failed in the ranks."""
+    path = write("parquet", tmp_path / "gsm8k.parquet")
+    problems = submit_path_problems(cfg(path, reward_funcs=["math_accuracy"]))
+    assert (
+        f"trainer.dataset {path} has no 'prompt' column and no 'solution' column (reward math_accuracy needs it) "
+        "(columns: question, answer); map them with trainer.columns={prompt: question, solution: answer}"
+    ) in problems
+    assert not any("trainer.reward_funcs" in p for p in problems)  # the reward itself is fine
+    problems = submit_path_problems(cfg(path, reward_funcs=["math_accuracy"], columns={"prompt": "question"}))
+    assert (
+        f"trainer.dataset {path} has no 'solution' column (reward math_accuracy needs it) (columns: question, answer); map one with trainer.columns={{solution: answer}}"
+        in problems
+    )
+    assert submit_path_problems(cfg(path, reward_funcs=["math_accuracy"], columns=MATH)) == []
+
+
+def test_a_chat_template_file_must_exist_and_inline_jinja_needs_none(tmp_path):
+    path = write("jsonl", tmp_path / "d.jsonl", [{"prompt": "hi"}])
+    with pytest.raises(PreflightError, match=r"trainer.chat_template '/nowhere/t.jinja': no such file"):
+        check_data(cfg(path, chat_template="/nowhere/t.jinja"))
+    check_data(cfg(path, chat_template="{% for m in messages %}{{ m['content'] }}{% endfor %}"))
+
+
+@pytest.mark.parametrize("fmt", ["jsonl", "parquet", "arrow-stream"])
+def test_conversational_prompts_need_a_chat_template(tmp_path, fmt):
+    """A base model without a chat template fails at the first step on conversational prompts (transformers refuses to
+    render them): refused at submit, as is a system prompt (it turns plain prompts into conversations)."""
+    model = tmp_path / "base-model"
+    model.mkdir()
+    (model / "tokenizer_config.json").write_text(json.dumps({"model_max_length": 512}))
+    conv = write(fmt, tmp_path / "conv", [{"prompt": [{"role": "user", "content": "hi"}]}])
+    plain = write(fmt, tmp_path / "plain", [{"prompt": "hi"}])
+
+    def check(dataset: str, **trainer) -> None:
+        check_data(C.from_dict({"vllm": {"model": str(model)}, "trainer": {"dataset": dataset, **trainer}}))
+
+    check(plain)
+    with pytest.raises(
+        PreflightError, match=r"has no chat template and the prompts are conversations: set trainer.chat_template"
+    ):
+        check(conv)
+    with pytest.raises(PreflightError, match=r"has no chat template and trainer.system_prompt makes the prompts conversations"):
+        check(plain, system_prompt="Be brief.")
+    check(conv, chat_template="{% for m in messages %}{{ m['content'] }}{% endfor %}")
+    (model / "chat_template.jinja").write_text("{{ messages }}")  # transformers 5 keeps the template beside the config
+    check(conv)
+
+
+@pytest.mark.parametrize("fmt", FORMATS)
+def test_the_trainer_loads_each_format_with_the_mapping_and_the_system_prompt(tmp_path, fmt):
+    path = write(fmt, tmp_path / ("d.bin" if fmt != "datasets-folder" else "folder"))
+    ds = data.load_prompts(path, MATH, system_prompt="Answer in <answer></answer>.")
+    assert sorted(ds.column_names) == ["prompt", "solution"]
+    assert ds[1]["solution"] == "16"
+    assert ds[1]["prompt"] == [
+        {"role": "system", "content": "Answer in <answer></answer>."},
+        {"role": "user", "content": "What is 4 x 4?"},
+    ]
+    plain = data.load_prompts(path, MATH)  # no system prompt: a plain-string prompt stays plain (no chat template)
+    assert plain[0]["prompt"] == "What is 2 + 3?"
+
+
+def test_a_conversation_keeps_its_own_system_message():
+    own = [{"role": "system", "content": "mine"}, {"role": "user", "content": "q"}]
+    assert data.prompts_with_system(own, "config's") == own
+    user_only = [{"role": "user", "content": "q"}]
+    assert data.prompts_with_system(user_only, "config's") == [{"role": "system", "content": "config's"}, *user_only]
+
+
+def tokenizer():
+    """A real transformers tokenizer, made here (no model folder needed) with a template of its own."""
+    from tokenizers import Tokenizer
+    from tokenizers.models import WordLevel
+    from transformers import PreTrainedTokenizerFast
+
+    tok = PreTrainedTokenizerFast(tokenizer_object=Tokenizer(WordLevel({"[UNK]": 0}, unk_token="[UNK]")))
+    tok.chat_template = "MODEL'S {% for m in messages %}{{ m['content'] }}{% endfor %}"
+    return tok
+
+
+def test_the_chat_template_override_renders_the_conversation_inline_or_from_a_file(tmp_path):
+    conv = data.prompts_with_system("What is 2 + 3?", "Be brief.")
+    tok = tokenizer()
+    data.use_chat_template(tok, "")  # "" keeps the model's own
+    assert tok.apply_chat_template(conv, tokenize=False) == "MODEL'S Be brief.What is 2 + 3?"
+    inline = "{% for m in messages %}<{{ m['role'] }}>{{ m['content'] }}{% endfor %}"
+    data.use_chat_template(tok, inline)
+    assert tok.apply_chat_template(conv, tokenize=False) == "<system>Be brief.<user>What is 2 + 3?"
+    f = tmp_path / "t.jinja"
+    f.write_text("{% for m in messages %}[{{ m['content'] }}]{% endfor %}")
+    data.use_chat_template(tok, str(f))
+    assert tok.apply_chat_template(conv, tokenize=False) == "[Be brief.][What is 2 + 3?]"
