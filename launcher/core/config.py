@@ -25,7 +25,14 @@ from typing import Any, ClassVar, Literal
 
 import yaml
 
-from launcher.core.reward_check import BUILTIN as BUILTIN_REWARDS
+BUILTIN_REWARDS: dict[str, str] = {
+    "letter_a_fraction": "trainer.rewards:letter_a_fraction",
+    "short_completion": "trainer.rewards:short_completion",
+    "math_accuracy": "trainer.verifiable_rewards:math_accuracy",
+    "think_answer_format": "trainer.verifiable_rewards:think_answer_format",
+    "boxed_format": "trainer.verifiable_rewards:boxed_format",
+}
+"""Built-in reward names and the function each names (launcher.core.reward_check and trainer/rewards.py resolve them from here)."""
 
 
 class ConfigError(ValueError):

@@ -15,14 +15,10 @@ import importlib.util
 from dataclasses import dataclass
 from pathlib import Path
 
-BUILTIN: dict[str, str] = {
-    "letter_a_fraction": "trainer.rewards:letter_a_fraction",
-    "short_completion": "trainer.rewards:short_completion",
-    "math_accuracy": "trainer.verifiable_rewards:math_accuracy",
-    "think_answer_format": "trainer.verifiable_rewards:think_answer_format",
-    "boxed_format": "trainer.verifiable_rewards:boxed_format",
-}
-"""Built-in reward names and the function each names (trainer/rewards.py resolves them from here)."""
+from launcher.core.config import BUILTIN_REWARDS
+
+BUILTIN = BUILTIN_REWARDS
+"""Built-in reward names and the function each names (owned by the config, the contract's root)."""
 
 TRL_PASSES = ("prompts", "completions", "completion_ids", "trainer_state", "log_extra", "log_metric", "environments")
 """Keyword arguments GRPOTrainer passes every reward besides the dataset's columns (trl 1.16 `_calculate_rewards`)."""
