@@ -296,9 +296,15 @@ def cmd_cancel(a: argparse.Namespace) -> int:
 
 
 def cmd_export(a: argparse.Namespace) -> int:
-    from launcher import export
+    """Checked here (no torch), converted in a child `python -m trainer.export`, whose progress lines go straight to
+    this terminal."""
+    import subprocess
 
-    return export.run(export.resolve(find_job_dir(a.job), a.step, a.out, a.merged, a.dtype))
+    from launcher.core.export import resolve
+
+    req = resolve(find_job_dir(a.job), a.step, a.out, a.merged, a.dtype)
+    print(f"exporting {req.what} of step {req.step} ({q(req.checkpoint)}) to {q(req.out)}", flush=True)
+    return subprocess.run(req.child_argv(), stdin=subprocess.DEVNULL).returncode
 
 
 def cmd_make_tiny_model(a: argparse.Namespace) -> int:

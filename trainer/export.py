@@ -1,6 +1,6 @@
 """A checkpoint of a job (checkpoints/step-N: DCP files of the fp32 parameter shards and AdamW, written by any number
 of ranks) as a model Hugging Face and vLLM load, in one CPU process without a torch.distributed world: what
-`slurm-grpo export JOB` runs on the login node (launcher.export resolves and checks the request).
+`slurm-grpo export JOB` runs on the login node (launcher.core.export resolves and checks the request).
 
     python -m trainer.export JOB [--step N] [--out DIR] [--merged] [--dtype bfloat16]
 
@@ -25,7 +25,7 @@ from pathlib import Path
 import torch
 
 from launcher.core.config import ConfigError, LoraConfig
-from launcher.export import ExportRequest, resolve
+from launcher.core.export import ExportRequest, resolve
 from trainer import lora as trainer_lora
 from trainer.hf_folder import SHARD_BYTES, SafetensorsWriter, aliases, copy_model_files, fresh, replace, saved_names, shard_file
 

@@ -101,7 +101,7 @@ def written(tiny_model, tmp_path_factory) -> Path:
 
 
 def test_the_final_model_and_an_export_of_a_two_rank_checkpoint_are_the_trainers_tensors(written, tiny_model):
-    from launcher.export import resolve
+    from launcher.core.export import resolve
     from trainer.export import export
 
     want = torch.load(written / "trainer.pt")
@@ -144,7 +144,7 @@ def test_a_lora_export_is_the_trainers_adapter_for_peft_and_merged_on_request(wr
     from safetensors.torch import load_file
     from transformers import AutoModelForCausalLM
 
-    from launcher.export import resolve
+    from launcher.core.export import resolve
     from trainer.export import export
 
     job = written / "lora"
@@ -169,7 +169,7 @@ def test_a_lora_export_is_the_trainers_adapter_for_peft_and_merged_on_request(wr
 
 def test_the_request_names_the_steps_that_exist_and_refuses_what_cannot_be(tmp_path, tiny_model):
     from launcher.core.config import ConfigError
-    from launcher.export import resolve
+    from launcher.core.export import resolve
 
     job = tmp_path / "job"
     job_config(job, tiny_model)

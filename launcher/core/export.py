@@ -1,11 +1,10 @@
 """`slurm-grpo export JOB [--step N] [--out DIR] [--merged] [--dtype D]`: a checkpoint of a job as a model Hugging Face
 and vLLM load, on the login node (CPU, one process). This side resolves and checks the request (which checkpoint,
 what to write where, in which dtype) without torch; the conversion runs in a child `python -m trainer.export`
-(launcher/ never imports torch), which resolves the same request through `resolve`."""
+(launcher/ never imports torch; launcher/cli.py starts it), which resolves the same request through `resolve`."""
 
 from __future__ import annotations
 
-import subprocess
 import sys
 from dataclasses import dataclass
 from pathlib import Path
@@ -28,6 +27,14 @@ class ExportRequest:
     dtype: str
     """The saved dtype of a model or merged export (the adapter is written in fp32, as trained)."""
     config: JobConfig
+
+    @property
+    def what(self) -> str:
+        return {
+            "model": "the model",
+            "adapter": "the LoRA adapter (peft format)",
+            "merged": "the base with the LoRA adapter merged in",
+        }[self.kind]
 
     def child_argv(self, python: str = sys.executable) -> list[str]:
         argv = [python, "-m", "trainer.export", str(self.job_dir), "--step", str(self.step), "--out", str(self.out)]
@@ -69,14 +76,3 @@ def resolve(
     kind = ("merged" if merged else "adapter") if lora else "model"
     target = Path(out).absolute() if out else jd.export(step, kind)
     return ExportRequest(jd.root, step, done[step], kind, target, dtype or cfg.trainer.dtype, cfg)
-
-
-def run(req: ExportRequest) -> int:
-    """The conversion in a child process (torch there, not here); its progress lines go straight to this terminal."""
-    what = {
-        "model": "the model",
-        "adapter": "the LoRA adapter (peft format)",
-        "merged": "the base with the LoRA adapter merged in",
-    }
-    print(f"exporting {what[req.kind]} of step {req.step} ({req.checkpoint}) to {req.out}", flush=True)
-    return subprocess.run(req.child_argv(), stdin=subprocess.DEVNULL).returncode
