@@ -153,7 +153,7 @@ def test_a_lora_export_is_the_trainers_adapter_for_peft_and_merged_on_request(wr
     want, got = load_file(job / "adapter" / "adapter_model.safetensors"), load_file(adapter / "adapter_model.safetensors")
     assert sorted(got) == sorted(want) and all(torch.equal(got[n], want[n]) for n in want)
     merged = export(resolve(job, merged=True))
-    trainer_merged = load_file(job / "merged" / "model.safetensors")
+    trainer_merged = tensors(job / "merged")
     got_merged = tensors(merged)
     assert sorted(got_merged) == sorted(trainer_merged)
     assert all(torch.allclose(got_merged[n], trainer_merged[n], atol=1e-6) for n in trainer_merged)
