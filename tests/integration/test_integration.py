@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import json
 import os
+import shutil
 import signal
 import socket
 import subprocess
@@ -98,13 +99,14 @@ def test_local_run_learns_pushes_land_and_resume_continues(tmp_path, tiny_model,
     exported = hf_tensors(export16)
     assert sorted(exported) == sorted(final16) and all(torch.equal(exported[n], final16[n]) for n in final16)
 
-    # resume: run on to step 24 in the same job folder, its server serving the export (vllm.model), with a leftover of
-    # the first attempt (a process of this job folder) still holding the server's port: the node stops it before it
-    # starts its own server
+    # resume: run on to step 24 in the same job folder, its server serving the final model of step 16 (a copy of
+    # JOB/model as vllm.model: the run writes JOB/model anew at its end), with a leftover of the first attempt (a
+    # process of this job folder) still holding the server's port: the node stops it before it starts its own server
     from tests.unit.test_stale import listener
 
+    model16 = shutil.copytree(job / "model", tmp_path / "model16")
     leftover = listener(ports.vllm, str(job))
-    r = local(job, str(export16), ports, "trainer.max_steps=24", "trainer.save_steps=8", track)
+    r = local(job, str(model16), ports, "trainer.max_steps=24", "trainer.save_steps=8", track)
     leftover.kill()
     assert r.returncode == 0, r.stdout[-3000:] + r.stderr[-3000:]
     cleared = [e for e in read(job / "logs" / "node0-events.jsonl") if e["event"] == "leftovers"]
@@ -121,9 +123,9 @@ def test_local_run_learns_pushes_land_and_resume_continues(tmp_path, tiny_model,
     assert [lrs[k] for k in range(17, 25)] == pytest.approx([linear_lr(k, 24) for k in range(17, 25)]), lrs
     # retention: the newest two checkpoints (step 8 of the first run was pruned by step 24's)
     assert sorted(d.name for d in (job / "checkpoints").iterdir()) == ["step-000016", "step-000024"]
-    # the vLLM CPU server serving the export computes the trainer's logprobs: the probe before the resumed run's first
-    # push compares the fresh server (the export of step 16, loaded from its files) with the ranks (the checkpoint of
-    # step 16, from DCP); the test below proves a push into a server started from the base model lands
+    # the vLLM CPU server serving the final model computes the trainer's logprobs: the probe before the resumed run's
+    # first push compares the fresh server (JOB/model of step 16, loaded from its files) with the ranks (the checkpoint
+    # of step 16, from DCP); the test below proves a push into a server started from the base model lands
     first_resumed = next(x for x in rows if x.get("step") == 17 and "reward" in x)
     assert first_resumed["parity_stale"]["0"] <= 1e-4, first_resumed
     assert first_resumed["parity"]["0"] <= 1e-4, first_resumed
