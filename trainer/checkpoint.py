@@ -75,7 +75,7 @@ def prune(root: Path, keep: int, written: Path) -> list[Path]:
     complete = step_dirs(root)
     doomed = [d for _, d in complete[:-keep] if d != written]
     done = {d for _, d in complete}
-    # folders a cut-short deletion left (no meta.json), older than the newest complete one; never a .tmp being written
+    # folders a cut-short deletion left (no meta.json), older than the one just written; never a .tmp being written
     doomed += [
         d for d in root.glob("step-*") if d.is_dir() and not d.name.endswith(".tmp") and d not in done and d.name < written.name
     ]
