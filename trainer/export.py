@@ -86,10 +86,10 @@ def write_model(
         done = w.write(name, t)
         if done is not None:
             names = w.files[done]
-            gb = w.path(done).stat().st_size / 1e9
+            size = w.path(done).stat().st_size
             print(
                 f"  {shard_file(done, w.count)} ({len([i for i in w.left if not w.left[i]])}/{w.count}): "
-                f"{len(names)} tensors, {gb:.3f} GB, {time.time() - t0:.1f} s",
+                f"{len(names)} tensors, {size / 1e9:.2f} GB ({size / 1e6:.1f} MB), {time.time() - t0:.1f} s",
                 flush=True,
             )
     w.close()
