@@ -7,6 +7,7 @@ slurm-grpo resume JOB_DIR [--set ...]         resubmit into the same folder, con
 slurm-grpo status|logs|cancel JOB_DIR|JOB_ID  look after a job
 slurm-grpo sync JOB_DIR                       upload the job's offline W&B run from the login node
 slurm-grpo sweep CONFIG --grid k=v1,v2 ...    a grid of configs as one job array, a job folder per point
+slurm-grpo export JOB_DIR [--step N]           a checkpoint as a Hugging Face model (or LoRA adapter), on CPU
 slurm-grpo make-tiny-model DIR                build a tiny Qwen2 + tokenizer locally (tests, CPU smoke run)
 slurm-grpo simulate CONFIG --nodes 1,2,...    predicted step time, per-node design vs one global server
 slurm-grpo config-reference [SECTION]         every config key, its default and meaning
@@ -339,6 +340,18 @@ def cmd_cancel(a: argparse.Namespace) -> int:
     return 0
 
 
+def cmd_export(a: argparse.Namespace) -> int:
+    """Checked here (no torch), converted in a child `python -m trainer.export`, whose progress lines go straight to
+    this terminal."""
+    import subprocess
+
+    from launcher.core.export import resolve
+
+    req = resolve(find_job_dir(a.job), a.step, a.out, a.merged, a.dtype)
+    print(f"exporting {req.what} of step {req.step} ({q(req.checkpoint)}) to {q(req.out)}", flush=True)
+    return subprocess.run(req.child_argv(), stdin=subprocess.DEVNULL).returncode
+
+
 def cmd_make_tiny_model(a: argparse.Namespace) -> int:
     import subprocess
 
@@ -446,6 +459,17 @@ def build_parser() -> argparse.ArgumentParser:
             p.add_argument("--node", type=int, default=None, help="only this node's logs")
             p.add_argument("-n", "--lines", type=positive_int, default=30, help="lines per log (default 30)")
         p.set_defaults(fn=fn)
+    p = sub.add_parser(
+        "export",
+        help="write a checkpoint of the job as a Hugging Face model (full runs) or a peft adapter (LoRA), on this "
+        "host's CPU (JOB/model already holds the final model of a full run)",
+    )
+    p.add_argument("job", help="job folder (runs/NAME-STAMP) or SLURM job id")
+    p.add_argument("--step", type=int, default=None, help="the checkpoint's step (default: the newest)")
+    p.add_argument("--out", default=None, help="output folder (default: JOB/exports/step-N-model, -adapter or -merged)")
+    p.add_argument("--merged", action="store_true", help="LoRA runs: the base with the adapter merged in, not the adapter")
+    p.add_argument("--dtype", default="", help="bfloat16, float16 or float32 (default: the run's trainer.dtype)")
+    p.set_defaults(fn=cmd_export)
     # the builder needs torch, which launcher/ never imports: it runs as `python -m trainer.tiny_model`,
     # which owns the options (and the --help) passed through here
     p = sub.add_parser(

@@ -14,6 +14,8 @@ common model shapes. An estimate with stated terms, not a measurement (gpu/RESUL
     overhead     2 GB (CUDA context, allocator slack, NCCL buffers)
   at load        sharded: the fp32 parameter shards 4P/S, and in host memory one tensor's rows (largest/S, bf16);
                  full: the whole fp32 model 4P on every rank, in host memory and then on the GPU
+  on disk        a checkpoint: fp32 parameters 4P + AdamW's two fp32 moments 8P (gradients are not saved), times
+                 trainer.keep_checkpoints; the final model (JOB/model) bP; with LoRA the adapters' 12A and 4A only
   vLLM           bf16 weights 2P / tensor_parallel_size; needs to fit in gpu_memory_utilization of its GPUs with
                  room for the KV cache
   with LoRA      (trainer.lora.r = r > 0; A = adapter parameters, r x (in + out) per adapted projection)
@@ -327,10 +329,36 @@ def options(p: Plan) -> Options:
     )
 
 
+def disk_size(n: float) -> str:
+    return f"{n / GB:.1f} GB" if n >= GB / 10 else f"{n / 1e6:.1f} MB"
+
+
+def disk_line(shape: ModelShape, lay: Layout, opt: Options, keep: int, save_model: bool) -> str:
+    """What a run leaves on disk: each checkpoint (fp32 parameters + AdamW moments: 12 bytes a trained parameter), the
+    retained ones, and the final model in the trainer's dtype (a LoRA run: the fp32 adapter)."""
+    trained = adapter_layer_params(shape, opt.lora_r, opt.lora_targets) * shape.layers if opt.lora_r else shape.params
+    each = 12 * trained
+    kept = f"keep {keep} -> ~{disk_size(keep * each)}" if keep else "keep all (trainer.keep_checkpoints 0)"
+    what = (
+        "LoRA adapters' fp32 parameters + AdamW moments; the frozen base is not saved"
+        if opt.lora_r
+        else "fp32 parameters + AdamW moments"
+    )
+    line = f"on disk: a checkpoint ~{disk_size(each)} ({what}), {kept} in checkpoints/"
+    if opt.lora_r:
+        return line + f"; the final adapter ~{disk_size(4 * trained)} (adapter/)"
+    if save_model:
+        return line + f"; the final model ~{disk_size(lay.compute_bytes * shape.params)} (model/, trainer.dtype)"
+    return line
+
+
 def plan_report(p: Plan) -> list[str]:
     """The dry-run section for a plan; empty when the model's config.json cannot be read here."""
     shape = ModelShape.read(p.config.vllm.model)
-    return report(shape, layout(p), options(p)) if shape else []
+    if not shape:
+        return []
+    t, lay, opt = p.config.trainer, layout(p), options(p)
+    return [*report(shape, lay, opt), disk_line(shape, lay, opt, t.keep_checkpoints, t.save_model)]
 
 
 def fit_table(lay: Layout, names: list[str] | None = None, base: Options | None = None) -> list[str]:

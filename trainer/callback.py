@@ -161,5 +161,5 @@ class SlurmGrpoCallback(TrainerCallback):
             reward_last=(state.log_history[-1] if state.log_history else {}).get("reward"),
             time=time.time(),
         )
-        checkpoint.save(JobDir(self.job_dir).checkpoints, model, optimizer, lr_scheduler, meta)
+        checkpoint.save(JobDir(self.job_dir).checkpoints, model, optimizer, lr_scheduler, meta, keep=self.t.keep_checkpoints)
         self.last_saved = state.global_step

@@ -21,6 +21,7 @@ from launcher.core.jobdir import complete_checkpoints as step_dirs
 from launcher.core.records import CheckpointMeta
 
 KEEP = 2
+"""trainer.keep_checkpoints's default: the newest complete checkpoints kept."""
 
 HOLD_ENV = "SLURM_GRPO_TEST_HOLD_CHECKPOINT"
 """Test-only fault point (tests/integration/test_integration.py): set to a step, rank 0 stops in that step's write after the
@@ -34,8 +35,9 @@ def latest(root: Path) -> tuple[int, Path] | None:
     return dirs[-1] if dirs else None
 
 
-def save(root: Path, model, optimizer, scheduler, meta: CheckpointMeta) -> Path:
-    """Collective: every rank calls it. `meta` (step, reason, ...) is written last, by rank 0."""
+def save(root: Path, model, optimizer, scheduler, meta: CheckpointMeta, keep: int = KEEP) -> Path:
+    """Collective: every rank calls it. `meta` (step, reason, ...) is written last, by rank 0, who then prunes the
+    complete checkpoints to the newest `keep` (0 = keep all)."""
     step = meta.step
     final = root / f"step-{step:06d}"
     tmp = root / f"step-{step:06d}.tmp"
@@ -57,10 +59,30 @@ def save(root: Path, model, optimizer, scheduler, meta: CheckpointMeta) -> Path:
         if final.exists():
             shutil.rmtree(final)
         os.rename(tmp, final)
-        for _, old in step_dirs(root)[:-KEEP]:
-            shutil.rmtree(old, ignore_errors=True)
+        prune(root, keep, final)
     dist.barrier()
     return final
+
+
+def prune(root: Path, keep: int, written: Path) -> list[Path]:
+    """Retention, once `written` is complete (renamed, meta.json in it): delete the complete checkpoints older than the
+    newest `keep` (0 = keep all), never `written` itself. Each goes in two moves: its meta.json first, so a deletion
+    cut short leaves a folder resume no longer counts as complete (never a half-deleted one it would load), then the
+    rest; a folder left incomplete that way (older than `written`) goes at the next prune. Returns what was deleted."""
+    assert meta_file(written).is_file(), f"prune before {written} is complete"
+    if keep <= 0:
+        return []
+    complete = step_dirs(root)
+    doomed = [d for _, d in complete[:-keep] if d != written]
+    done = {d for _, d in complete}
+    # folders a cut-short deletion left (no meta.json), older than the one just written; never a .tmp being written
+    doomed += [
+        d for d in root.glob("step-*") if d.is_dir() and not d.name.endswith(".tmp") and d not in done and d.name < written.name
+    ]
+    for d in doomed:
+        meta_file(d).unlink(missing_ok=True)
+        shutil.rmtree(d, ignore_errors=True)
+    return doomed
 
 
 def state_options(model) -> StateDictOptions | None:

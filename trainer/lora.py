@@ -111,12 +111,13 @@ def scaling(lora: LoraConfig) -> float:
 def save_outputs(model: torch.nn.Module, lora: LoraConfig, base_model: str, job_dir: Path, dtype: torch.dtype) -> list[Path]:
     """Collective (every rank gathers). Rank 0 writes the final adapter in peft's format into JOB/adapter (fp32, as
     trained: PeftModel.from_pretrained(base, JOB/adapter)) and, with trainer.lora.save_merged, the merged model into
-    JOB/merged (in `dtype`, with the base's config and tokenizer files: from_pretrained-loadable). Returns what it wrote."""
-    import shutil
-
+    JOB/merged (in `dtype`, with the base's config and tokenizer files: from_pretrained-loadable), one unit at a time:
+    each merged tensor goes to its place in the safetensors files as it comes (trainer.hf_folder), so rank 0 never
+    holds the whole model. Returns what it wrote."""
     import torch.distributed as dist
 
     from launcher.core.jobdir import JobDir
+    from trainer.hf_folder import SafetensorsWriter, copy_model_files, fresh, replace
     from trainer.push.adapter import gather_adapter, merged_params, write_adapter
     from trainer.push.gather import iter_unsharded_params
 
@@ -128,23 +129,15 @@ def save_outputs(model: torch.nn.Module, lora: LoraConfig, base_model: str, job_
         write_adapter(out.adapter, tensors, lora, base_model)
         written.append(out.adapter)
     if lora.save_merged:
-        stream = merged_params(iter_unsharded_params(model, dtype), scaling(lora), dtype)  # every rank gathers
-        merged: dict[str, torch.Tensor] = {}
-        for n, t in stream:
-            if rank0:  # rank 0 keeps them
-                merged[n] = t.cpu()
-        if rank0:
-            from safetensors.torch import save_file
-
-            tmp = out.merged.with_name(out.merged.name + ".tmp")
-            shutil.rmtree(tmp, ignore_errors=True)
-            tmp.mkdir(parents=True)
-            save_file(merged, str(tmp / "model.safetensors"), metadata={"format": "pt"})
-            for f in Path(base_model).iterdir():  # config, generation config, tokenizer: everything but the weights
-                if f.is_file() and not f.name.endswith((".safetensors", ".bin")) and f.name != "model.safetensors.index.json":
-                    shutil.copy2(f, tmp / f.name)
-            shutil.rmtree(out.merged, ignore_errors=True)
-            tmp.rename(out.merged)
-            written.append(out.merged)
+        entries = [(b, tuple(p.shape)) for n, p in model.named_parameters() if (b := base_name(n)) is not None]
+        tmp = fresh(out.merged) if rank0 else None
+        writer = SafetensorsWriter(tmp, entries, dtype) if tmp is not None else None
+        for n, t in merged_params(iter_unsharded_params(model, dtype), scaling(lora), dtype):  # every rank gathers
+            if writer is not None:
+                writer.write(n, t)
+        if writer is not None and tmp is not None:
+            writer.close()
+            copy_model_files(base_model, tmp, dtype)
+            written.append(replace(tmp, out.merged))
     dist.barrier()
     return written

@@ -19,7 +19,7 @@ from launcher.core.jobdir import Events, JobDir, checkpoint_meta
 from launcher.core.plan import Plan
 from launcher.core.records import Event, FinalRow, NodeFinal
 from trainer import callback as grpo
-from trainer import checkpoint, data, loading, procmem, rewards, tracking, trl_glue
+from trainer import checkpoint, data, final_model, loading, procmem, rewards, tracking, trl_glue
 from trainer import lora as trainer_lora
 from trainer.agents import figures as agent_figures
 from trainer.agents.ahead_rollout import AheadRollout, environment_rewards
@@ -83,9 +83,14 @@ class Run:
         if self.plan.config.trainer.final_checkpoint:
             tr = self.trainer
             self.callback.save(tr.state, tr.model, tr.optimizer, tr.lr_scheduler, reason="final")
+        model_dir = None
+        t = self.plan.config.trainer
+        if t.save_model and not t.lora.enabled:  # the model in Hugging Face's format, written by every rank's shards
+            model_dir = final_model.save(
+                self.trainer.model, getattr(torch, t.dtype), self.plan.config.vllm.model, JobDir(Path(self.plan.job_dir)).model
+            )
         lora_outputs = []
-        if self.plan.config.trainer.lora.enabled:  # the adapter in peft's format (and the merged model on request)
-            t = self.plan.config.trainer
+        if t.lora.enabled:  # the adapter in peft's format (and the merged model on request)
             lora_outputs = trainer_lora.save_outputs(
                 self.trainer.model, t.lora, self.plan.config.vllm.model, Path(self.plan.job_dir), getattr(torch, t.dtype)
             )
@@ -105,6 +110,7 @@ class Run:
                     "dtensor_params": dtensor_params,
                     "peak_memory_per_rank": {str(r): p for r, p in enumerate(peaks)},
                     "final_checkpoint": str(latest[1]) if latest else None,
+                    "model": str(model_dir) if model_dir else None,
                     **({"lora_outputs": [str(p) for p in lora_outputs]} if lora_outputs else {}),
                 },
             )

@@ -282,6 +282,10 @@ class TrainerConfig:
     """Write a checkpoint every N steps (and at the end); 0 = only at the end."""
     final_checkpoint: bool = True
     """Write a checkpoint when the run ends (off for benchmark runs whose optimizer state would not fit the disk)."""
+    keep_checkpoints: int = 2
+    """Complete checkpoints kept in checkpoints/ (the newest; an older one is deleted only once a newer one is complete); 0 = keep all. Each holds the fp32 parameters and AdamW's two moments: the dry-run prints its size."""
+    save_model: bool = True
+    """Full fine-tuning: write the final model in Hugging Face format into JOB/model at the end (sharded safetensors in trainer.dtype, config, tokenizer, generation config; `vllm serve JOB/model` loads it). LoRA runs write adapter/ instead."""
     resume: bool = True
     """Resume from the newest complete checkpoint in the job folder if there is one (model, optimizer, LR schedule, every rank's RNG states, the data cursor); false starts over and sets earlier checkpoints aside in checkpoints/set-aside-*/."""
     request_timeout_s: float = 300.0
@@ -366,6 +370,8 @@ class TrainerConfig:
             raise ConfigError(f"trainer.temperature must be positive, got {self.temperature}")
         if self.save_steps < 0 or self.stall_timeout_s < 0 or self.parity_tolerance < 0:
             raise ConfigError("trainer.save_steps, trainer.stall_timeout_s and trainer.parity_tolerance must be >= 0")
+        if self.keep_checkpoints < 0:
+            raise ConfigError(f"trainer.keep_checkpoints must be >= 0 (0 = keep all), got {self.keep_checkpoints}")
         if self.parity_every < 0:
             raise ConfigError(
                 f"trainer.parity_every must be >= 0 (the stale probe's period in steps; 0 = only at the first push), got {self.parity_every}"

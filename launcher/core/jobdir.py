@@ -161,6 +161,17 @@ class JobDir:
         return complete_checkpoints(self.checkpoints)
 
     @property
+    def model(self) -> Path:
+        """model/: the final model of a full fine-tune in Hugging Face format (sharded safetensors in trainer.dtype,
+        index, config, tokenizer, generation config): from_pretrained and `vllm serve` load it (trainer.save_model)."""
+        return self.root / "model"
+
+    def export(self, step: int, kind: str = "model") -> Path:
+        """exports/step-N-KIND: where `slurm-grpo export` writes a checkpoint's model (kind model, adapter, merged)
+        unless told --out."""
+        return self.root / "exports" / f"step-{step:06d}-{kind}"
+
+    @property
     def hf_output(self) -> Path:
         """TRL's output_dir (its own files only; the project's checkpoints are under checkpoints/)."""
         return self.root / "hf"

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import json
 import os
+import shutil
 import signal
 import socket
 import subprocess
@@ -13,9 +14,11 @@ from dataclasses import dataclass
 from pathlib import Path
 
 import pytest
+import torch
 
 from launcher.cli import cli_argv
-from tests.conftest import PY, REPO, assert_tracked, read, report
+from tests.conftest import PY, REPO, assert_tracked, cli, read, report
+from tests.unit.test_export import tensors as hf_tensors
 from trainer.checkpoint import HOLD_ENV, HOLD_MARKER
 
 pytestmark = pytest.mark.integration
@@ -86,13 +89,24 @@ def test_local_run_learns_pushes_land_and_resume_continues(tmp_path, tiny_model,
     assert s["nodes"]["0"]["parity_final"] <= 1e-4
     assert (job / "metrics.png").stat().st_size > 1000
     assert "step 16/16" in r.stdout  # the progress lines
+    # the final model in Hugging Face's format (JOB/model), and `slurm-grpo export` of the step-16 checkpoint the two
+    # ranks wrote (on this host's CPU, in a child process): the same tensors
+    final16 = hf_tensors(job / "model")
+    export16 = tmp_path / "export16"
+    x = cli("export", str(job), "--step", "16", "--out", str(export16))
+    assert x.returncode == 0, x.stdout[-2000:] + x.stderr[-2000:]
+    assert "model-00001-of-00001.safetensors (1/1)" in x.stdout, x.stdout
+    exported = hf_tensors(export16)
+    assert sorted(exported) == sorted(final16) and all(torch.equal(exported[n], final16[n]) for n in final16)
 
-    # resume: run on to step 24 in the same job folder, with a leftover of the first attempt (a process of this job
-    # folder) still holding the server's port: the node stops it before it starts its own server
+    # resume: run on to step 24 in the same job folder, its server serving the final model of step 16 (a copy of
+    # JOB/model as vllm.model: the run writes JOB/model anew at its end), with a leftover of the first attempt (a
+    # process of this job folder) still holding the server's port: the node stops it before it starts its own server
     from tests.unit.test_stale import listener
 
+    model16 = shutil.copytree(job / "model", tmp_path / "model16")
     leftover = listener(ports.vllm, str(job))
-    r = local(job, tiny_model, ports, "trainer.max_steps=24", "trainer.save_steps=8", track)
+    r = local(job, str(model16), ports, "trainer.max_steps=24", "trainer.save_steps=8", track)
     leftover.kill()
     assert r.returncode == 0, r.stdout[-3000:] + r.stderr[-3000:]
     cleared = [e for e in read(job / "logs" / "node0-events.jsonl") if e["event"] == "leftovers"]
@@ -109,19 +123,23 @@ def test_local_run_learns_pushes_land_and_resume_continues(tmp_path, tiny_model,
     assert [lrs[k] for k in range(17, 25)] == pytest.approx([linear_lr(k, 24) for k in range(17, 25)]), lrs
     # retention: the newest two checkpoints (step 8 of the first run was pruned by step 24's)
     assert sorted(d.name for d in (job / "checkpoints").iterdir()) == ["step-000016", "step-000024"]
-    # the resumed run's server starts from the base model: its first push (before step 17's generation) must
-    # bring it to the checkpoint's weights, which parity proves (stale before, equal after), per the metrics
+    # the vLLM CPU server serving the final model computes the trainer's logprobs: the probe before the resumed run's
+    # first push compares the fresh server (JOB/model of step 16, loaded from its files) with the ranks (the checkpoint
+    # of step 16, from DCP); the test below proves a push into a server started from the base model lands
     first_resumed = next(x for x in rows if x.get("step") == 17 and "reward" in x)
-    assert first_resumed["parity_stale"]["0"] > 1e-3, first_resumed  # the server held the base model
-    assert first_resumed["parity"]["0"] <= 1e-4, first_resumed  # ... and holds the checkpoint's weights now
+    assert first_resumed["parity_stale"]["0"] <= 1e-4, first_resumed
+    assert first_resumed["parity"]["0"] <= 1e-4, first_resumed
     # optimizer state continued: Adam's step count in the last checkpoint is 24, not 8
-    import torch
     from torch.distributed.checkpoint.format_utils import dcp_to_torch_save
 
     dcp_to_torch_save(str(job / "checkpoints" / "step-000024"), str(tmp_path / "ck.pt"))
-    osd = torch.load(tmp_path / "ck.pt", weights_only=False)["optim"]["state"]
-    adam_steps = {float(v["step"]) for v in osd.values()}
+    ck = torch.load(tmp_path / "ck.pt", weights_only=False)
+    adam_steps = {float(v["step"]) for v in ck["optim"]["state"].values()}
     assert adam_steps == {24.0}, adam_steps
+    # JOB/model now holds step 24: the final checkpoint's weights (fp32 here, trainer.dtype), the tied lm_head once
+    final24 = hf_tensors(job / "model")
+    assert sorted(final24) == sorted(n for n in ck["model"] if n != "lm_head.weight")
+    assert all(torch.equal(final24[n], ck["model"][n]) for n in final24)
     rewards = [x["reward"] for x in rows if "reward" in x]
     first, last = sum(rewards[:5]) / 5, sum(rewards[-5:]) / 5
     print(f"reward first 5 {first:.3f} -> last 5 {last:.3f}")
@@ -272,6 +290,10 @@ def test_rank_killed_mid_checkpoint_keeps_the_last_good_one_and_resume_uses_it(t
         assert redone[k]["lr"] == lost[k]["lr"], (k, lost[k]["lr"], redone[k]["lr"])
         assert redone[k]["rng_digest"] == lost[k]["rng_digest"], (k, "the resumed run's random state is not the lost one's")
     assert [redone[k]["lr"] for k in range(4, 9)] == pytest.approx([linear_lr(k, 8) for k in range(4, 9)])
+    # the resumed run's server starts from the base model: its first push (before step 4's generation) must bring it
+    # to the checkpoint's weights, which parity proves (stale before, equal after)
+    assert redone[4]["parity_stale"]["0"] > 1e-3, redone[4]  # the server held the base model
+    assert redone[4]["parity"]["0"] <= 1e-4, redone[4]  # ... and holds the checkpoint's weights now
     first = {x["step"]: x for x in rows[:i] if "reward" in x}
     assert redone[4]["prompts_digest"] != first[1]["prompts_digest"], "step 4 saw step 1's prompts: the data started over"
     assert redone[4]["rng_digest"] != first[1]["rng_digest"], "step 4 has step 1's random state: it started over"

@@ -1,0 +1,229 @@
+"""The model at the end and `slurm-grpo export`, on two spawned gloo ranks with the tiny Qwen2 (tied embedding): the
+end-of-run writer (trainer.final_model, torch's DCP Hugging Face writer and consolidation) and the offline converter
+of a checkpoint the two ranks wrote (trainer.export, one process, no world) give the trainer's tensors in the saved
+dtype, in several safetensors files with an index; from_pretrained of the folder computes the trainer's logits; a LoRA
+run's exported adapter equals the trainer's own adapter/ and loads with peft, its merged export equals the trainer's
+merged/. Retention and the request's checks need no ranks."""
+
+from __future__ import annotations
+
+import functools
+import json
+from pathlib import Path
+
+import pytest
+import torch
+
+from launcher.core.records import CheckpointMeta
+from tests.support.ranks import run_ranks
+
+IDS = [[1, 5, 9, 42, 7, 100, 3, 250]]
+SMALL_FILES = 100_000
+"""max_bytes of a safetensors file in these tests: the tiny model (1.3 MB in fp32) spreads over several files."""
+
+
+def perturb(model, seed: int) -> None:
+    """A step's worth of change on every trained parameter (the same on any number of ranks: drawn whole, each rank
+    adds its own rows), so an export of the base model could not pass for the trained one."""
+    from torch.distributed.tensor import DTensor
+
+    from trainer.loading import rows_owned
+
+    g = torch.Generator().manual_seed(seed)
+    with torch.no_grad():
+        for _, p in sorted((n, p) for n, p in model.named_parameters() if p.requires_grad):
+            delta = torch.randn(tuple(p.shape), generator=g) * 0.05
+            first, stop = rows_owned(p)
+            local = p.to_local() if isinstance(p, DTensor) else p
+            local.add_(delta[first:stop].reshape(local.shape).to(local.dtype))
+
+
+def trainer_side(rank: int, world: int, _port: int, tiny: str, root: str) -> bool:
+    """What the trainer writes: a checkpoint of two ranks' shards, JOB/model in fp32 and a bf16 copy, a LoRA run's
+    checkpoint, adapter/ and merged/; rank 0 keeps the full tensors and logits to compare with."""
+    import torch.distributed as dist
+
+    from launcher.core.config import LoraConfig
+    from tests.support.ranks import cpu_parallel
+    from trainer import checkpoint, final_model, loading
+    from trainer import lora as trainer_lora
+
+    r = Path(root)
+    par = cpu_parallel(rank, world)
+    model, _ = loading.load_model(tiny, par, torch.float32)
+    perturb(model, seed=1)
+    opt = torch.optim.AdamW(model.parameters())
+    checkpoint.save(r / "full" / "checkpoints", model, opt, None, CheckpointMeta(step=5, world_size=world))
+    final_model.save(model, torch.float32, tiny, r / "full" / "model", max_bytes=SMALL_FILES)
+    final_model.save(model, torch.bfloat16, tiny, r / "bf16", max_bytes=SMALL_FILES)
+    full = {n: p.full_tensor().clone() for n, p in model.named_parameters()}
+    with torch.no_grad():
+        logits = model(torch.tensor(IDS)).logits
+    if rank == 0:
+        torch.save({"params": full, "logits": logits}, r / "trainer.pt")
+
+    lora = LoraConfig(r=4, alpha=8)
+    lm, _ = loading.load_model(tiny, par, torch.float32, lora=lora, seed=3)
+    perturb(lm, seed=2)  # B is zero at the start: without a change the merged model would be the base
+    opt = torch.optim.AdamW([p for p in lm.parameters() if p.requires_grad])
+    checkpoint.save(r / "lora" / "checkpoints", lm, opt, None, CheckpointMeta(step=7, world_size=world))
+    trainer_lora.save_outputs(lm, LoraConfig(r=4, alpha=8, save_merged=True), tiny, r / "lora", torch.float32)
+    dist.barrier()
+    return True
+
+
+def job_config(folder: Path, tiny: str, *sets: str) -> None:
+    from launcher.core import config as config_mod
+
+    cfg = config_mod.load(None, [f"vllm.model={tiny}", "job.device=cpu", "trainer.dtype=float32", *sets])
+    folder.mkdir(parents=True, exist_ok=True)
+    (folder / "config.yaml").write_text(config_mod.to_yaml(cfg))
+
+
+def tensors(folder: Path) -> dict[str, torch.Tensor]:
+    from safetensors.torch import load_file
+
+    index = json.loads((folder / "model.safetensors.index.json").read_text())
+    out: dict[str, torch.Tensor] = {}
+    for f in sorted(set(index["weight_map"].values())):
+        out.update(load_file(folder / f))
+    assert sorted(out) == sorted(index["weight_map"]), "the index names other tensors than the files hold"
+    return out
+
+
+@pytest.fixture(scope="module")
+def written(tiny_model, tmp_path_factory) -> Path:
+    root = tmp_path_factory.mktemp("export")
+    run_ranks(2, functools.partial(trainer_side, tiny=tiny_model, root=str(root)), timeout_s=240)
+    job_config(root / "full", tiny_model)
+    job_config(root / "lora", tiny_model, "trainer.lora.r=4", "trainer.lora.alpha=8")
+    return root
+
+
+def test_the_final_model_and_an_export_of_a_two_rank_checkpoint_are_the_trainers_tensors(written, tiny_model):
+    from launcher.core.export import resolve
+    from trainer.export import export
+
+    want = torch.load(written / "trainer.pt")
+    params = want["params"]
+    canonical = {n: t for n, t in params.items() if n != "lm_head.weight"}  # tied: saved once, as save_pretrained does
+    final = written / "full" / "model"
+    got = tensors(final)
+    assert len(set(json.loads((final / "model.safetensors.index.json").read_text())["weight_map"].values())) > 1
+    assert sorted(got) == sorted(canonical)
+    assert all(torch.equal(got[n], canonical[n]) for n in canonical), "JOB/model differs from the trainer's fp32 tensors"
+    bf16 = tensors(written / "bf16")
+    assert all(bf16[n].dtype == torch.bfloat16 and torch.equal(bf16[n], canonical[n].to(torch.bfloat16)) for n in canonical)
+    assert not (final / "sharded").exists() and not final.with_name("model.tmp").exists()
+    assert {"tokenizer.json", "tokenizer_config.json", "chat_template.jinja", "generation_config.json"} <= {
+        f.name for f in final.iterdir()
+    }
+    assert json.loads((written / "bf16" / "config.json").read_text())["dtype"] == "bfloat16"
+
+    # the offline converter, one process, from the checkpoint both ranks wrote (each tensor's rows from two files)
+    req = resolve(written / "full", None, str(written / "export-bf16"), dtype="bfloat16")
+    assert (req.step, req.kind) == (5, "model")
+    exported = tensors(export(req))
+    assert sorted(exported) == sorted(canonical)
+    assert all(torch.equal(exported[n], bf16[n]) for n in canonical), "the export differs from the trainer's bf16 tensors"
+
+
+def test_from_pretrained_of_the_final_model_computes_the_trainers_logits(written):
+    from transformers import AutoModelForCausalLM
+
+    want = torch.load(written / "trainer.pt")["logits"]
+    m = AutoModelForCausalLM.from_pretrained(written / "full" / "model", dtype=torch.float32)
+    with torch.no_grad():
+        got = m(torch.tensor(IDS)).logits
+    assert (got - want).abs().max().item() < 1e-4, (got - want).abs().max().item()
+    assert AutoModelForCausalLM.from_pretrained(written / "bf16").dtype == torch.bfloat16  # config.json's dtype, "auto"
+
+
+def test_a_lora_export_is_the_trainers_adapter_for_peft_and_merged_on_request(written, tiny_model):
+    from peft import PeftModel
+    from safetensors.torch import load_file
+    from transformers import AutoModelForCausalLM
+
+    from launcher.core.export import resolve
+    from trainer.export import export
+
+    job = written / "lora"
+    adapter = export(resolve(job))
+    assert adapter == job / "exports" / "step-000007-adapter"
+    want, got = load_file(job / "adapter" / "adapter_model.safetensors"), load_file(adapter / "adapter_model.safetensors")
+    assert sorted(got) == sorted(want) and all(torch.equal(got[n], want[n]) for n in want)
+    merged = export(resolve(job, merged=True))
+    trainer_merged = tensors(job / "merged")
+    got_merged = tensors(merged)
+    assert sorted(got_merged) == sorted(trainer_merged)
+    assert all(torch.allclose(got_merged[n], trainer_merged[n], atol=1e-6) for n in trainer_merged)
+    base = AutoModelForCausalLM.from_pretrained(tiny_model, dtype=torch.float32)
+    ids = torch.tensor(IDS)
+    with torch.no_grad():
+        plain = base(ids).logits
+        via_peft = PeftModel.from_pretrained(base, str(adapter)).eval()(ids).logits
+        via_merged = AutoModelForCausalLM.from_pretrained(merged, dtype=torch.float32)(ids).logits
+    assert (via_peft - via_merged).abs().max().item() < 1e-4
+    assert (via_peft - plain).abs().max().item() > 1e-3  # the adapter changes what the model computes
+
+
+def test_the_request_names_the_steps_that_exist_and_refuses_what_cannot_be(tmp_path, tiny_model):
+    from launcher.core.config import ConfigError
+    from launcher.core.export import resolve
+
+    job = tmp_path / "job"
+    job_config(job, tiny_model)
+    with pytest.raises(ConfigError, match="no complete checkpoint"):
+        resolve(job)
+    for step in (10, 20):
+        d = job / "checkpoints" / f"step-{step:06d}"
+        d.mkdir(parents=True)
+        CheckpointMeta(step=step, world_size=2).write(d / "meta.json")
+    (job / "checkpoints" / "step-000030.tmp").mkdir()  # being written: not a checkpoint yet
+    with pytest.raises(ConfigError, match=r"--step 30: .* steps 10, 20"):
+        resolve(job, step=30)
+    with pytest.raises(ConfigError, match="--merged is for LoRA runs"):
+        resolve(job, merged=True)
+    req = resolve(job)
+    assert (req.step, req.out, req.dtype) == (20, job / "exports" / "step-000020-model", "float32")
+    assert req.child_argv("py")[:3] == ["py", "-m", "trainer.export"]
+
+
+def test_retention_keeps_the_newest_and_deletes_only_complete_older_ones(tmp_path):
+    from trainer.checkpoint import prune
+
+    root = tmp_path / "checkpoints"
+
+    def complete(step: int) -> Path:
+        d = root / f"step-{step:06d}"
+        d.mkdir(parents=True)
+        (d / "shard.distcp").write_bytes(b"x")
+        CheckpointMeta(step=step, world_size=1).write(d / "meta.json")
+        return d
+
+    for s in (1, 2, 3):
+        complete(s)
+    half = root / "step-000000"  # a deletion cut short: meta.json gone first, so resume never counted it
+    half.mkdir()
+    writing = root / "step-000005.tmp"
+    writing.mkdir()
+    newest = complete(4)
+    assert prune(root, 0, newest) == [] and len(list(root.iterdir())) == 6  # 0 = keep all
+    gone = prune(root, 2, newest)
+    assert sorted(d.name for d in gone) == ["step-000000", "step-000001", "step-000002"]
+    assert sorted(d.name for d in root.iterdir()) == ["step-000003", "step-000004", "step-000005.tmp"]
+    # a checkpoint just written is never deleted, even when it is not the newest (keep 1)
+    older = complete(2)
+    assert prune(root, 1, older) == [root / "step-000003"]
+    assert sorted(d.name for d in root.iterdir()) == ["step-000002", "step-000004", "step-000005.tmp"]
+
+
+def test_the_dry_run_states_a_checkpoints_size_on_disk():
+    from launcher.memory import Layout, Options, common_shape, disk_line
+
+    shape = common_shape("Qwen2.5-7B")  # 7.6B parameters
+    lay = Layout(1, 8, 1, 8, False, 80.0, 0.9, 2, 8, 256)
+    line = disk_line(shape, lay, Options(), keep=3, save_model=True)
+    p = shape.params
+    assert f"a checkpoint ~{12 * p / 1e9:.1f} GB" in line and f"keep 3 -> ~{36 * p / 1e9:.1f} GB" in line
+    assert f"final model ~{2 * p / 1e9:.1f} GB" in line

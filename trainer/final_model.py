@@ -1,0 +1,63 @@
+"""The final model of a full fine-tune in Hugging Face's format (trainer.save_model), written into JOB/model by the
+ranks that trained it, bounded by the shard: torch.distributed.checkpoint's own Hugging Face writer
+(HuggingFaceStorageWriter, save_distributed) has every rank write its own shards, in trainer.dtype, into
+model.tmp/sharded/; then every rank consolidates a share of the output files, one full tensor at a time
+(torch's consolidate_safetensors_files_on_every_rank, which also writes the index); rank 0 adds config, tokenizer and
+generation config and renames the folder into place. No rank ever holds the whole model: a rank's extra memory is its
+shards cast to the saved dtype (nothing in fp32) while it writes, then one tensor while it consolidates.
+torchtitan writes its Hugging Face checkpoints the same way (its checkpoint.last_save_in_hf)."""
+
+from __future__ import annotations
+
+import math
+import shutil
+import time
+from pathlib import Path
+
+import torch
+
+from trainer.hf_folder import SHARD_BYTES, copy_model_files, fresh, replace, saved_names, shard_plan
+
+
+def save(model: torch.nn.Module, dtype: torch.dtype, base_model: str, out: Path, max_bytes: int = SHARD_BYTES) -> Path:
+    """Collective (every rank calls it). Writes `out` (JOB/model) from the FSDP2-sharded `model` in `dtype`; the files
+    besides the weights come from the base model's folder `base_model`. Returns `out`."""
+    import torch.distributed as dist
+    import torch.distributed.checkpoint as dcp
+    from torch.distributed.checkpoint import HuggingFaceStorageWriter
+    from torch.distributed.checkpoint._consolidate_hf_safetensors import consolidate_safetensors_files_on_every_rank
+    from torch.distributed.checkpoint.state_dict import get_model_state_dict
+
+    t0 = time.time()
+    rank0 = dist.get_rank() == 0
+    tmp = out.with_name(out.name + ".tmp")
+    if rank0:
+        fresh(out)
+    dist.barrier()
+    shapes = dict(saved_names(model))
+    msd = get_model_state_dict(model)  # this rank's shards (DTensors), under the model's own names
+    missing = sorted(set(shapes) - set(msd))
+    assert not missing, f"the model's state dict lacks {missing[:5]}"
+    # each rank casts its own shards; the tied lm_head.weight (a second name of the embedding) is not written
+    state = {n: t.detach().to(dtype) for n, t in msd.items() if n in shapes and isinstance(t, torch.Tensor)}
+    del msd
+    size = torch.tensor([], dtype=dtype).element_size()
+    plan = shard_plan(((n, math.prod(s) * size) for n, s in shapes.items()), max_bytes)
+    sharded = tmp / "sharded"
+    dcp.save(state, storage_writer=HuggingFaceStorageWriter(str(sharded), fqn_to_index_mapping=plan, save_distributed=True))
+    del state
+    # ends with a barrier; rank 0 writes model.safetensors.index.json
+    consolidate_safetensors_files_on_every_rank(str(sharded), str(tmp), plan)
+    if rank0:
+        shutil.rmtree(sharded)
+        copy_model_files(base_model, tmp, dtype)
+        replace(tmp, out)
+        files = max(plan.values(), default=1)
+        gb = sum(math.prod(s) for s in shapes.values()) * size / 1e9
+        print(
+            f"final model: {out} ({files} safetensors file(s), {gb:.3f} GB in {str(dtype).removeprefix('torch.')}) "
+            f"in {time.time() - t0:.1f} s; serve it: vllm serve {out}",
+            flush=True,
+        )
+    dist.barrier()
+    return out
