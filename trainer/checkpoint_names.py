@@ -112,3 +112,45 @@ def _check_complete(target: str, pieces: list[Piece]) -> None:
             f"{target}: the checkpoint's per-expert tensors are not experts 0..{len(experts) - 1} "
             f"x {pieces[0].slots} parts each (missing {sorted(want - got)[:4]}); the checkpoint is incomplete"
         )
+
+
+VLLM_FUSED_GATE_UP = {("gate_proj", "up_proj"): "gate_up_proj", ("w1", "w3"): "w13"}
+"""vLLM 0.32's name of a fused gate/up expert tensor, from the checkpoint's per-expert names
+(`RoutedExperts.build_expert_params_mapping(include_fused=True)`); a fused down projection keeps the per-expert name."""
+
+
+def served_names(model: torch.nn.Module, names: list[str]) -> dict[str, str]:
+    """The name vLLM's `load_weights` takes for each of the trainer's parameter names (as transformers builds the
+    model; a peft model is read through to its base): the checkpoint's module names (transformers' load-time renamings
+    reverted: Mixtral's `.mlp.` is `.block_sparse_moe.`), fused experts kept fused under the name vLLM gives the
+    checkpoint's gate/up pair (`experts.w13` for w1/w3). Same bytes, same layout: HF's gate_up_proj [E, 2I, H] is
+    vLLM's w13 (gate rows first)."""
+    base = model.get_base_model() if hasattr(model, "get_base_model") else model  # type: ignore[operator]
+    renamings, converters = _transforms(base)
+    if not renamings and not converters:
+        return {n: n for n in names}
+    from transformers.core_model_loading import rename_source_key
+
+    back = [r.reverse_transform() for r in renamings[::-1]]
+    leaves = {c.target_patterns[0].lstrip(".").rpartition(".")[2]: _fused_leaf(c) for c in converters}
+    out = {}
+    for n in names:
+        head, _, leaf = n.rpartition(".")
+        if head.endswith(".experts") and leaf in leaves:
+            n_served = f"{head}.{leaves[leaf]}"
+        else:
+            n_served = n
+        out[n] = rename_source_key(n_served, back, [], reverse=True)[0]
+    return out
+
+
+def _fused_leaf(conv) -> str:
+    stems = tuple(p.partition("*.")[2].removesuffix(".weight") for p in conv.source_patterns)
+    if len(stems) == 1:
+        return stems[0]
+    if stems in VLLM_FUSED_GATE_UP:
+        return VLLM_FUSED_GATE_UP[stems]
+    raise NamesError(
+        f"experts {list(stems)}: vLLM 0.32 has no fused name for this gate/up pair, so a push cannot send the fused "
+        "tensor; this family is not supported for pushes"
+    )
