@@ -14,6 +14,9 @@ common model shapes. An estimate with stated terms, not a measurement (gpu/RESUL
     overhead     2 GB (CUDA context, allocator slack, NCCL buffers)
   at load        sharded: the fp32 parameter shards 4P/S, and in host memory one tensor's rows (largest/S, bf16);
                  full: the whole fp32 model 4P on every rank, in host memory and then on the GPU
+  MoE            P counts every expert (FSDP shards them, AdamW holds them, a push sends them, vLLM serves them);
+                 a gathered unit is a whole MoE layer (all its experts); activations take the experts_per_token
+                 experts a token runs through; the largest tensor read at load is a layer's fused gate_up_proj
   vLLM           bf16 weights 2P / tensor_parallel_size; needs to fit in gpu_memory_utilization of its GPUs with
                  room for the KV cache
   with LoRA      (trainer.lora.r = r > 0; A = adapter parameters, r x (in + out) per adapted projection)
@@ -58,8 +61,18 @@ COMMON_SHAPES = {
     "Llama-3.1-70B": (8192, 80, 28672, 128256, 64, 8, False),
 }
 
+COMMON_MOE_SHAPES = {
+    # name: (hidden, layers, dense intermediate, vocab, heads, kv_heads, head_dim, tied, experts, per token, expert
+    # intermediate) - the published config.json values; every layer an MoE layer
+    "Qwen3-30B-A3B": (2048, 48, 6144, 151936, 32, 4, 128, False, 128, 8, 768),
+    "Mixtral-8x7B": (4096, 32, 14336, 32000, 32, 8, 128, False, 8, 2, 14336),
+}
+
 
 def common_shape(name: str) -> ModelShape:
+    if name in COMMON_MOE_SHAPES:
+        h, n, i, v, heads, kv, hd, tied, e, k, ei = COMMON_MOE_SHAPES[name]
+        return ModelShape(h, n, i, v, heads, kv, hd, tied, experts=e, experts_per_token=k, expert_intermediate=ei, moe_layers=n)
     h, n, i, v, heads, kv, tied = COMMON_SHAPES[name]
     return ModelShape(h, n, i, v, heads, kv, h // heads, tied)
 
@@ -111,6 +124,7 @@ class Options:
 @dataclass(frozen=True)
 class Estimate:
     params_b: float
+    """Total parameters (every expert of an MoE): what the state, the push and vLLM's weights scale with."""
     state_gb: float
     gathered_gb: float
     activations_gb: float
@@ -131,6 +145,8 @@ class Estimate:
     vllm_budget_gb: float | None
     adapter_params_m: float = 0.0
     """LoRA: the adapters' parameters in millions (0 without LoRA)."""
+    active_params_b: float = 0.0
+    """Parameters one token runs through (an MoE's routed experts only); = params_b for a dense model."""
 
     @property
     def fits(self) -> bool | None:
@@ -172,7 +188,7 @@ def estimate(shape: ModelShape, lay: Layout, opt: Options) -> Estimate:
     if s == 1 and not opt.cpu_offload:  # one rank per shard group keeps every unit gathered (trainer.parallel.shard_model)
         gathered = b * (p + a) + 4 * (a_layer if opt.lora_r else shape.layer_params)
     adapted = sum(1 for name in projections(shape) if name in opt.lora_targets) if opt.lora_r else 0
-    per_layer = t * (16 * shape.hidden + 8 * shape.intermediate + 2 * opt.lora_r * adapted)
+    per_layer = t * (16 * shape.hidden + 8 * mlp_width(shape) + 2 * opt.lora_r * adapted)
     acts = (2 * t * shape.hidden * shape.layers + per_layer) if opt.activation_checkpointing else per_layer * shape.layers
     logits = 6 * t * shape.vocab
     reference = 4 * p if opt.reference_model else 0
@@ -207,7 +223,17 @@ def estimate(shape: ModelShape, lay: Layout, opt: Options) -> Estimate:
         budget_gb=budget,
         vllm_budget_gb=vllm_share,
         adapter_params_m=a / 1e6,
+        active_params_b=shape.active_params / 1e9,
     )
+
+
+def mlp_width(shape: ModelShape) -> int:
+    """The MLP width a token's activations take in the widest layer: an MoE token runs experts_per_token experts
+    (and the shared one)."""
+    if not shape.experts:
+        return shape.intermediate
+    moe = shape.experts_per_token * shape.expert_intermediate + shape.shared_intermediate
+    return max(moe, shape.intermediate if shape.moe_layers < shape.layers else 0)
 
 
 def gpu_memory_gb(explicit: float, *names: str) -> float:
@@ -253,7 +279,13 @@ def report(shape: ModelShape, lay: Layout, opt: Options) -> list[str]:
     e = estimate(shape, lay, opt)
     where = "host (cpu_offload)" if opt.cpu_offload else "GPU"
     lines = [
-        f"model {e.params_b:.2f}B parameters; shards over {lay.shard_ranks} ranks; options: {opt.describe()}; "
+        f"model {e.params_b:.2f}B parameters"
+        + (
+            f" ({e.active_params_b:.2f}B active per token: {shape.experts_per_token} of {shape.experts} experts)"
+            if shape.experts
+            else ""
+        )
+        + f"; shards over {lay.shard_ranks} ranks; options: {opt.describe()}; "
         f"T = {lay.completions_per_rank} completions x ({PROMPT_TOKENS} prompt + {lay.completion_tokens}) tokens per rank",
         f"per trainer rank: state {e.state_gb:.1f} GB on the {where} "
         + (
@@ -345,7 +377,7 @@ def fit_table(lay: Layout, names: list[str] | None = None, base: Options | None 
         f"{lay.completion_tokens}) tokens per rank (estimate: launcher/memory.py)",
         f"  {'model':<14} {'params':>7} {'TP':>3} {'ranks':>5}  {'hsdp: cheapest options that fit':<48} {'fsdp (shards over all ranks)'}",
     ]
-    for name in names or list(COMMON_SHAPES):
+    for name in names or [*COMMON_SHAPES, *COMMON_MOE_SHAPES]:
         shape = common_shape(name)
         tps = [t for t in (1, 2, 4, 8) if t < gpus and shape.heads % t == 0] if not lay.shared_gpu else [1]
         tp = next((t for t in tps if 2 * shape.params / t / GB <= 0.8 * lay.gpu_gb * lay.vllm_fraction), None)
