@@ -33,6 +33,12 @@ SUPPORTED = (
 )
 """Decoder architectures whose vLLM 0.32 model class supports LoRA (SupportsLoRA), checked against the installed vLLM."""
 
+MOE_REFUSED_TARGETS = ("experts", "gate_up_proj", "w1", "w2", "w3", "gate", "router", "shared_expert_gate")
+"""On a mixture of experts, LoRA may adapt the attention projections and the dense MLPs (dense layers, a shared expert):
+nn.Linear modules peft adapts and the merged push folds in. Refused: the routed experts (transformers 5 holds them as
+fused 3-D parameters, not linear modules, so peft's target_modules cannot adapt them, and vLLM 0.32 serves MoE LoRA
+only through its Triton kernels, not on CPU) and the router (an adapter on it changes which experts run, every push)."""
+
 ADAPTER_NAME = "slurm-grpo-policy"
 """The name a node's server knows the trained adapter by; generation and parity requests name it."""
 
@@ -58,6 +64,7 @@ def lora_push(cfg: JobConfig, data_parallel_size: int | None = None) -> tuple[st
     lora = cfg.trainer.lora
     if not lora.enabled:
         return "", ""
+    check_moe_targets(cfg)
     if lora.push == MERGED:
         return MERGED, "trainer.lora.push: merged"
     dp = data_parallel_size or cfg.vllm.data_parallel_size
@@ -74,6 +81,22 @@ def lora_push(cfg: JobConfig, data_parallel_size: int | None = None) -> tuple[st
     if why_not:
         return MERGED, why_not + "; merged weights are pushed instead"
     return ADAPTER, f"only the adapter moves (vLLM --enable-lora --max-lora-rank {serving_rank(lora.r)}, loaded at run time)"
+
+
+def check_moe_targets(cfg: JobConfig) -> None:
+    """LoRA on a mixture of experts: only the modules MOE_REFUSED_TARGETS leaves (the attention projections, the dense
+    MLPs); an MoE pushes merged (its architectures are not in SUPPORTED)."""
+    from launcher.core.shape import ModelShape
+
+    shape = ModelShape.read(cfg.vllm.model)
+    if shape is None or not shape.experts:
+        return
+    bad = [m for m in cfg.trainer.lora.target_modules if m.rpartition(".")[2] in MOE_REFUSED_TARGETS]
+    if bad:
+        raise ConfigError(
+            f"trainer.lora.target_modules {bad}: on a mixture of experts LoRA adapts the attention and dense MLP "
+            "projections only (not the routed experts or the router); e.g. [q_proj, k_proj, v_proj, o_proj]"
+        )
 
 
 def remove_pushed_adapters(job_dir: str, node: int) -> None:

@@ -143,6 +143,17 @@ def check_layout(cfg: JobConfig, shared: bool) -> None:
                 f"vllm.tensor_parallel_size ({tp}) does not divide the model's {nh} attention heads "
                 f"({cfg.vllm.model}/config.json); pick a TP size that divides {nh}"
             )
+    if cfg.vllm.enable_expert_parallel:
+        if tp * (g // tp if shared else dp) < 2:  # the shared layout's server spans every GPU of the node
+            raise ConfigError(
+                f"vllm.enable_expert_parallel splits the experts over the server's GPUs, but TP x DP is {tp} x {dp}; "
+                "raise vllm.tensor_parallel_size or data_parallel_size, or remove it"
+            )
+        if shape is not None and not shape.experts:
+            raise ConfigError(
+                f"vllm.enable_expert_parallel: {cfg.vllm.model} is not a mixture of experts (no experts in its "
+                "config.json); remove it"
+            )
 
 
 def check_batch(cfg: JobConfig, world: int, per_node: int) -> None:
