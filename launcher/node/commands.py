@@ -93,7 +93,7 @@ def vllm_command(plan: Plan, node: int, python: str = "python", allocated: str |
     if v.max_model_len:
         argv += ["--max-model-len", str(v.max_model_len)]
     if v.enable_expert_parallel:  # checked against the model and the server's GPUs by the plan
-        argv += ["--enable-expert-parallel", "--expert-placement-strategy", v.expert_placement_strategy]
+        argv += ["--enable-expert-parallel"]
     if plan.lora_push == ADAPTER:  # the trainer pushes only its adapter, loaded at run time (trainer.push.adapter)
         argv += ["--enable-lora", "--max-lora-rank", str(serving_rank(plan.config.trainer.lora.r))]
     argv += list(v.extra_args)

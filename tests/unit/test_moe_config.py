@@ -1,4 +1,4 @@
-"""MoE in the launcher: vLLM's expert-parallel options passed through with the plan's checks, and which modules LoRA
+"""MoE in the launcher: vLLM's expert parallelism passed through with the plan's checks, and which modules LoRA
 may adapt on a mixture of experts (refused ones fail at plan time with the fix)."""
 
 from __future__ import annotations
@@ -39,17 +39,13 @@ def cfg(tmp_path, model: dict, vllm: dict | None = None, lora: dict | None = Non
 
 def test_expert_parallel_reaches_vllms_command_line_only_where_it_means_something(tmp_path):
     p = plan(cfg(tmp_path, MOE, {"tensor_parallel_size": 2, "enable_expert_parallel": True}), "/jobs/x")
-    argv = vllm_command(p, 0).argv
-    i = argv.index("--expert-placement-strategy")
-    assert "--enable-expert-parallel" in argv and argv[i + 1] == "linear"
+    assert "--enable-expert-parallel" in vllm_command(p, 0).argv
     assert "--enable-expert-parallel" not in vllm_command(plan(cfg(tmp_path, MOE, {"tensor_parallel_size": 2}), "/j"), 0).argv
     with pytest.raises(C.ConfigError, match=r"enable_expert_parallel splits the experts.*TP x DP is 1 x 1"):
         plan(cfg(tmp_path, MOE, {"enable_expert_parallel": True}), "/jobs/x")
     dense = {k: v for k, v in MOE.items() if k not in ("num_experts", "moe_intermediate_size")}
     with pytest.raises(C.ConfigError, match=r"is not a mixture of experts.*remove it"):
         plan(cfg(tmp_path, dense, {"tensor_parallel_size": 2, "enable_expert_parallel": True}), "/jobs/x")
-    with pytest.raises(C.ConfigError, match=r"expert_placement_strategy"):
-        cfg(tmp_path, MOE, {"expert_placement_strategy": "random"})
 
 
 def test_lora_on_an_moe_adapts_attention_and_dense_mlps_and_pushes_merged(tmp_path):
