@@ -1,7 +1,7 @@
 """The family matrix, unit tier: a tiny random body of every family in trainer.tiny_families (dense and MoE) through
 the default sharded loader on 2 gloo ranks, bit for bit what `from_pretrained` makes (Gemma's non-persistent embedding
 scale, MoE per-expert checkpoints into transformers' fused experts with 3 experts on 2 ranks), each checkpoint byte
-read by exactly one rank."""
+read by exactly one rank; and each MoE family trains under FSDP2 and resumes from a checkpoint bit for bit."""
 
 from __future__ import annotations
 
@@ -26,7 +26,45 @@ def family_dirs(tmp_path_factory) -> dict[str, str]:
     return out
 
 
-def load_and_compare(rank: int, world: int, _port: int, dirs: dict[str, str]) -> dict[str, dict]:
+def train_save_resume(par, model_dir: str, ckpt: str) -> dict:
+    """MoE under FSDP2 (experts sharded on dim 0): two AdamW steps, a checkpoint after the first, a fresh load resumed
+    from it and stepped once: the same weights as the uninterrupted run, bit for bit."""
+    import torch
+    from torch.distributed.tensor import DTensor
+
+    from launcher.core.records import CheckpointMeta
+    from trainer import checkpoint
+    from trainer.loading import load_model
+
+    ids = torch.arange(2 * 12).reshape(2, 12) % 200
+
+    def step(model, opt) -> None:
+        model.train()
+        opt.zero_grad()
+        model(input_ids=ids, labels=ids).loss.backward()
+        opt.step()
+
+    def experts(model) -> dict:
+        return {n: p.full_tensor() for n, p in model.named_parameters() if isinstance(p, DTensor) and p.dim() == 3}
+
+    model, _ = load_model(model_dir, par, torch.float32)
+    opt = torch.optim.AdamW(model.parameters(), lr=1e-2)
+    start = experts(model)
+    step(model, opt)
+    checkpoint.save(Path(ckpt), model, opt, None, CheckpointMeta(step=1, world_size=par.world))
+    step(model, opt)
+    again, _ = load_model(model_dir, par, torch.float32)
+    opt2 = torch.optim.AdamW(again.parameters(), lr=1e-2)
+    checkpoint.load(Path(ckpt) / "step-000001", again, opt2, None)
+    step(again, opt2)
+    want, got = experts(model), experts(again)
+    return {
+        "experts_moved": bool(want) and all(not torch.equal(want[n], start[n]) for n in want),
+        "resumed_equal": bool(want) and all(torch.equal(want[n], got[n]) for n in want),
+    }
+
+
+def load_and_compare(rank: int, world: int, _port: int, dirs: dict[str, str], ckpt_root: str) -> dict[str, dict]:
     import torch
     from torch.distributed.tensor import DTensor
     from transformers import AutoModelForCausalLM
@@ -51,11 +89,13 @@ def load_and_compare(rank: int, world: int, _port: int, dirs: dict[str, str]) ->
             "fused_experts": [n for n, p in model.named_parameters() if p.dim() == 3],
             "bytes_read": report.bytes_read,
         }
+        if family in MOE:
+            out[family] |= train_save_resume(par, d, f"{ckpt_root}/{family}")
     return out
 
 
-def test_every_family_loads_sharded_bit_for_bit_as_from_pretrained(family_dirs):
-    res = run_ranks(2, functools.partial(load_and_compare, dirs=family_dirs), timeout_s=300)
+def test_every_family_loads_sharded_bit_for_bit_as_from_pretrained(family_dirs, tmp_path):
+    res = run_ranks(2, functools.partial(load_and_compare, dirs=family_dirs, ckpt_root=str(tmp_path)), timeout_s=300)
     for family, d in family_dirs.items():
         r0, r1 = res[0][family], res[1][family]
         assert not r0["missing"] and not r0["differ"], f"{family}: sharded load differs from from_pretrained: {r0}"
@@ -65,6 +105,7 @@ def test_every_family_loads_sharded_bit_for_bit_as_from_pretrained(family_dirs):
         assert 0 < on_disk - (r0["bytes_read"] + r1["bytes_read"]) < 32_000, f"{family}: {on_disk} on disk, read {r0}, {r1}"
         if family in MOE:
             assert r0["fused_experts"], f"{family}: no fused expert parameter was built: {r0}"
+            assert r0["experts_moved"] and r0["resumed_equal"] and r1["resumed_equal"], f"{family}: train/resume: {r0}, {r1}"
 
 
 def push_and_compare(rank: int, world: int, _port: int, dirs: dict[str, str], out_root: str) -> dict[str, dict]:
