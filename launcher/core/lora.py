@@ -33,11 +33,12 @@ SUPPORTED = (
 )
 """Decoder architectures whose vLLM 0.32 model class supports LoRA (SupportsLoRA), checked against the installed vLLM."""
 
-MOE_REFUSED_TARGETS = ("experts", "gate_up_proj", "w1", "w2", "w3", "gate", "router", "shared_expert_gate")
-"""On a mixture of experts, LoRA may adapt the attention projections and the dense MLPs (dense layers, a shared expert):
-nn.Linear modules peft adapts and the merged push folds in. Refused: the routed experts (transformers 5 holds them as
-fused 3-D parameters, not linear modules, so peft's target_modules cannot adapt them, and vLLM 0.32 serves MoE LoRA
-only through its Triton kernels, not on CPU) and the router (an adapter on it changes which experts run, every push)."""
+MOE_REFUSED_TARGETS = ("gate_proj", "up_proj", "down_proj", "experts", "gate_up_proj", "w1", "w2", "w3", "gate", "router")
+"""On a mixture of experts, LoRA adapts the attention projections (q/k/v/o_proj) and pushes merged. Refused: every MLP
+name, because peft 0.21 maps gate_proj/up_proj/down_proj onto transformers 5's fused 3-D expert parameters (a
+ParamWrapper, not a linear module: neither the sharded loader's names nor the merged push's fold handle it, and vLLM
+0.32 serves MoE LoRA only through its Triton kernels, not on CPU), and the router (an adapter on it changes which
+experts run, every push)."""
 
 ADAPTER_NAME = "slurm-grpo-policy"
 """The name a node's server knows the trained adapter by; generation and parity requests name it."""
@@ -84,8 +85,8 @@ def lora_push(cfg: JobConfig, data_parallel_size: int | None = None) -> tuple[st
 
 
 def check_moe_targets(cfg: JobConfig) -> None:
-    """LoRA on a mixture of experts: only the modules MOE_REFUSED_TARGETS leaves (the attention projections, the dense
-    MLPs); an MoE pushes merged (its architectures are not in SUPPORTED)."""
+    """LoRA on a mixture of experts: only the modules MOE_REFUSED_TARGETS leaves (the attention projections); an MoE
+    pushes merged (its architectures are not in SUPPORTED)."""
     from launcher.core.shape import ModelShape
 
     shape = ModelShape.read(cfg.vllm.model)
@@ -94,8 +95,8 @@ def check_moe_targets(cfg: JobConfig) -> None:
     bad = [m for m in cfg.trainer.lora.target_modules if m.rpartition(".")[2] in MOE_REFUSED_TARGETS]
     if bad:
         raise ConfigError(
-            f"trainer.lora.target_modules {bad}: on a mixture of experts LoRA adapts the attention and dense MLP "
-            "projections only (not the routed experts or the router); e.g. [q_proj, k_proj, v_proj, o_proj]"
+            f"trainer.lora.target_modules {bad}: on a mixture of experts LoRA adapts the attention projections only "
+            "(not the experts, the MLPs or the router); set trainer.lora.target_modules: [q_proj, k_proj, v_proj, o_proj]"
         )
 
 

@@ -48,9 +48,10 @@ def test_expert_parallel_reaches_vllms_command_line_only_where_it_means_somethin
         plan(cfg(tmp_path, dense, {"tensor_parallel_size": 2, "enable_expert_parallel": True}), "/jobs/x")
 
 
-def test_lora_on_an_moe_adapts_attention_and_dense_mlps_and_pushes_merged(tmp_path):
-    p = plan(cfg(tmp_path, MOE, lora={"r": 8, "target_modules": ["q_proj", "v_proj", "gate_proj"]}), "/jobs/x")
+def test_lora_on_an_moe_adapts_attention_and_pushes_merged(tmp_path):
+    p = plan(cfg(tmp_path, MOE, lora={"r": 8, "target_modules": ["q_proj", "k_proj", "v_proj", "o_proj"]}), "/jobs/x")
     assert p.lora_push == MERGED
-    for bad in (["q_proj", "experts"], ["gate"], ["mlp.experts.gate_up_proj"]):
-        with pytest.raises(C.ConfigError, match=r"on a mixture of experts LoRA adapts the attention"):
-            plan(cfg(tmp_path, MOE, lora={"r": 8, "target_modules": bad}), "/jobs/x")
+    # the default targets name the MLP projections, which peft maps onto the fused experts: refused with the fix
+    for bad in ([], ["q_proj", "experts"], ["gate"], ["mlp.experts.gate_up_proj"], ["v_proj", "down_proj"]):
+        with pytest.raises(C.ConfigError, match=r"on a mixture of experts LoRA adapts the attention projections only"):
+            plan(cfg(tmp_path, MOE, lora={"r": 8, **({"target_modules": bad} if bad else {})}), "/jobs/x")
