@@ -32,6 +32,7 @@ common model shapes. An estimate with stated terms, not a measurement (gpu/RESUL
 
 from __future__ import annotations
 
+import math
 import re
 from dataclasses import dataclass
 
@@ -304,6 +305,12 @@ def report(shape: ModelShape, lay: Layout, opt: Options) -> list[str]:
         + (f"; offloaded state ~{e.host_gb_per_node:.0f} GB pinned host memory per node" if opt.cpu_offload else ""),
         f"vLLM: bf16 weights {e.vllm_weights_gb:.1f} GB per GPU (tensor_parallel_size {lay.tensor_parallel_size})",
     ]
+    largest = lay.compute_bytes * shape.largest_tensor
+    if lay.push_buffer_bytes and largest > lay.push_buffer_bytes:  # the ipc push never splits a tensor across windows
+        lines.append(
+            f"WARNING: the largest tensor ({largest / 2**20:.0f} MB; an MoE's is one layer's fused experts) "
+            f"does not fit the ipc push buffer; set trainer.ipc_buffer_mb >= {math.ceil(largest / 2**20)}"
+        )
     if e.budget_gb is None:
         lines.append("GPU memory unknown: set slurm.gpu_memory_gb (or name the GPU in slurm.constraint) to check the fit")
         return lines

@@ -10,7 +10,7 @@ from pathlib import Path
 
 from launcher.cli import main as cli_main
 from launcher.core.shape import ModelShape
-from launcher.memory import Layout, Options, common_shape, estimate, gpu_memory_gb
+from launcher.memory import Layout, Options, common_shape, estimate, gpu_memory_gb, report
 
 REPO = Path(__file__).resolve().parents[2]
 
@@ -165,3 +165,9 @@ def test_an_moe_counts_every_expert_in_total_and_the_routed_ones_as_active(tmp_p
     assert cli_main(argv) == 0
     section = capsys.readouterr().out.split("# memory estimate")[1].split("# sbatch")[0]
     assert "model 30.53B parameters (3.35B active per token: 8 of 128 experts)" in section, section
+    # Qwen3-235B-A22B: one layer's gate_up_proj is 3 GiB in bf16, over the ipc push's default 2 GiB buffer
+    big = ModelShape(4096, 94, 12288, 151936, 64, 4, 128, False, 128, 8, 1536, moe_layers=94)
+    assert abs(big.params / 1e9 - 235.1) < 0.1 and abs(big.active_params / 1e9 - 22.1) < 0.1, (big.params, big.active_params)
+    warn = [x for x in report(big, _lay(push_buffer_bytes=2048 * 2**20), Options()) if "ipc push buffer" in x and "WARN" in x]
+    assert warn and "trainer.ipc_buffer_mb >= 3072" in warn[0], warn
+    assert not [x for x in report(shape, _lay(push_buffer_bytes=2048 * 2**20), Options()) if "WARNING: the largest" in x]
