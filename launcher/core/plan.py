@@ -13,7 +13,7 @@ from typing import Any
 
 from launcher.core import platform as platform_mod
 from launcher.core.config import ConfigError, JobConfig, rebuild
-from launcher.core.lora import lora_push
+from launcher.core.lora import architecture, lora_push
 from launcher.core.shape import ModelShape
 
 # The rendezvous host is only known inside the allocation (the first hostname of SLURM_JOB_NODELIST);
@@ -143,6 +143,8 @@ def check_layout(cfg: JobConfig, shared: bool) -> None:
                 f"vllm.tensor_parallel_size ({tp}) does not divide the model's {nh} attention heads "
                 f"({cfg.vllm.model}/config.json); pick a TP size that divides {nh}"
             )
+    if architecture(cfg.vllm.model) in UNPUSHABLE:
+        raise ConfigError(f"vllm.model {cfg.vllm.model}: {UNPUSHABLE[architecture(cfg.vllm.model) or '']}")
     if cfg.vllm.enable_expert_parallel:
         if tp * (g // tp if shared else dp) < 2:  # the shared layout's server spans every GPU of the node
             raise ConfigError(
@@ -154,6 +156,13 @@ def check_layout(cfg: JobConfig, shared: bool) -> None:
                 f"vllm.enable_expert_parallel: {cfg.vllm.model} is not a mixture of experts (no experts in its "
                 "config.json); remove it"
             )
+
+
+UNPUSHABLE = {
+    "GptOssForCausalLM": "vLLM 0.32's gpt-oss loader writes weights with param.copy_, which its layerwise reload (every "
+    "push) discards: pushes would not land; gpt-oss is not supported for training here",
+}
+"""Architectures vLLM 0.32 serves but cannot take a weight push into, refused at plan time with why."""
 
 
 def check_batch(cfg: JobConfig, world: int, per_node: int) -> None:

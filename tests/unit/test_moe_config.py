@@ -55,3 +55,8 @@ def test_lora_on_an_moe_adapts_attention_and_pushes_merged(tmp_path):
     for bad in ([], ["q_proj", "experts"], ["gate"], ["mlp.experts.gate_up_proj"], ["v_proj", "down_proj"]):
         with pytest.raises(C.ConfigError, match=r"on a mixture of experts LoRA adapts the attention projections only"):
             plan(cfg(tmp_path, MOE, lora={"r": 8, **({"target_modules": bad} if bad else {})}), "/jobs/x")
+
+
+def test_gpt_oss_is_refused_at_plan_time_because_vllm_drops_its_pushes(tmp_path):
+    with pytest.raises(C.ConfigError, match=r"gpt-oss loader writes weights with param.copy_.*not supported"):
+        plan(cfg(tmp_path, MOE | {"architectures": ["GptOssForCausalLM"], "num_local_experts": 4}), "/jobs/x")
