@@ -26,7 +26,8 @@ def test_an_moe_trains_with_parity_after_every_push(tmp_path, ports):  # noqa: F
         capture_output=True,
     )
     job = tmp_path / "run"
-    r = local(job, str(model), ports, "trainer.max_steps=3", "trainer.save_steps=3")
+    # parity_every=1: a stale probe before every push too (by default every 10 steps), so each push must change logprobs
+    r = local(job, str(model), ports, "trainer.max_steps=3", "trainer.save_steps=3", "trainer.parity_every=1")
     assert r.returncode == 0, r.stdout[-3000:] + r.stderr[-3000:]
     s = json.loads((job / "summary.json").read_text())
     hist = s["nodes"]["0"]["parity_history"]
