@@ -16,6 +16,9 @@ common model shapes. An estimate with stated terms, not a measurement (gpu/RESUL
                  full: the whole fp32 model 4P on every rank, in host memory and then on the GPU
   on disk        a checkpoint: fp32 parameters 4P + AdamW's two fp32 moments 8P (gradients are not saved), times
                  trainer.keep_checkpoints; the final model (JOB/model) bP; with LoRA the adapters' 12A and 4A only
+  MoE            P counts every expert (FSDP shards them, AdamW holds them, a push sends them, vLLM serves them);
+                 a gathered unit is a whole MoE layer (all its experts); activations take the experts_per_token
+                 experts a token runs through; the largest tensor read at load is a layer's fused gate_up_proj
   vLLM           bf16 weights 2P / tensor_parallel_size; needs to fit in gpu_memory_utilization of its GPUs with
                  room for the KV cache
   with LoRA      (trainer.lora.r = r > 0; A = adapter parameters, r x (in + out) per adapted projection)
@@ -31,6 +34,7 @@ common model shapes. An estimate with stated terms, not a measurement (gpu/RESUL
 
 from __future__ import annotations
 
+import math
 import re
 from dataclasses import dataclass
 
@@ -60,8 +64,18 @@ COMMON_SHAPES = {
     "Llama-3.1-70B": (8192, 80, 28672, 128256, 64, 8, False),
 }
 
+COMMON_MOE_SHAPES = {
+    # name: (hidden, layers, dense intermediate, vocab, heads, kv_heads, head_dim, tied, experts, per token, expert
+    # intermediate) - the published config.json values; every layer an MoE layer
+    "Qwen3-30B-A3B": (2048, 48, 6144, 151936, 32, 4, 128, False, 128, 8, 768),
+    "Mixtral-8x7B": (4096, 32, 14336, 32000, 32, 8, 128, False, 8, 2, 14336),
+}
+
 
 def common_shape(name: str) -> ModelShape:
+    if name in COMMON_MOE_SHAPES:
+        h, n, i, v, heads, kv, hd, tied, e, k, ei = COMMON_MOE_SHAPES[name]
+        return ModelShape(h, n, i, v, heads, kv, hd, tied, experts=e, experts_per_token=k, expert_intermediate=ei, moe_layers=n)
     h, n, i, v, heads, kv, tied = COMMON_SHAPES[name]
     return ModelShape(h, n, i, v, heads, kv, h // heads, tied)
 
@@ -113,6 +127,7 @@ class Options:
 @dataclass(frozen=True)
 class Estimate:
     params_b: float
+    """Total parameters (every expert of an MoE): what the state, the push and vLLM's weights scale with."""
     state_gb: float
     gathered_gb: float
     activations_gb: float
@@ -133,6 +148,8 @@ class Estimate:
     vllm_budget_gb: float | None
     adapter_params_m: float = 0.0
     """LoRA: the adapters' parameters in millions (0 without LoRA)."""
+    active_params_b: float = 0.0
+    """Parameters one token runs through (an MoE's routed experts only); = params_b for a dense model."""
 
     @property
     def fits(self) -> bool | None:
@@ -174,7 +191,7 @@ def estimate(shape: ModelShape, lay: Layout, opt: Options) -> Estimate:
     if s == 1 and not opt.cpu_offload:  # one rank per shard group keeps every unit gathered (trainer.parallel.shard_model)
         gathered = b * (p + a) + 4 * (a_layer if opt.lora_r else shape.layer_params)
     adapted = sum(1 for name in projections(shape) if name in opt.lora_targets) if opt.lora_r else 0
-    per_layer = t * (16 * shape.hidden + 8 * shape.intermediate + 2 * opt.lora_r * adapted)
+    per_layer = t * (16 * shape.hidden + 8 * mlp_width(shape) + 2 * opt.lora_r * adapted)
     acts = (2 * t * shape.hidden * shape.layers + per_layer) if opt.activation_checkpointing else per_layer * shape.layers
     logits = 6 * t * shape.vocab
     reference = 4 * p if opt.reference_model else 0
@@ -209,7 +226,17 @@ def estimate(shape: ModelShape, lay: Layout, opt: Options) -> Estimate:
         budget_gb=budget,
         vllm_budget_gb=vllm_share,
         adapter_params_m=a / 1e6,
+        active_params_b=shape.active_params / 1e9,
     )
+
+
+def mlp_width(shape: ModelShape) -> int:
+    """The MLP width a token's activations take in the widest layer: an MoE token runs experts_per_token experts
+    (and the shared one)."""
+    if not shape.experts:
+        return shape.intermediate
+    moe = shape.experts_per_token * shape.expert_intermediate + shape.shared_intermediate
+    return max(moe, shape.intermediate if shape.moe_layers < shape.layers else 0)
 
 
 def gpu_memory_gb(explicit: float, *names: str) -> float:
@@ -255,7 +282,13 @@ def report(shape: ModelShape, lay: Layout, opt: Options) -> list[str]:
     e = estimate(shape, lay, opt)
     where = "host (cpu_offload)" if opt.cpu_offload else "GPU"
     lines = [
-        f"model {e.params_b:.2f}B parameters; shards over {lay.shard_ranks} ranks; options: {opt.describe()}; "
+        f"model {e.params_b:.2f}B parameters"
+        + (
+            f" ({e.active_params_b:.2f}B active per token: {shape.experts_per_token} of {shape.experts} experts)"
+            if shape.experts
+            else ""
+        )
+        + f"; shards over {lay.shard_ranks} ranks; options: {opt.describe()}; "
         f"T = {lay.completions_per_rank} completions x ({PROMPT_TOKENS} prompt + {lay.completion_tokens}) tokens per rank",
         f"per trainer rank: state {e.state_gb:.1f} GB on the {where} "
         + (
@@ -274,6 +307,12 @@ def report(shape: ModelShape, lay: Layout, opt: Options) -> list[str]:
         + (f"; offloaded state ~{e.host_gb_per_node:.0f} GB pinned host memory per node" if opt.cpu_offload else ""),
         f"vLLM: bf16 weights {e.vllm_weights_gb:.1f} GB per GPU (tensor_parallel_size {lay.tensor_parallel_size})",
     ]
+    largest = lay.compute_bytes * shape.largest_tensor
+    if lay.push_buffer_bytes and largest > lay.push_buffer_bytes:  # the ipc push never splits a tensor across windows
+        lines.append(
+            f"WARNING: the largest tensor ({largest / 2**20:.0f} MB; an MoE's is one layer's fused experts) "
+            f"does not fit the ipc push buffer; set trainer.ipc_buffer_mb >= {math.ceil(largest / 2**20)}"
+        )
     if e.budget_gb is None:
         lines.append("GPU memory unknown: set slurm.gpu_memory_gb (or name the GPU in slurm.constraint) to check the fit")
         return lines
@@ -373,7 +412,7 @@ def fit_table(lay: Layout, names: list[str] | None = None, base: Options | None 
         f"{lay.completion_tokens}) tokens per rank (estimate: launcher/memory.py)",
         f"  {'model':<14} {'params':>7} {'TP':>3} {'ranks':>5}  {'hsdp: cheapest options that fit':<48} {'fsdp (shards over all ranks)'}",
     ]
-    for name in names or list(COMMON_SHAPES):
+    for name in names or [*COMMON_SHAPES, *COMMON_MOE_SHAPES]:
         shape = common_shape(name)
         tps = [t for t in (1, 2, 4, 8) if t < gpus and shape.heads % t == 0] if not lay.shared_gpu else [1]
         tp = next((t for t in tps if 2 * shape.params / t / GB <= 0.8 * lay.gpu_gb * lay.vllm_fraction), None)

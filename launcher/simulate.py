@@ -9,7 +9,8 @@ Per step, with N nodes, G trainer ranks per node and B completions per rank of L
               stock: bP / inter_bw                     (rank 0 gathers every weight; the server sits on a node,
                                                        the gather and push cross the network) + gather bP / inter_bw
   training    t_train, the same for both (data parallel, per-rank batch fixed)
-  tps_server  tokens_per_s_server x min(1, tps_anchor_params_b / P): a saturated server, decode memory-bound
+  tps_server  tokens_per_s_server x min(1, tps_anchor_params_b / P_active): a saturated server, decode memory-bound
+              (P_active: the parameters a token runs through, an MoE's routed experts; P, total, for the push)
 
 Then, for one node of the config (G GPUs, TP t, the config's completions per node fixed), every split of its GPUs
 between vLLM (v = TP x DP GPUs, one server) and training (G - v ranks), synchronous and asynchronous, against the
@@ -83,9 +84,16 @@ class Row:
     speedup: float
 
 
-def predict(nodes: list[int], params_b: float, ranks_per_node: int, batch: int, tokens: int, f: dict) -> list[Row]:
-    # generation throughput of one server falls with model size (decode is memory-bound), from its anchor
-    tps = f["tokens_per_s_server"] * min(1.0, f["tps_anchor_params_b"] / max(params_b, 1e-6))
+def server_tps(active_b: float, f: dict) -> float:
+    """Generation throughput of one saturated server: falls with the parameters a token runs through (decode is
+    memory-bound), from its anchor. An MoE's active parameters, not its total: each token reads its routed experts."""
+    return f["tokens_per_s_server"] * min(1.0, f["tps_anchor_params_b"] / max(active_b, 1e-6))
+
+
+def predict(
+    nodes: list[int], params_b: float, ranks_per_node: int, batch: int, tokens: int, f: dict, active_b: float | None = None
+) -> list[Row]:
+    tps = server_tps(active_b or params_b, f)
     push_bytes = f["bytes_per_param"] * params_b * 1e9
     rows = []
     for n in nodes:
@@ -111,7 +119,17 @@ class SplitRow:
     """None: the layout cannot overlap generation with training (TRL colocate time-shares each GPU)."""
 
 
-def split_rows(gpus: int, tp: int, nodes: int, params_b: float, completions: int, tokens: int, train_rank_s: float, f: dict):
+def split_rows(
+    gpus: int,
+    tp: int,
+    nodes: int,
+    params_b: float,
+    completions: int,
+    tokens: int,
+    train_rank_s: float,
+    f: dict,
+    active_b: float | None = None,
+):
     """Step seconds of one node (the job's nodes run the same in parallel) for each split of its G GPUs, and the
     alternatives, all on the same work: `completions` of `tokens` per node per step, `train_rank_s` seconds for one
     rank to train on all of them (training is data parallel: divided by the ranks).
@@ -122,7 +140,7 @@ def split_rows(gpus: int, tp: int, nodes: int, params_b: float, completions: int
                       nodes; the push crosses the network twice (gather to one rank, send): 2 bP / inter_bw; async
                       as prime-rl does it
     Staleness above 1 does not change the steady state here; it absorbs jitter between the two sides."""
-    tps = f["tokens_per_s_server"] * min(1.0, f["tps_anchor_params_b"] / max(params_b, 1e-6))
+    tps = server_tps(active_b or params_b, f)
     work = completions * tokens
     push_local = f["bytes_per_param"] * params_b * 1e9 / (f["intra_bw_gbs"] * 1e9)
     over = 1 + f["async_overhead"]
@@ -183,7 +201,16 @@ SHARED_CALIBRATION = {
 """The shared layout's figures, each derived from a one-GPU measurement (the formula is the derivation)."""
 
 
-def shared_rows(gpus: int, tp: int, params_b: float, completions: int, tokens: int, train_rank_s: float, f: dict):
+def shared_rows(
+    gpus: int,
+    tp: int,
+    params_b: float,
+    completions: int,
+    tokens: int,
+    train_rank_s: float,
+    f: dict,
+    active_b: float | None = None,
+):
     """The shared layout: the node's one server runs vLLM data parallel over all G GPUs (G / TP engines, each at a
     memory fraction), every GPU also holds a trainer rank (G ranks), and each rank pushes the units it has just
     gathered (FSDP2 all-gather over NVLink) to the engine on its own GPU by ipc, all ranks at once: the push costs one
@@ -191,7 +218,7 @@ def shared_rows(gpus: int, tp: int, params_b: float, completions: int, tokens: i
       sync   = gen + train + push        gen = work / (tps x G x shared_gen_efficiency), train = train_rank_s / G
       async  = max(gen, train + push) + shared_async_contention x min(gen, train + push)   (max_staleness 1)
     and TRL colocate with its measured load (the split table's TRL row moves bP over NVLink only)."""
-    tps = f["tokens_per_s_server"] * min(1.0, f["tps_anchor_params_b"] / max(params_b, 1e-6))
+    tps = server_tps(active_b or params_b, f)
     gb = f["bytes_per_param"] * params_b
     gather = gb * 1e9 / (f["intra_bw_gbs"] * 1e9) if gpus > 1 else 0.0
     gen = completions * tokens / (tps * gpus * f["shared_gen_efficiency"])
@@ -252,12 +279,13 @@ def layout_verdict(cfg: JobConfig) -> str | None:
         return None
     shape = ModelShape.read(cfg.vllm.model)
     params = shape.params / 1e9 if shape else 7.0
+    active = shape.active_params / 1e9 if shape else None
     per = g - tp * cfg.vllm.data_parallel_size if cfg.slurm.layout == "split" else g - tp
     f = {**DEFAULTS, **LAYOUT_DEFAULTS, **SHARED_CALIBRATION}
     completions = cfg.trainer.per_device_train_batch_size * max(per, 1)
     tokens = cfg.trainer.max_completion_length
-    rows = split_rows(g, tp, cfg.slurm.nodes, params, completions, tokens, f["train_s"] * max(per, 1), f)
-    shared = shared_rows(g, tp, params, completions, tokens, f["train_s"] * max(per, 1), f)[0]
+    rows = split_rows(g, tp, cfg.slurm.nodes, params, completions, tokens, f["train_s"] * max(per, 1), f, active)
+    shared = shared_rows(g, tp, params, completions, tokens, f["train_s"] * max(per, 1), f, active)[0]
     which, why = layout_choice(rows, shared, shared_runs(cfg.job.device, g))
     size = "" if shape else "; a 7 B model assumed, its config.json is not readable here"
     return (
@@ -319,10 +347,13 @@ def read_calibration(path: str) -> dict[str, float]:
     return {k: float(v) for k, v in cal.items()}
 
 
-def print_scaling(rows: list[Row], params: float, per: int, cfg: JobConfig, figures: dict[str, float]) -> None:
+def print_scaling(
+    rows: list[Row], params: float, per: int, cfg: JobConfig, figures: dict[str, float], active: float | None = None
+) -> None:
     """The node-count table: one server per node against one global server."""
+    moe = f", {active:.3g}B active per token (MoE)" if active is not None and active < params else ""
     print(
-        f"assumptions: model {params:.3g}B params (push = {figures['bytes_per_param'] * params:.3g} GB), {per} trainer ranks/node, "
+        f"assumptions: model {params:.3g}B params{moe} (push = {figures['bytes_per_param'] * params:.3g} GB), {per} trainer ranks/node, "
         f"{cfg.trainer.per_device_train_batch_size} completions/rank x {cfg.trainer.max_completion_length} tokens; "
         + ", ".join(f"{k}={v:g}" for k, v in figures.items())
     )
@@ -335,13 +366,15 @@ def print_scaling(rows: list[Row], params: float, per: int, cfg: JobConfig, figu
         )
 
 
-def print_split(cfg: JobConfig, nodes: int, params: float, per: int, figures: dict[str, float]) -> None:
+def print_split(
+    cfg: JobConfig, nodes: int, params: float, per: int, figures: dict[str, float], active: float | None = None
+) -> None:
     """The split of one node's GPUs between vLLM and training, and the recommended one (nothing on a TP-wide node)."""
     g, tp = cfg.slurm.gpus_per_node, cfg.vllm.tensor_parallel_size
     f2 = {**figures, **LAYOUT_DEFAULTS}
     # the split table trains the config's own batch on every split: the node's completions per step stay fixed
     completions = cfg.trainer.per_device_train_batch_size * per
-    rows2 = split_rows(g, tp, nodes, params, completions, cfg.trainer.max_completion_length, figures["train_s"] * per, f2)
+    rows2 = split_rows(g, tp, nodes, params, completions, cfg.trainer.max_completion_length, figures["train_s"] * per, f2, active)
     if g <= tp:
         return
     best_sync, best_async = recommend(rows2)
@@ -354,7 +387,7 @@ def print_split(cfg: JobConfig, nodes: int, params: float, per: int, figures: di
     )
     print("\n".join(split_table(rows2)))
     f3 = {**f2, **SHARED_CALIBRATION}
-    shared = shared_rows(g, tp, params, completions, cfg.trainer.max_completion_length, figures["train_s"] * per, f3)
+    shared = shared_rows(g, tp, params, completions, cfg.trainer.max_completion_length, figures["train_s"] * per, f3, active)
     print(
         "the shared layout (every GPU serves and trains; calibrated on one H200, gpu/RESULTS.md: "
         + ", ".join(f"{k}={v:.3g}" for k, v in SHARED_CALIBRATION.items())
@@ -423,10 +456,12 @@ def main(a) -> int:
         raise ConfigError(f"--plot {a.plot}: its folder does not exist; create it or give another path")
     shape = ModelShape.read(cfg.vllm.model)
     params = a.params_b or (shape.params / 1e9 if shape else 7.0)
+    active = shape.active_params / 1e9 if shape and not a.params_b else None
     per = cfg.slurm.gpus_per_node - cfg.vllm.tensor_parallel_size * cfg.vllm.data_parallel_size or 1
-    rows = predict(nodes, params, per, cfg.trainer.per_device_train_batch_size, cfg.trainer.max_completion_length, figures)
-    print_scaling(rows, params, per, cfg, figures)
-    print_split(cfg, nodes[-1], params, per, figures)
+    batch, tokens = cfg.trainer.per_device_train_batch_size, cfg.trainer.max_completion_length
+    rows = predict(nodes, params, per, batch, tokens, figures, active)
+    print_scaling(rows, params, per, cfg, figures, active)
+    print_split(cfg, nodes[-1], params, per, figures, active)
     p = plan(cfg, "")
     lay = layout(p)
     if not lay.gpu_gb:

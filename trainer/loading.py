@@ -31,6 +31,7 @@ from torch.distributed.tensor import DTensor
 from launcher.core.config import LoraConfig
 from trainer import lora as trainer_lora
 from trainer import parallel, trl_glue
+from trainer.checkpoint_names import NamesError, Piece, placement
 from trainer.parallel import Parallel
 
 SAFETENSORS_DTYPES = {
@@ -147,49 +148,93 @@ def persistent_buffers(model: torch.nn.Module) -> Iterator[tuple[str, torch.Tens
 
 
 @torch.no_grad()
-def fill_from_checkpoint(model: torch.nn.Module, store: SafetensorsDir, rename: Callable[[str], str | None] = str) -> int:
+def fill_from_checkpoint(
+    model: torch.nn.Module,
+    store: SafetensorsDir,
+    rename: Callable[[str], str | None] = str,
+    places: dict[str, list[Piece]] | None = None,
+) -> int:
     """Copy every parameter's and persistent buffer's owned rows from the checkpoint; returns the bytes read.
-    rename: the checkpoint's name of a model name, None for one no checkpoint holds (a LoRA adapter: trainer.lora)."""
+    rename: the checkpoint's name of a model name, None for one no checkpoint holds (a LoRA adapter: trainer.lora).
+    places: where each (renamed) name's tensors are in the checkpoint (trainer.checkpoint_names.placement, made on the
+    model as transformers built it); default: under the same name, whole."""
     read = 0
     names = aliases(model)
+    places = places if places is not None else {k: [Piece(k)] for k in store.tensors}
     targets: list[tuple[list[str], torch.Tensor]] = [(names[id(p)], p) for _, p in model.named_parameters()]
     targets += [([n], b) for n, b in persistent_buffers(model)]
     targets = [([r for r in map(rename, c) if r is not None], t) for c, t in targets]
     for candidates, t in targets:
         if not candidates:
             continue
-        name = next((n for n in candidates if n in store.tensors), None)
+        name = next((n for n in candidates if n in places), None)
         if name is None:
             raise LoadError(
                 f"{' / '.join(candidates)} is not in the checkpoint {store.dir}: its tensor names differ from the model's "
                 "(a checkpoint that needs renaming on load); set trainer.model_loading=full to load it with from_pretrained"
             )
-        stored = store.tensors[name]
-        if tuple(stored.shape) != tuple(t.shape):
-            raise LoadError(
-                f"{name}: the checkpoint holds shape {stored.shape}, the model built from config.json {tuple(t.shape)}"
-            )
         first, stop = rows_owned(t)
         local = t.to_local() if isinstance(t, DTensor) else t
-        src = store.read_rows(name, first, stop)
-        local.copy_(src.reshape(local.shape))  # converts the stored dtype to the master dtype
+        pieces = places[name]
+        if pieces[0].expert is None:
+            read += _fill_whole(store, pieces[0].key, t, local, first, stop)
+        else:
+            read += _fill_experts(store, name, pieces, t, local, first, stop)
+    return read
+
+
+def _fill_whole(store: SafetensorsDir, key: str, t: torch.Tensor, local: torch.Tensor, first: int, stop: int) -> int:
+    stored = store.tensors[key]
+    if tuple(stored.shape) != tuple(t.shape):
+        raise LoadError(f"{key}: the checkpoint holds shape {stored.shape}, the model built from config.json {tuple(t.shape)}")
+    src = store.read_rows(key, first, stop)
+    local.copy_(src.reshape(local.shape))  # converts the stored dtype to the master dtype
+    return src.numel() * src.element_size()
+
+
+def _fill_experts(
+    store: SafetensorsDir, name: str, pieces: list[Piece], t: torch.Tensor, local: torch.Tensor, first: int, stop: int
+) -> int:
+    """A fused expert parameter [E, slots x R, ...] from per-expert tensors [R, ...]: the rank's experts [first, stop)
+    only, each read whole (one expert matrix at a time: contiguous on disk, freed after its copy)."""
+    read = 0
+    rows = t.shape[1] // pieces[0].slots
+    for p in pieces:
+        assert p.expert is not None
+        if not first <= p.expert < stop:
+            continue
+        stored = store.tensors[p.key]
+        if len(pieces) // pieces[0].slots != t.shape[0] or tuple(stored.shape) != (rows, *t.shape[2:]):
+            raise LoadError(
+                f"{p.key} {stored.shape}: does not fit expert {p.expert} of {name} {tuple(t.shape)} "
+                f"(the model built from config.json; {len(pieces)} per-expert tensors in the checkpoint)"
+            )
+        src = store.read_rows(p.key, 0, rows)
+        local[p.expert - first, p.slot * rows : (p.slot + 1) * rows].copy_(src)
         read += src.numel() * src.element_size()
     return read
 
 
 @torch.no_grad()
 def init_nonpersistent_buffers(model: torch.nn.Module, device: torch.device) -> None:
-    """Rotary caches and the like: made on `device` and computed by transformers' `_init_weights`, on exactly
-    the modules that own them (a module that also owns parameters would have them re-initialised: refused)."""
-    for mod_name, mod in model.named_modules():
+    """Rotary caches, Gemma's embedding scale and the like: made on `device` and computed by transformers'
+    `_init_weights`, on exactly the modules that own them. A module that also owns parameters (Gemma's scaled
+    embedding) has them swapped out for meta tensors during the call, so the initialisation that comes with it
+    touches nothing loaded."""
+    for mod in model.modules():
         own = [b for b in mod._non_persistent_buffers_set if mod._buffers.get(b) is not None]
         if not own:
             continue
-        if any(True for _ in mod.parameters(recurse=False)):
-            raise LoadError(f"module {mod_name} holds parameters and non-persistent buffers; set trainer.model_loading=full")
         for b in own:
             mod._buffers[b] = torch.empty_like(mod._buffers[b], device=device)  # type: ignore[arg-type]
-        trl_glue.init_module_weights(model, mod)
+        loaded = dict(mod._parameters)
+        try:
+            for k, p in loaded.items():
+                if p is not None:
+                    mod._parameters[k] = torch.nn.Parameter(torch.empty(p.shape, dtype=p.dtype, device="meta"), p.requires_grad)
+            trl_glue.init_module_weights(model, mod)
+        finally:
+            mod._parameters.update(loaded)
 
 
 @dataclass(frozen=True)
@@ -214,7 +259,7 @@ def load_model(
 
     loader "sharded": meta device, shard, fill each rank's rows (peak: this rank's shard plus one tensor's rows).
     loader "full": `from_pretrained` of the whole model on every rank, then shard (peak: the whole fp32 model per
-    rank); kept for checkpoints whose tensor names need renaming on load.
+    rank); kept for checkpoints that transformers converts in ways not read row-wise (trainer.checkpoint_names).
     lora (enabled): peft adapters added before sharding, the base frozen in param_dtype (trainer.lora)."""
     from transformers import AutoConfig, AutoModelForCausalLM, GenerationConfig
 
@@ -240,6 +285,10 @@ def load_model(
     config = AutoConfig.from_pretrained(model_dir)
     with torch.device("meta"):
         model = AutoModelForCausalLM.from_config(config, dtype=torch.float32)
+    try:  # on the model as transformers built it (names as from_pretrained gives them), before LoRA wraps it
+        places = placement(model, list(store.tensors))
+    except NamesError as e:
+        raise LoadError(str(e)) from None
     if (Path(model_dir) / "generation_config.json").exists():
         model.generation_config = GenerationConfig.from_pretrained(model_dir)
     _prepare(model, activation_checkpointing)
@@ -250,7 +299,7 @@ def load_model(
     parallel.shard_model(model, par, param_dtype, cpu_offload=cpu_offload)
     # offloaded shards live in host memory (FSDP2 copies each unit to the GPU for its compute)
     model.to_empty(device=torch.device("cpu") if cpu_offload else par.device)
-    read = fill_from_checkpoint(model, store, trainer_lora.base_name if with_lora else str)
+    read = fill_from_checkpoint(model, store, trainer_lora.base_name if with_lora else str, places)
     if with_lora:
         trainer_lora.init_adapters(model, seed)
     init_nonpersistent_buffers(model, par.device)

@@ -1,4 +1,4 @@
-"""A tiny Qwen2 (head_dim 64, which vLLM's CPU attention needs) with a byte-level BPE tokenizer
+"""A tiny Qwen2 (or another family: --family, trainer.tiny_families; head_dim 64, which vLLM's CPU attention needs) with a byte-level BPE tokenizer
 trained here and a chat template. No hub access: tests and the CPU smoke run build it in ~1 s.
 
     slurm-grpo make-tiny-model /tmp/tiny-model
@@ -36,14 +36,18 @@ def make_tiny_model(
     max_shard_size: str | None = None,
     device: str = "cpu",
     head_dim: int = 64,
+    family: str = "qwen2",
 ) -> dict:
-    """Random Qwen2 weights from a config (never the hub). The defaults make the CPU test model; the
+    """Random weights of `family` (trainer.tiny_families: qwen2, llama, gemma2, qwen3_moe, ...) from a config (never
+    the hub). The defaults make the CPU test model; the
         transformer body of Qwen2-0.5B is hidden 896, 24 layers, kv_heads 2, intermediate 4864 (the
         vocabulary stays this tokenizer's: a random model samples every id of its vocabulary). tie=False gives a
     separate lm_head (as 7B+ models have); max_shard_size (e.g. "50MB") writes several safetensors files and an index."""
     import torch
     from tokenizers import Tokenizer, decoders, models, pre_tokenizers, trainers
-    from transformers import PreTrainedTokenizerFast, Qwen2Config, Qwen2ForCausalLM
+    from transformers import AutoConfig, AutoModelForCausalLM, PreTrainedTokenizerFast
+
+    from trainer.tiny_families import config_fields
 
     if hidden % head_dim:
         raise ValueError(f"hidden ({hidden}) must be a multiple of head_dim ({head_dim}; vLLM's CPU attention needs 64)")
@@ -64,24 +68,23 @@ def make_tiny_model(
     heads = hidden // head_dim
     if heads % kv_heads:
         raise ValueError(f"kv_heads ({kv_heads}) must divide the {heads} attention heads (hidden / head_dim)")
-    cfg = Qwen2Config(  # type: ignore[call-arg]
-        vocab_size=len(hf),
-        hidden_size=hidden,
-        intermediate_size=intermediate or 2 * hidden,
-        num_hidden_layers=layers,
-        num_attention_heads=heads,
-        num_key_value_heads=kv_heads,
+    fields = config_fields(
+        family,
+        vocab=len(hf),
+        hidden=hidden,
+        layers=layers,
+        heads=heads,
+        kv_heads=kv_heads,
         head_dim=head_dim,
-        max_position_embeddings=512,
-        eos_token_id=hf.eos_token_id,
-        bos_token_id=hf.eos_token_id,
-        pad_token_id=hf.pad_token_id,
-        tie_word_embeddings=tie,
-        torch_dtype=dtype,
+        intermediate=intermediate or 2 * hidden,
+        tie=tie,
+        token_id=hf.eos_token_id,
+        dtype=dtype,
     )
+    cfg = AutoConfig.for_model(family, **fields)
     torch.manual_seed(seed)
     with torch.device(device):  # cuda: a 7B body is initialised in seconds instead of minutes
-        model = Qwen2ForCausalLM(cfg).to(getattr(torch, dtype))
+        model = AutoModelForCausalLM.from_config(cfg).to(getattr(torch, dtype))
     model.save_pretrained(path, **({"max_shard_size": max_shard_size} if max_shard_size else {}))
     return {
         "vocab": len(hf),
@@ -91,6 +94,7 @@ def make_tiny_model(
         "kv_heads": kv_heads,
         "intermediate": cfg.intermediate_size,
         "dtype": dtype,
+        "family": family,
     }
 
 
@@ -111,6 +115,7 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--vocab", type=int, default=300, help="tokenizer vocabulary to train (default 300)")
     ap.add_argument("--dtype", default="float32", choices=["float32", "bfloat16"], help="saved weights (default float32)")
     ap.add_argument("--head-dim", type=int, default=64, help="attention head size (default 64, what vLLM's CPU build needs)")
+    ap.add_argument("--family", default="qwen2", help="model_type of the body (trainer.tiny_families; default qwen2)")
     ap.add_argument("--device", default="cpu", help="where to initialise the weights (cuda is much faster for big bodies)")
     ap.add_argument("--untied", action="store_true", help="a separate lm_head instead of the tied embedding")
     ap.add_argument("--max-shard-size", default=None, help="split the weights into safetensors files of this size, e.g. 2GB")
@@ -129,6 +134,7 @@ def main(argv: list[str] | None = None) -> int:
             max_shard_size=a.max_shard_size,
             device=a.device,
             head_dim=a.head_dim,
+            family=a.family,
         )
     except ValueError as e:
         print(f"slurm-grpo make-tiny-model: error: {e}", file=sys.stderr)

@@ -170,6 +170,8 @@ class VllmConfig:
     """Weight push transport; auto picks ipc on a GPU shared with the trainer, nccl on other GPUs, gloo on CPU."""
     cpu_kvcache_gib: int = 1
     """CPU builds only: KV cache size in GiB (VLLM_CPU_KVCACHE_SPACE)."""
+    enable_expert_parallel: bool = False
+    """MoE models: vLLM's expert parallelism (--enable-expert-parallel): the experts are split over the server's TP x DP GPUs instead of each expert being sliced by TP; needs TP x DP >= 2 and an MoE model; more of vLLM's expert options (--expert-placement-strategy, --enable-eplb) go in extra_args."""
     cache_dir: str = ""
     """Where each node's server keeps its compile caches (vLLM's torch.compile, Inductor, Triton; a folder per node), so a restart skips the compile; empty = the job folder's cache/ (a requeue or resume finds it); a shared folder lets other jobs of the same model reuse it."""
 

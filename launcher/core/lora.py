@@ -18,6 +18,7 @@ import json
 from pathlib import Path
 
 from launcher.core.config import ConfigError, JobConfig
+from launcher.core.shape import ModelShape
 
 VLLM_LORA_RANKS = (1, 8, 16, 32, 64, 128, 256, 320, 512)
 """vLLM 0.32's choices of --max-lora-rank (vllm/config/lora.py MaxLoRARanks)."""
@@ -31,6 +32,13 @@ SUPPORTED = (
     "Phi3ForCausalLM",
 )
 """Decoder architectures whose vLLM 0.32 model class supports LoRA (SupportsLoRA), checked against the installed vLLM."""
+
+MOE_REFUSED_TARGETS = ("gate_proj", "up_proj", "down_proj", "experts", "gate_up_proj", "w1", "w2", "w3", "gate", "router")
+"""On a mixture of experts, LoRA adapts the attention projections (q/k/v/o_proj) and pushes merged. Refused: every MLP
+name, because peft 0.21 maps gate_proj/up_proj/down_proj onto transformers 5's fused 3-D expert parameters (a
+ParamWrapper, not a linear module: neither the sharded loader's names nor the merged push's fold handle it, and vLLM
+0.32 serves MoE LoRA only through its Triton kernels, not on CPU), and the router (an adapter on it changes which
+experts run, every push)."""
 
 ADAPTER_NAME = "slurm-grpo-policy"
 """The name a node's server knows the trained adapter by; generation and parity requests name it."""
@@ -57,6 +65,7 @@ def lora_push(cfg: JobConfig, data_parallel_size: int | None = None) -> tuple[st
     lora = cfg.trainer.lora
     if not lora.enabled:
         return "", ""
+    check_moe_targets(cfg)
     if lora.push == MERGED:
         return MERGED, "trainer.lora.push: merged"
     dp = data_parallel_size or cfg.vllm.data_parallel_size
@@ -73,3 +82,17 @@ def lora_push(cfg: JobConfig, data_parallel_size: int | None = None) -> tuple[st
     if why_not:
         return MERGED, why_not + "; merged weights are pushed instead"
     return ADAPTER, f"only the adapter moves (vLLM --enable-lora --max-lora-rank {serving_rank(lora.r)}, loaded at run time)"
+
+
+def check_moe_targets(cfg: JobConfig) -> None:
+    """LoRA on a mixture of experts: only the modules MOE_REFUSED_TARGETS leaves (the attention projections); an MoE
+    pushes merged (its architectures are not in SUPPORTED)."""
+    shape = ModelShape.read(cfg.vllm.model)
+    if shape is None or not shape.experts:
+        return
+    bad = [m for m in cfg.trainer.lora.target_modules if m.rpartition(".")[2] in MOE_REFUSED_TARGETS]
+    if bad:
+        raise ConfigError(
+            f"trainer.lora.target_modules {bad}: on a mixture of experts LoRA adapts the attention projections only "
+            "(not the experts, the MLPs or the router); set trainer.lora.target_modules: [q_proj, k_proj, v_proj, o_proj]"
+        )

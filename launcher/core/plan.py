@@ -14,7 +14,7 @@ from typing import Any
 from launcher.core import emulation
 from launcher.core import platform as platform_mod
 from launcher.core.config import ConfigError, JobConfig, rebuild
-from launcher.core.lora import lora_push
+from launcher.core.lora import architecture, lora_push
 from launcher.core.shape import ModelShape
 
 # The rendezvous host is only known inside the allocation (the first hostname of SLURM_JOB_NODELIST);
@@ -165,6 +165,26 @@ def check_layout(cfg: JobConfig, shared: bool) -> None:
                 f"vllm.tensor_parallel_size ({tp}) does not divide the model's {nh} attention heads "
                 f"({cfg.vllm.model}/config.json); pick a TP size that divides {nh}"
             )
+    if architecture(cfg.vllm.model) in UNPUSHABLE:
+        raise ConfigError(f"vllm.model {cfg.vllm.model}: {UNPUSHABLE[architecture(cfg.vllm.model) or '']}")
+    if cfg.vllm.enable_expert_parallel:
+        if tp * (g // tp if shared else dp) < 2:  # the shared layout's server spans every GPU of the node
+            raise ConfigError(
+                f"vllm.enable_expert_parallel splits the experts over the server's GPUs, but TP x DP is {tp} x {dp}; "
+                "raise vllm.tensor_parallel_size or data_parallel_size, or remove it"
+            )
+        if shape is not None and not shape.experts:
+            raise ConfigError(
+                f"vllm.enable_expert_parallel: {cfg.vllm.model} is not a mixture of experts (no experts in its "
+                "config.json); remove it"
+            )
+
+
+UNPUSHABLE = {
+    "GptOssForCausalLM": "vLLM 0.32's gpt-oss loader writes weights with param.copy_, which its layerwise reload (every "
+    "push) discards: pushes would not land; gpt-oss is not supported for training here",
+}
+"""Architectures vLLM 0.32 serves but cannot take a weight push into, refused at plan time with why."""
 
 
 def generation_steps(cfg: JobConfig, world: int) -> int:

@@ -10,7 +10,10 @@ from pathlib import Path
 
 @dataclass(frozen=True)
 class ModelShape:
-    """The decoder shape that decides memory: Llama/Qwen2/Mistral layout (GQA attention, SwiGLU MLP)."""
+    """The decoder shape that decides memory: Llama/Qwen2/Mistral layout (GQA attention, SwiGLU MLP); with experts > 0
+    a mixture of experts (Qwen3-MoE, Qwen2-MoE, OLMoE, Mixtral, DeepSeek/GLM-MoE style): `moe_layers` of the layers
+    hold `experts` SwiGLU experts of width `expert_intermediate` and a router, of which `experts_per_token` run per
+    token, plus a shared expert of width `shared_intermediate`; the other layers a dense MLP of width `intermediate`."""
 
     hidden: int
     layers: int
@@ -20,6 +23,14 @@ class ModelShape:
     kv_heads: int
     head_dim: int
     tied: bool
+    experts: int = 0
+    """Routed experts per MoE layer (0 = a dense model)."""
+    experts_per_token: int = 0
+    expert_intermediate: int = 0
+    shared_intermediate: int = 0
+    """The always-active shared expert's width (Qwen2-MoE's shared_expert_intermediate_size; DeepSeek's
+    n_shared_experts x moe_intermediate_size); 0 = none."""
+    moe_layers: int = 0
 
     @classmethod
     def read(cls, model: str) -> ModelShape | None:
@@ -42,21 +53,68 @@ class ModelShape:
             kv_heads=int(c.get("num_key_value_heads") or heads),
             head_dim=int(c.get("head_dim") or c["hidden_size"] // heads),
             tied=bool(c.get("tie_word_embeddings", False)),
+            **_moe_fields(c),
         )
 
     @property
-    def layer_params(self) -> int:
+    def attention_params(self) -> int:
         h, q, kv = self.hidden, self.heads * self.head_dim, self.kv_heads * self.head_dim
-        return h * q + q + 2 * (h * kv + kv) + q * h + 3 * h * self.intermediate + 2 * h
+        return h * q + q + 2 * (h * kv + kv) + q * h + 2 * h
+
+    def moe_mlp_params(self, experts: int) -> int:
+        """One MoE layer's MLP with `experts` counted: SwiGLU experts, the router (E x H), the shared expert and its
+        gate (H)."""
+        h = self.hidden
+        shared = 3 * h * self.shared_intermediate + h if self.shared_intermediate else 0
+        return experts * 3 * h * self.expert_intermediate + self.experts * h + shared
+
+    @property
+    def layer_params(self) -> int:
+        """The largest decoder layer (what one FSDP2 unit gathers): an MoE layer gathers all its experts."""
+        dense = 3 * self.hidden * self.intermediate
+        return self.attention_params + max(dense if self.moe_layers < self.layers else 0, self.moe_mlp_params(self.experts))
 
     @property
     def root_params(self) -> int:
         return self.vocab * self.hidden * (1 if self.tied else 2) + self.hidden
 
+    def _count(self, experts: int) -> int:
+        dense_layers = self.layers - self.moe_layers
+        mlp = dense_layers * 3 * self.hidden * self.intermediate + self.moe_layers * self.moe_mlp_params(experts)
+        return self.layers * self.attention_params + mlp + self.root_params
+
     @property
     def params(self) -> int:
-        return self.layers * self.layer_params + self.root_params
+        """Total parameters: every expert (what FSDP shards, the optimizer holds, a push sends and vLLM serves)."""
+        return self._count(self.experts)
+
+    @property
+    def active_params(self) -> int:
+        """Parameters one token runs through: experts_per_token experts of each MoE layer (what compute scales with);
+        = params for a dense model."""
+        return self._count(self.experts_per_token)
 
     @property
     def largest_tensor(self) -> int:
-        return max(self.vocab * self.hidden, self.hidden * self.intermediate)
+        fused_experts = self.experts * 2 * self.expert_intermediate * self.hidden  # gate_up_proj [E, 2I, H]
+        return max(self.vocab * self.hidden, self.hidden * self.intermediate, fused_experts)
+
+
+def _moe_fields(c: dict) -> dict:
+    """The MoE fields of a config.json (any of the naming schemes of transformers' MoE configs); {} for a dense one."""
+    experts = int(c.get("num_experts") or c.get("num_local_experts") or c.get("n_routed_experts") or 0)
+    if experts <= 0:
+        return {}
+    layers = c["num_hidden_layers"]
+    width = int(c.get("moe_intermediate_size") or c["intermediate_size"])
+    step = int(c.get("decoder_sparse_step") or 1)
+    dense_only = set(c.get("mlp_only_layers") or []) | set(range(int(c.get("first_k_dense_replace") or 0)))
+    moe = [i for i in range(layers) if i not in dense_only and (i + 1) % step == 0]
+    shared = int(c.get("shared_expert_intermediate_size") or 0) or int(c.get("n_shared_experts") or 0) * width
+    return {
+        "experts": experts,
+        "experts_per_token": int(c.get("num_experts_per_tok") or 0),
+        "expert_intermediate": width,
+        "shared_intermediate": shared,
+        "moe_layers": len(moe),
+    }

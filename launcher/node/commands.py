@@ -94,6 +94,8 @@ def vllm_command(plan: Plan, node: int, python: str = "python", allocated: str |
         argv += ["--data-parallel-size", str(plan.data_parallel_size)]
     if v.max_model_len:
         argv += ["--max-model-len", str(v.max_model_len)]
+    if v.enable_expert_parallel:  # checked against the model and the server's GPUs by the plan
+        argv += ["--enable-expert-parallel"]
     if plan.lora_push == ADAPTER:  # the trainer pushes only its adapter, loaded at run time (trainer.push.adapter)
         argv += ["--enable-lora", "--max-lora-rank", str(serving_rank(plan.config.trainer.lora.r))]
     argv += emulation.vllm_args(plan)  # job.emulate_gpus only: several workers on one GPU

@@ -10,7 +10,7 @@ from pathlib import Path
 
 from launcher.cli import main as cli_main
 from launcher.core.shape import ModelShape
-from launcher.memory import Layout, Options, common_shape, estimate, gpu_memory_gb
+from launcher.memory import Layout, Options, common_shape, estimate, gpu_memory_gb, report
 
 REPO = Path(__file__).resolve().parents[2]
 
@@ -105,3 +105,70 @@ def test_a_reference_model_is_a_whole_fp32_copy_on_every_rank(tmp_path, capsys):
     assert cli_main(argv) == 0
     section = capsys.readouterr().out.split("# memory estimate")[1].split("# sbatch")[0]
     assert "reference model 30.5 (trainer.beta > 0: TRL's unsharded fp32 copy)" in section, section
+
+
+QWEN3_30B_A3B = {
+    "model_type": "qwen3_moe",
+    "hidden_size": 2048,
+    "num_hidden_layers": 48,
+    "intermediate_size": 6144,
+    "moe_intermediate_size": 768,
+    "num_experts": 128,
+    "num_experts_per_tok": 8,
+    "decoder_sparse_step": 1,
+    "mlp_only_layers": [],
+    "vocab_size": 151936,
+    "num_attention_heads": 32,
+    "num_key_value_heads": 4,
+    "head_dim": 128,
+    "tie_word_embeddings": False,
+}
+
+
+def test_an_moe_counts_every_expert_in_total_and_the_routed_ones_as_active(tmp_path, capsys):
+    """Published sizes (total / active): Qwen3-30B-A3B 30.53B / 3.35B, Mixtral-8x7B 46.70B / 12.88B; the tiny MoE bodies
+    of every MoE family, with a dense layer among the sparse ones, to the parameter as transformers builds them; and
+    what dry-run prints for the 30B."""
+    model = tmp_path / "qwen3-30b-a3b"
+    model.mkdir()
+    (model / "config.json").write_text(json.dumps(QWEN3_30B_A3B))
+    shape = ModelShape.read(str(model))
+    assert shape is not None and shape.moe_layers == 48
+    assert abs(shape.params / 1e9 - 30.53) < 0.01 and abs(shape.active_params / 1e9 - 3.35) < 0.01, shape
+    mixtral = common_shape("Mixtral-8x7B")
+    assert abs(mixtral.params / 1e9 - 46.70) < 0.01 and abs(mixtral.active_params / 1e9 - 12.88) < 0.01
+    assert common_shape("Qwen3-30B-A3B") == shape
+    # a gathered unit is a whole MoE layer; its activations run only the routed experts
+    e = estimate(shape, _lay(), Options())
+    assert e.state_gb > 16 * 30.5 / 7 and e.gathered_gb > 2 * 2 * 0.6
+    from trainer.tiny_families import MOE
+    from trainer.tiny_model import make_tiny_model
+
+    for family in MOE:
+        made = make_tiny_model(tmp_path / family, family=family, tie=False, layers=3)
+        cfg = json.loads((tmp_path / family / "config.json").read_text())
+        shape = ModelShape.read(str(tmp_path / family))
+        assert shape is not None and shape.experts == 3 and shape.active_params < shape.params, (family, shape)
+        # qwen2_moe has the q/k/v biases the count assumes; the others differ by them (and OLMoE's q/k norms) only
+        tolerance = 0 if family == "qwen2_moe" else 3 * (128 + 2 * 64 + 2 * 128)
+        assert abs(shape.params - made["params"]) <= tolerance, (family, shape.params, made["params"], cfg)
+    # layer 1 of 3 dense (qwen2_moe's mlp_only_layers): counted with the dense MLP, to the parameter
+    import torch
+    from transformers import AutoConfig, AutoModelForCausalLM
+
+    cfg = json.loads((tmp_path / "qwen2_moe" / "config.json").read_text()) | {"mlp_only_layers": [1]}
+    (tmp_path / "qwen2_moe" / "config.json").write_text(json.dumps(cfg))
+    with torch.device("meta"):
+        built = AutoModelForCausalLM.from_config(AutoConfig.from_pretrained(tmp_path / "qwen2_moe"))
+    shape = ModelShape.read(str(tmp_path / "qwen2_moe"))
+    assert shape is not None and shape.moe_layers == 2 and shape.params == sum(p.numel() for p in built.parameters())
+    argv = ["dry-run", str(REPO / "configs" / "gpu_7b_4nodes.yaml"), "--set", f"vllm.model={model}"]
+    assert cli_main(argv) == 0
+    section = capsys.readouterr().out.split("# memory estimate")[1].split("# sbatch")[0]
+    assert "model 30.53B parameters (3.35B active per token: 8 of 128 experts)" in section, section
+    # Qwen3-235B-A22B: one layer's gate_up_proj is 3 GiB in bf16, over the ipc push's default 2 GiB buffer
+    big = ModelShape(4096, 94, 12288, 151936, 64, 4, 128, False, 128, 8, 1536, moe_layers=94)
+    assert abs(big.params / 1e9 - 235.1) < 0.1 and abs(big.active_params / 1e9 - 22.1) < 0.1, (big.params, big.active_params)
+    warn = [x for x in report(big, _lay(push_buffer_bytes=2048 * 2**20), Options()) if "ipc push buffer" in x and "WARN" in x]
+    assert warn and "trainer.ipc_buffer_mb >= 3072" in warn[0], warn
+    assert not [x for x in report(shape, _lay(push_buffer_bytes=2048 * 2**20), Options()) if "WARNING: the largest" in x]

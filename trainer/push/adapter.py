@@ -159,11 +159,13 @@ class MergedPusher(NodePusher):
         super().__init__(model, client, settings, device)
         self.scale = trainer_lora.scaling(lora)
         dtype = str(settings.dtype).removeprefix("torch.")
-        self.meta = [
-            ParamMeta(name, dtype, list(p.shape))
-            for n, p in model.named_parameters()
-            if (name := trainer_lora.base_name(n)) is not None
-        ]
+        self.meta = self.as_served(
+            [
+                ParamMeta(name, dtype, list(p.shape))
+                for n, p in model.named_parameters()
+                if (name := trainer_lora.base_name(n)) is not None
+            ]
+        )
         self.bytes_last = sum(m.nbytes for m in self.meta)
 
     def params(self) -> Iterator[tuple[str, torch.Tensor]]:

@@ -13,6 +13,7 @@ from dataclasses import dataclass
 
 import torch
 
+from trainer.checkpoint_names import served_names
 from trainer.push.gather import iter_unsharded_params, param_metadata
 from trainer.push.senders import GlooSender, MappedIpcSender, NcclSender, Sender
 from trainer.push.wire import ParamMeta
@@ -49,7 +50,7 @@ class NodePusher:
     def __init__(self, model: torch.nn.Module, client: VllmServer | None, settings: PushSettings, device: torch.device):
         self.model, self.client, self.settings, self.device = model, client, settings, device
         self.sender: Sender | None = None
-        self.meta = param_metadata(model, settings.dtype)
+        self.meta = self.as_served(param_metadata(model, settings.dtype))
         self.pushes = 0
         self.phases: dict[str, float] = {}
         """The last push's seconds by part, where the sender measures them (ipc): the trainer log prints them."""
@@ -66,7 +67,7 @@ class NodePusher:
             for _ in iter_unsharded_params(self.model, self.settings.dtype, copy=False):
                 pass
             return 0.0
-        params = self.params()
+        params = served_stream(self.params(), self.served)
         if self.sender is None:
             self.sender = make_sender(self.settings, self.client, self.meta, self.device)
         client, sender = self.client, self.sender
@@ -84,10 +85,21 @@ class NodePusher:
         print(f"[push node {self.client.node} step {step}] {took * 1e3:.1f} ms: {parts} (ms)", flush=True)
         return took
 
+    def as_served(self, meta: list[ParamMeta]) -> list[ParamMeta]:
+        """meta under the names vLLM's load_weights takes (trainer.checkpoint_names.served_names: Mixtral's experts, ...);
+        sets self.served, which push() renames the stream with."""
+        self.served = served_names(self.model, [m.name for m in meta])
+        return [m._replace(name=self.served[m.name]) for m in meta]
+
     def params(self) -> Iterator[tuple[str, torch.Tensor]]:
         """What a push sends, in self.meta's order (trainer.push.adapter's merged LoRA push sends other tensors)."""
         # the ipc sender copies each tensor into its staging buffer at once (casting): no copy of the walk's own needed
         return iter_unsharded_params(self.model, self.settings.dtype, copy=self.settings.backend != "ipc")
+
+
+def served_stream(params: Iterator[tuple[str, torch.Tensor]], served: dict[str, str]) -> Iterator[tuple[str, torch.Tensor]]:
+    for name, t in params:
+        yield served[name], t
 
 
 def with_requests_paused(client: VllmServer, step: int, keep_in_flight: bool, push: Callable[[], None]) -> None:

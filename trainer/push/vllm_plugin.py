@@ -1,6 +1,6 @@
 """vLLM plugin (entry point group `vllm.general_plugins`, see pyproject.toml), loaded in every vLLM
 process: registers the project's `gloo` (CPU) and `mapped_ipc` (one shared GPU) weight-transfer engines, on CPU servers keeps linear
-weights as plain tensors so that pushed weights take effect, and with LoRA pushes reads a pushed adapter once.
+weights as plain tensors and re-prepacks MoE experts after each update so that pushed weights take effect, and with LoRA pushes reads a pushed adapter once.
 
 Why the second part: vLLM's CPU linear layers prepack weights into oneDNN handles and drop the weight
 tensor (`dispatch_cpu_unquantized_gemm(layer, remove_weight=True)`); a weight reload then writes
@@ -44,6 +44,7 @@ def register() -> None:
             layer.cpu_linear = torch.nn.functional.linear
 
         layer_utils.dispatch_cpu_unquantized_gemm = keep_weight
+        reprepack_cpu_moe_on_update()
     once = os.environ.get(Env.LORA_LOAD_ONCE) == "1"
     if once:
         load_adapters_once()
@@ -53,6 +54,31 @@ def register() -> None:
             f"LoRA adapters read once: {once})",
             flush=True,
         )
+
+
+def reprepack_cpu_moe_on_update() -> None:
+    """Patch vLLM's unquantized MoE (idempotent): on a weight update, run the CPU experts' own
+    process_weights_after_loading (pad the expert width to a multiple of 32, prepack) as on the first load.
+
+    Why: UnquantizedFusedMoEMethod._setup_kernel copies the pushed [E, 2I, H] weights into the kernel's storage but
+    runs that hook only on the first load, so after a push the CPU kernel read plain weights as prepacked ones (parity
+    0.064 on a tiny Qwen3-MoE), and an expert width that is not a multiple of 32 failed the copy (96 into 128)."""
+    from vllm.model_executor.layers.fused_moe import unquantized_fused_moe_method as ufm
+    from vllm.model_executor.layers.fused_moe.experts.cpu_moe import CPUUnquantizedExperts
+
+    method = ufm.UnquantizedFusedMoEMethod
+    if getattr(method._setup_kernel, "_slurm_grpo", False):
+        return
+    setup = method._setup_kernel
+
+    def _setup_kernel(self, layer, w13, w2):
+        update = self.moe_kernel is not None
+        setup(self, layer, w13, w2)
+        if update and isinstance(self.moe_kernel.fused_experts, CPUUnquantizedExperts):
+            self.moe_kernel.fused_experts.process_weights_after_loading(layer)
+
+    _setup_kernel._slurm_grpo = True  # type: ignore[attr-defined]
+    method._setup_kernel = _setup_kernel  # type: ignore[method-assign]
 
 
 def load_adapters_once() -> None:

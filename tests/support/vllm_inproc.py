@@ -1,0 +1,70 @@
+"""vLLM's model classes built in this process on CPU, without a server (vLLM's own `get_model`, ~1 s per tiny body):
+the unit tier checks what a push sends against what vLLM's own `load_weights` does with it. Run it in a spawned
+process (tests.support.ranks.run_ranks): it sets vLLM's global distributed state."""
+
+from __future__ import annotations
+
+import os
+from typing import Any
+
+from launcher.core.jobdir import Env
+
+
+def vllm_env() -> None:
+    """As the project's CPU servers run: the plugin keeps linear weights plain and re-prepacks MoE experts after an
+    update (trainer.push.vllm_plugin), quietly."""
+    os.environ[Env.CPU_PLAIN_LINEAR] = "1"
+    os.environ[Env.PLUGIN_QUIET] = "1"
+    os.environ.setdefault("VLLM_CPU_KVCACHE_SPACE", "1")
+
+
+class InProcessVllm:
+    def __init__(self) -> None:
+        vllm_env()
+        import torch
+        from vllm.plugins import load_general_plugins
+
+        load_general_plugins()
+        # vLLM's loader empties the accelerator cache after a load; there is no accelerator on a CPU test machine
+        torch.accelerator.empty_cache = lambda: None  # type: ignore[assignment]
+        self.ready = False
+
+    def build(self, model_dir: str) -> tuple[Any, Any]:
+        """(vLLM's model loaded from model_dir, its VllmConfig)."""
+        from vllm.config import set_current_vllm_config
+        from vllm.distributed import init_distributed_environment, initialize_model_parallel
+        from vllm.engine.arg_utils import EngineArgs
+        from vllm.model_executor.model_loader import get_model
+        from vllm.model_executor.models.registry import ModelRegistry
+
+        args = EngineArgs(model=model_dir, dtype="float32", enforce_eager=True, max_model_len=256, skip_tokenizer_init=True)
+        import json
+        from pathlib import Path
+
+        for arch in json.loads((Path(model_dir) / "config.json").read_text())["architectures"]:
+            # inspected in this process (the class is imported anyway) instead of one subprocess per architecture
+            lazy = ModelRegistry.models.get(arch)
+            if lazy is not None and hasattr(lazy, "load_model_cls") and hasattr(lazy, "module_name"):
+                ModelRegistry.register_model(arch, lazy.load_model_cls())
+        cfg = args.create_engine_config()
+        with set_current_vllm_config(cfg):
+            if not self.ready:
+                import torch.distributed as dist
+
+                rank, world = (dist.get_rank(), dist.get_world_size()) if dist.is_initialized() else (0, 1)
+                init_distributed_environment(world_size=world, rank=rank, local_rank=rank, backend="gloo")
+                initialize_model_parallel(1, 1)
+                self.ready = True
+            return get_model(vllm_config=cfg), cfg
+
+    @staticmethod
+    def push(model: Any, cfg: Any, weights: list[tuple[str, Any]]) -> None:
+        """One weight update as the project's engines run it (trainer.push.gloo_engine / vLLM's nccl engine): layerwise
+        reload, load_weights, finalize."""
+        from vllm.config import set_current_vllm_config
+        from vllm.model_executor.model_loader.reload import finalize_layerwise_reload, initialize_layerwise_reload
+
+        with set_current_vllm_config(cfg):
+            initialize_layerwise_reload(model)
+            model.load_weights(weights)
+            finalize_layerwise_reload(model, cfg.model_config)

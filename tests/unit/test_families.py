@@ -1,0 +1,160 @@
+"""The family matrix, unit tier: a tiny random body of every family in trainer.tiny_families (dense and MoE) through
+the default sharded loader on 2 gloo ranks, bit for bit what `from_pretrained` makes (Gemma's non-persistent embedding
+scale, MoE per-expert checkpoints into transformers' fused experts with 3 experts on 2 ranks), each checkpoint byte
+read by exactly one rank; and each MoE family trains under FSDP2 and resumes from a checkpoint bit for bit."""
+
+from __future__ import annotations
+
+import functools
+from pathlib import Path
+
+import pytest
+
+from tests.support.ranks import cpu_parallel, run_ranks
+from trainer.tiny_families import FAMILIES, MOE
+
+
+@pytest.fixture(scope="module")
+def family_dirs(tmp_path_factory) -> dict[str, str]:
+    from trainer.tiny_model import make_tiny_model
+
+    root = tmp_path_factory.mktemp("families")
+    out = {}
+    for family in FAMILIES:
+        make_tiny_model(root / family, family=family, tie=family.startswith("gemma"))
+        out[family] = str(root / family)
+    return out
+
+
+def train_save_resume(par, model_dir: str, ckpt: str) -> dict:
+    """MoE under FSDP2 (experts sharded on dim 0): two AdamW steps, a checkpoint after the first, a fresh load resumed
+    from it and stepped once: the same weights as the uninterrupted run, bit for bit."""
+    import torch
+    from torch.distributed.tensor import DTensor
+
+    from launcher.core.records import CheckpointMeta
+    from trainer import checkpoint
+    from trainer.loading import load_model
+
+    ids = torch.arange(2 * 12).reshape(2, 12) % 200
+
+    def step(model, opt) -> None:
+        model.train()
+        opt.zero_grad()
+        model(input_ids=ids, labels=ids).loss.backward()
+        opt.step()
+
+    def experts(model) -> dict:
+        return {n: p.full_tensor() for n, p in model.named_parameters() if isinstance(p, DTensor) and p.dim() == 3}
+
+    model, _ = load_model(model_dir, par, torch.float32)
+    opt = torch.optim.AdamW(model.parameters(), lr=1e-2)
+    start = experts(model)
+    step(model, opt)
+    checkpoint.save(Path(ckpt), model, opt, None, CheckpointMeta(step=1, world_size=par.world))
+    step(model, opt)
+    again, _ = load_model(model_dir, par, torch.float32)
+    opt2 = torch.optim.AdamW(again.parameters(), lr=1e-2)
+    checkpoint.load(Path(ckpt) / "step-000001", again, opt2, None)
+    step(again, opt2)
+    want, got = experts(model), experts(again)
+    return {
+        "experts_moved": bool(want) and all(not torch.equal(want[n], start[n]) for n in want),
+        "resumed_equal": bool(want) and all(torch.equal(want[n], got[n]) for n in want),
+    }
+
+
+def load_and_compare(rank: int, world: int, _port: int, dirs: dict[str, str], ckpt_root: str) -> dict[str, dict]:
+    import torch
+    from torch.distributed.tensor import DTensor
+    from transformers import AutoModelForCausalLM
+
+    from trainer.loading import load_model
+
+    par = cpu_parallel(rank, world)
+    out = {}
+    for family, d in dirs.items():
+        model, report = load_model(d, par, torch.float32)
+        ref = AutoModelForCausalLM.from_pretrained(d, dtype=torch.float32)
+
+        def full(t):
+            return t.full_tensor() if isinstance(t, DTensor) else t
+
+        got = {k: full(v) for k, v in model.state_dict().items()}
+        got.update({f"buffer:{k}": full(b) for k, b in model.named_buffers()})
+        want = {**ref.state_dict(), **{f"buffer:{k}": b for k, b in ref.named_buffers()}}
+        out[family] = {
+            "missing": sorted(set(want) ^ set(got)),
+            "differ": [k for k in want if k in got and not torch.equal(got[k], want[k])],
+            "fused_experts": [n for n, p in model.named_parameters() if p.dim() == 3],
+            "bytes_read": report.bytes_read,
+        }
+        if family in MOE:
+            out[family] |= train_save_resume(par, d, f"{ckpt_root}/{family}")
+    return out
+
+
+def test_every_family_loads_sharded_bit_for_bit_as_from_pretrained(family_dirs, tmp_path):
+    res = run_ranks(2, functools.partial(load_and_compare, dirs=family_dirs, ckpt_root=str(tmp_path)), timeout_s=300)
+    for family, d in family_dirs.items():
+        r0, r1 = res[0][family], res[1][family]
+        assert not r0["missing"] and not r0["differ"], f"{family}: sharded load differs from from_pretrained: {r0}"
+        assert not r1["differ"], f"{family}, rank 1: {r1['differ']}"
+        on_disk = sum(f.stat().st_size for f in Path(d).glob("*.safetensors"))
+        # the headers are the only bytes nobody reads; each tensor byte is read by one rank (the owner of its rows)
+        assert 0 < on_disk - (r0["bytes_read"] + r1["bytes_read"]) < 32_000, f"{family}: {on_disk} on disk, read {r0}, {r1}"
+        if family in MOE:
+            assert r0["fused_experts"], f"{family}: no fused expert parameter was built: {r0}"
+            assert r0["experts_moved"] and r0["resumed_equal"] and r1["resumed_equal"], f"{family}: train/resume: {r0}, {r1}"
+
+
+def push_and_compare(rank: int, world: int, _port: int, dirs: dict[str, str], out_root: str) -> dict[str, dict]:
+    import torch
+    from transformers import AutoModelForCausalLM
+
+    from tests.support.vllm_inproc import InProcessVllm
+    from trainer.checkpoint_names import served_names
+
+    def as_pushed(model) -> list[tuple[str, torch.Tensor]]:
+        names = served_names(model, [n for n, _ in model.named_parameters()])
+        return [(names[n], p.detach().clone()) for n, p in model.named_parameters()]
+
+    before, after = {}, {}
+    torch.manual_seed(1)
+    # every HF model before vLLM's classes are imported: vLLM's olmo2 decorates transformers' Olmo2Model in place
+    for family, d in dirs.items():
+        model = AutoModelForCausalLM.from_pretrained(d, dtype=torch.float32)
+        before[family] = as_pushed(model)
+        with torch.no_grad():
+            for p in model.parameters():  # "a training step": every parameter moves
+                p.add_(0.1 * torch.randn_like(p))
+        after[family] = as_pushed(model)
+        model.save_pretrained(f"{out_root}/{family}")  # the same weights as a checkpoint vLLM loads from scratch
+    vllm = InProcessVllm()
+    out = {}
+    for family in sorted(dirs, key=lambda f: f not in MOE):  # vLLM makes its expert-parallel group with the first model
+        served, cfg = vllm.build(f"{out_root}/{family}")
+        fresh = {n: p.detach().clone() for n, p in served.named_parameters()}  # as loaded from the trained checkpoint
+        vllm.push(served, cfg, before[family])  # the server's weights move away from the trained ones...
+        moved = [n for n, p in served.named_parameters() if not torch.equal(p, fresh[n])]
+        vllm.push(served, cfg, after[family])  # ...and a push of the trained weights must land exactly on the fresh load
+        out[family] = {
+            "renamed": sorted({n.split(".")[3] for n, _ in after[family] if ".block_sparse_moe." in n}),
+            "unmoved": sorted(set(fresh) - set(moved)),
+            "differ": [n for n, p in served.named_parameters() if not torch.equal(p, fresh[n])],
+            "params": len(fresh),
+        }
+    return out
+
+
+def test_every_familys_push_lands_in_vllms_model_as_a_fresh_load(family_dirs, tmp_path):
+    """The trainer's push (names from trainer.checkpoint_names.served_names, HF's fused experts as they are) through
+    vLLM's own load_weights and layerwise reload, with the project's plugin: every parameter of vLLM's model then
+    equals a fresh load of the same weights (Mixtral's experts under vLLM's names; Qwen3-MoE's expert width 48 padded
+    and re-prepacked by the CPU kernel). One vLLM model per family: loaded from the trained weights, pushed the
+    untrained ones (every parameter must move), then the trained ones (every parameter must be back, bit for bit)."""
+    res = run_ranks(1, functools.partial(push_and_compare, dirs=family_dirs, out_root=str(tmp_path)), timeout_s=600)[0]
+    for family, r in res.items():
+        assert r["params"] > 0 and not r["unmoved"], f"{family}: a push left vLLM's parameters {r['unmoved']} as they were"
+        assert not r["differ"], f"{family}: after a push, vLLM's parameters differ from a fresh load: {r}"
+    assert res["mixtral"]["renamed"] == ["block_sparse_moe"], res["mixtral"]  # vLLM's module name, not HF's mlp

@@ -1,0 +1,62 @@
+"""MoE in the launcher: vLLM's expert parallelism passed through with the plan's checks, and which modules LoRA
+may adapt on a mixture of experts (refused ones fail at plan time with the fix)."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+
+from launcher.core import config as C
+from launcher.core.lora import MERGED
+from launcher.core.plan import plan
+from launcher.node.commands import vllm_command
+
+MOE = {
+    "architectures": ["Qwen3MoeForCausalLM"],
+    "hidden_size": 128,
+    "num_hidden_layers": 2,
+    "intermediate_size": 256,
+    "moe_intermediate_size": 48,
+    "num_experts": 4,
+    "num_experts_per_tok": 2,
+    "vocab_size": 300,
+    "num_attention_heads": 2,
+    "num_key_value_heads": 1,
+}
+
+
+def cfg(tmp_path, model: dict, vllm: dict | None = None, lora: dict | None = None, gpus: int = 4) -> C.JobConfig:
+    (tmp_path / "config.json").write_text(json.dumps(model))
+    return C.from_dict(
+        {
+            "vllm": {"model": str(tmp_path), **(vllm or {})},
+            "slurm": {"gpus_per_node": gpus},
+            "trainer": {"lora": lora or {}},
+        }
+    )
+
+
+def test_expert_parallel_reaches_vllms_command_line_only_where_it_means_something(tmp_path):
+    p = plan(cfg(tmp_path, MOE, {"tensor_parallel_size": 2, "enable_expert_parallel": True}), "/jobs/x")
+    assert "--enable-expert-parallel" in vllm_command(p, 0).argv
+    assert "--enable-expert-parallel" not in vllm_command(plan(cfg(tmp_path, MOE, {"tensor_parallel_size": 2}), "/j"), 0).argv
+    with pytest.raises(C.ConfigError, match=r"enable_expert_parallel splits the experts.*TP x DP is 1 x 1"):
+        plan(cfg(tmp_path, MOE, {"enable_expert_parallel": True}), "/jobs/x")
+    dense = {k: v for k, v in MOE.items() if k not in ("num_experts", "moe_intermediate_size")}
+    with pytest.raises(C.ConfigError, match=r"is not a mixture of experts.*remove it"):
+        plan(cfg(tmp_path, dense, {"tensor_parallel_size": 2, "enable_expert_parallel": True}), "/jobs/x")
+
+
+def test_lora_on_an_moe_adapts_attention_and_pushes_merged(tmp_path):
+    p = plan(cfg(tmp_path, MOE, lora={"r": 8, "target_modules": ["q_proj", "k_proj", "v_proj", "o_proj"]}), "/jobs/x")
+    assert p.lora_push == MERGED
+    # the default targets name the MLP projections, which peft maps onto the fused experts: refused with the fix
+    for bad in ([], ["q_proj", "experts"], ["gate"], ["mlp.experts.gate_up_proj"], ["v_proj", "down_proj"]):
+        with pytest.raises(C.ConfigError, match=r"on a mixture of experts LoRA adapts the attention projections only"):
+            plan(cfg(tmp_path, MOE, lora={"r": 8, **({"target_modules": bad} if bad else {})}), "/jobs/x")
+
+
+def test_gpt_oss_is_refused_at_plan_time_because_vllm_drops_its_pushes(tmp_path):
+    with pytest.raises(C.ConfigError, match=r"gpt-oss loader writes weights with param.copy_.*not supported"):
+        plan(cfg(tmp_path, MOE | {"architectures": ["GptOssForCausalLM"], "num_local_experts": 4}), "/jobs/x")

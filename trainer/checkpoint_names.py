@@ -1,0 +1,156 @@
+"""Where each parameter of the model transformers builds lives in a checkpoint on disk, as pieces the sharded loader
+(trainer.loading) reads by rows. Owns the one boundary with transformers' load-time weight conversion
+(`transformers.conversion_mapping` / `core_model_loading`, 5.19).
+
+Why: transformers 5 builds MoE layers with fused 3-D expert parameters (`mlp.experts.gate_up_proj` [E, 2I, H],
+`mlp.experts.down_proj` [E, H, I]), while checkpoints (the hub's and `save_pretrained`'s, which reverts the fusion)
+hold one matrix per expert (`mlp.experts.{e}.gate_proj.weight` [I, H], ...; Mixtral: `block_sparse_moe.experts.{e}.w1`).
+`from_pretrained` reads whole tensors and converts them with the family's own mapping; here the same mapping (never a
+per-family table of ours) is read to place every per-expert matrix: expert e is row e of the fused parameter, and
+FSDP2 shards on dim 0, so a rank reads exactly the experts it owns, one expert matrix at a time.
+
+Accepted: renamings, and converters whose operations are MergeModulelist(dim=0) (stack the experts) optionally followed
+by Concatenate(dim=1) (gate then up). Anything else (a transpose, an interleave, a fused q/k/v) is refused with the fix
+(`trainer.model_loading=full`), never loaded wrong."""
+
+from __future__ import annotations
+
+import re
+from dataclasses import dataclass
+
+import torch
+
+
+class NamesError(RuntimeError):
+    """The checkpoint's names cannot be placed row-wise into the model; the message holds the fix."""
+
+
+@dataclass(frozen=True)
+class Piece:
+    """One checkpoint tensor and where it goes in a model parameter."""
+
+    key: str
+    """The checkpoint's tensor name."""
+    expert: int | None = None
+    """Row of the fused parameter (dim 0) this tensor fills; None: the tensor is the whole parameter."""
+    slot: int = 0
+    slots: int = 1
+    """The tensor fills block `slot` of `slots` equal blocks of the expert's dim 0 (gate = 0, up = 1 of gate_up_proj)."""
+
+
+def placement(model: torch.nn.Module, keys: list[str]) -> dict[str, list[Piece]]:
+    """Model parameter or buffer name (as the model built from the config names it) -> the pieces that fill it."""
+    renamings, converters = _transforms(model)
+    out: dict[str, list[Piece]] = {}
+    if not renamings and not converters:
+        return {k: [Piece(k)] for k in keys}
+    from transformers.core_model_loading import rename_source_key
+
+    by_pattern = {p: c for c in converters for p in c.source_patterns}
+    for key in keys:
+        target, pattern = rename_source_key(key, renamings, converters)
+        if pattern is None:
+            out[target] = [Piece(key)]
+            continue
+        conv = by_pattern[pattern]
+        _check_ops(conv, key)
+        out.setdefault(target, []).append(
+            Piece(key, _expert_index(key, pattern), conv.source_patterns.index(pattern), len(conv.source_patterns))
+        )
+    for target, pieces in out.items():
+        if pieces[0].expert is not None:
+            _check_complete(target, pieces)
+    return out
+
+
+def _transforms(model: torch.nn.Module) -> tuple[list, list]:
+    from transformers.conversion_mapping import get_model_conversion_mapping
+    from transformers.core_model_loading import WeightConverter, WeightRenaming
+
+    mapping = get_model_conversion_mapping(model, add_legacy=False)  # type: ignore[arg-type]
+    renamings = [t for t in mapping if isinstance(t, WeightRenaming)]
+    converters = [t for t in mapping if isinstance(t, WeightConverter)]
+    other = [t for t in mapping if not isinstance(t, WeightRenaming | WeightConverter)]
+    if other:
+        raise NamesError(
+            f"{type(model).__name__}: transformers maps its checkpoint with {other}, which the sharded loader "
+            "does not read; set trainer.model_loading=full"
+        )
+    return renamings, converters
+
+
+def _check_ops(conv, key: str) -> None:
+    from transformers.core_model_loading import Concatenate, MergeModulelist
+
+    ops = list(conv.operations)
+    stack = len(ops) >= 1 and isinstance(ops[0], MergeModulelist) and ops[0].dim == 0
+    cat = len(ops) == 1 or (len(ops) == 2 and isinstance(ops[1], Concatenate) and ops[1].dim == 1)
+    if not (stack and cat and len(ops) <= 2):
+        raise NamesError(
+            f"{key}: transformers converts it with {ops} on load, which the sharded loader does not read "
+            "row-wise; set trainer.model_loading=full"
+        )
+
+
+def _expert_index(key: str, pattern: str) -> int:
+    """The integer the pattern's `*` matched in key (mlp.experts.*.gate_proj.weight -> the expert)."""
+    head, star, tail = pattern.partition("*")
+    m = re.search(re.escape(head) + r"(\d+)" + re.escape(tail) + "$", key) if star else None
+    if m is None:
+        raise NamesError(
+            f"{key}: no expert index where transformers' pattern {pattern!r} has one; set trainer.model_loading=full"
+        )
+    return int(m.group(1))
+
+
+def _check_complete(target: str, pieces: list[Piece]) -> None:
+    experts = {p.expert for p in pieces}
+    want = {(e, s) for e in range(len(experts)) for s in range(pieces[0].slots)}
+    got = {(p.expert, p.slot) for p in pieces}
+    if got != want or len(pieces) != len(want):
+        raise NamesError(
+            f"{target}: the checkpoint's per-expert tensors are not experts 0..{len(experts) - 1} "
+            f"x {pieces[0].slots} parts each (missing {sorted(want - got)[:4]}); the checkpoint is incomplete"
+        )
+
+
+VLLM_FUSED_GATE_UP = {("gate_proj", "up_proj"): "gate_up_proj", ("w1", "w3"): "w13"}
+"""vLLM 0.32's name of a fused gate/up expert tensor, from the checkpoint's per-expert names
+(`RoutedExperts.build_expert_params_mapping(include_fused=True)`); a fused down projection keeps the per-expert name."""
+
+
+def served_names(model: torch.nn.Module, names: list[str]) -> dict[str, str]:
+    """The name vLLM's `load_weights` takes for each of the trainer's parameter names (as transformers builds the
+    model; a peft model is read through to its base): the checkpoint's module names (transformers' load-time renamings
+    reverted: Mixtral's `.mlp.` is `.block_sparse_moe.`), fused experts kept fused under the name vLLM gives the
+    checkpoint's gate/up pair (`experts.w13` for w1/w3). Same bytes, same layout: HF's gate_up_proj [E, 2I, H] is
+    vLLM's w13 (gate rows first)."""
+    base = model.get_base_model() if hasattr(model, "get_base_model") else model  # type: ignore[operator]
+    renamings, converters = _transforms(base)
+    if not renamings and not converters:
+        return {n: n for n in names}
+    from transformers.core_model_loading import rename_source_key
+
+    back = [r.reverse_transform() for r in renamings[::-1]]
+    leaves = {c.target_patterns[0].lstrip(".").rpartition(".")[2]: _fused_leaf(c) for c in converters}
+    out = {}
+    for n in names:
+        head, _, leaf = n.rpartition(".")
+        if head.endswith(".experts") and leaf in leaves:
+            n_served = f"{head}.{leaves[leaf]}"
+        else:
+            n_served = n
+        out[n] = rename_source_key(n_served, back, [], reverse=True)[0]
+    return out
+
+
+def _fused_leaf(conv) -> str:
+    stems = tuple(p.partition("*.")[2].removesuffix(".weight") for p in conv.source_patterns)
+    if len(stems) == 1:
+        return stems[0]
+    if stems in VLLM_FUSED_GATE_UP:
+        return VLLM_FUSED_GATE_UP[stems]
+    raise NamesError(
+        f"experts {list(stems)}: vLLM 0.32 has no fused name for this gate/up pair, so a push cannot send the fused "
+        "tensor; this family is not supported for pushes"
+    )
