@@ -162,7 +162,7 @@ def test_an_moe_counts_every_expert_in_total_and_the_routed_ones_as_active(tmp_p
         built = AutoModelForCausalLM.from_config(AutoConfig.from_pretrained(tmp_path / "qwen2_moe"))
     shape = ModelShape.read(str(tmp_path / "qwen2_moe"))
     assert shape is not None and shape.moe_layers == 2 and shape.params == sum(p.numel() for p in built.parameters())
-    argv = ["dry-run", str(REPO / "configs" / "gpu_7b_4nodes.yaml"), "--set", f"vllm.model={model}"]
+    argv = ["dry-run", str(REPO / "configs" / "gpu_7b_4nodes.yaml"), "--set", f"vllm.model={model}", "--skip-checks", "all"]
     assert cli_main(argv) == 0
     section = capsys.readouterr().out.split("# memory estimate")[1].split("# sbatch")[0]
     assert "model 30.53B parameters (3.35B active per token: 8 of 128 experts)" in section, section
