@@ -112,10 +112,22 @@ def check_context_length(config: JobConfig) -> None:
         )
 
 
+def check_eval_dataset(config: JobConfig) -> None:
+    """trainer.eval.dataset, when set: the same checks as trainer.dataset, the error naming its own key."""
+    path = config.trainer.eval.dataset
+    if not path:
+        return
+    try:
+        check_dataset(path)
+    except PreflightError as e:
+        raise PreflightError(str(e).replace("trainer.dataset", "trainer.eval.dataset", 1)) from None
+
+
 def check_node_inputs(config: JobConfig) -> None:
     check_model(config.vllm.model)
     check_context_length(config)
     check_dataset(config.trainer.dataset)
+    check_eval_dataset(config)
 
 
 SKIP_HINT = "if these paths exist only on the compute nodes, submit again with --skip-path-checks"
@@ -146,6 +158,7 @@ def input_problems(config: JobConfig) -> list[str]:
         lambda: check_model(config.vllm.model),
         lambda: check_context_length(config),
         lambda: check_dataset(config.trainer.dataset),
+        lambda: check_eval_dataset(config),
     )
     for check in checks:
         try:
@@ -159,6 +172,11 @@ def submit_path_problems(config: JobConfig) -> list[str]:
     """What the nodes would find missing, checked on the submit host: each a one-line error."""
     problems = input_problems(config)
     problems += [p for p in map(reward_module_problem, config.trainer.reward_funcs) if p]
+    problems += [
+        p.replace("trainer.reward_funcs", "trainer.eval.reward_funcs", 1)
+        for p in map(reward_module_problem, config.trainer.eval.reward_funcs)
+        if p
+    ]
     problems += agent_module_problems(config)
     venv = config.slurm.setup_vars.get("venv", "")
     if venv and not (Path(venv).expanduser() / "bin" / "activate").is_file():
@@ -204,6 +222,7 @@ def local_problems(config: JobConfig, python: str = sys.executable) -> list[str]
     return (
         input_problems(config)
         + reward_import_problems(config.trainer.reward_funcs, python)
+        + reward_import_problems(config.trainer.eval.reward_funcs, python)
         + agent_import_problems(config, python)
     )
 

@@ -126,7 +126,26 @@ def test_local_run_learns_pushes_land_and_resume_continues(tmp_path, tiny_model,
     first, last = sum(rewards[:5]) / 5, sum(rewards[-5:]) / 5
     print(f"reward first 5 {first:.3f} -> last 5 {last:.3f}")
     assert last > first + 0.05, (first, last)
-    assert_tracked(job, attempts=2, steps=24)
+    assert_tracked(job, attempts=2, steps=24, evals=[0, 10, 16, 20, 24])
+    assert_evaluated(job, [0, 10, 16, 20, 24])
+
+
+def assert_evaluated(job: Path, steps: list[int]) -> None:
+    """trainer.eval of configs/smoke_cpu.yaml (8 held-out prompts x 2 samples, every 10 steps and at the end, before
+    training on a fresh start only): a row per evaluation with plausible figures, the eval curve rising as the training
+    reward does (the eval generates with the current weights), `slurm-grpo status` naming the latest."""
+    from launcher.status import status
+
+    evals = [x for x in read(job / "metrics.jsonl") if x.get("kind") == "eval"]
+    assert [x["step"] for x in evals] == steps, evals
+    for x in evals:
+        assert (x["prompts"], x["samples_per_prompt"], x["prompts_per_node"]) == (8, 2, {"0": 8}), x
+        assert set(x["pass_at"]) == {"1", "2"} and 0 <= x["pass_at"]["1"] <= x["pass_at"]["2"] <= 1, x
+        assert 0 <= x["mean_at_k"] <= 1 and x["reward_funcs"]["letter_a_fraction"] == pytest.approx(x["mean_at_k"], abs=1e-5)
+        assert x["seconds"] > 0 and x["gen_s"]["0"] > 0 and x["completion_tokens_mean"] > 0, x
+    print("eval mean@2 per evaluation:", [x["mean_at_k"] for x in evals], "pass@1:", [x["pass_at"]["1"] for x in evals])
+    assert evals[-1]["mean_at_k"] > evals[0]["mean_at_k"] + 0.05, evals
+    assert f"latest eval: step {steps[-1]}: pass@1 " in status(job)
 
 
 def start_local(job_dir: Path, model: str, ports: Ports, *sets: str, env: dict[str, str] | None = None) -> subprocess.Popen:

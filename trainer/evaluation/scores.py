@@ -3,7 +3,7 @@
 pass@j is the unbiased estimator of Chen et al. 2021 ("Evaluating Large Language Models Trained on Code", eq. 1): with
 n completions of a prompt of which c pass, the chance that j of them drawn without replacement hold at least one pass,
 1 - C(n-c, j) / C(n, j), averaged over the prompts. It is reported for j = 1, 2, 4, ... and n itself: pass@1 is the
-mean pass rate, pass@n the fraction of prompts with any pass."""
+mean pass rate, pass@n the fraction of prompts with any pass. `shard` is each rank's share of the prompts."""
 
 from __future__ import annotations
 
@@ -64,8 +64,11 @@ def score(per_prompt: Sequence[Sequence[float]], threshold: float) -> Scores:
 
 
 def shard(count: int, world: int, rank: int) -> range:
-    """This rank's share of `count` eval prompts: contiguous blocks whose sizes differ by at most one, in rank order
-    (a node's ranks are consecutive, so each node's share is one block too)."""
+    """This rank's share of `count` eval prompts: contiguous blocks in rank order, the first count % world ranks one
+    longer (a node's ranks are consecutive, so each node's share is one block too; a set smaller than the world
+    leaves the last ranks none)."""
     if not 0 <= rank < world:
         raise ValueError(f"rank {rank} is not in a world of {world}")
-    return range(count * rank // world, count * (rank + 1) // world)
+    base, extra = divmod(count, world)
+    start = rank * base + min(rank, extra)
+    return range(start, start + base + (rank < extra))
