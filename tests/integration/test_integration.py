@@ -334,7 +334,7 @@ def test_async_generation_one_step_off_learns_and_survives_a_resume(tmp_path, ti
     """trainer.max_staleness 1: from step 2 on, every step trains on completions its node's server generated during
     the previous step's training (one optimizer step stale, recorded per step), no lookahead misses, every push
     lands (parity), TRL's importance-sampling figures recorded; a resume in the same folder continues with it on,
-    from the first run's final checkpoint."""
+    from the first run's final checkpoint. The evaluations (trainer.eval) run in between."""
     job = tmp_path / "async"
     sets = ("trainer.max_staleness=1", "trainer.save_steps=4")
     r = local(job, tiny_model, ports, "trainer.max_steps=6", *sets)
@@ -355,6 +355,10 @@ def test_async_generation_one_step_off_learns_and_survives_a_resume(tmp_path, ti
     assert all(x["logp_mismatch_mean"] is not None and x["is_ratio_mean"] is not None for x in stale)
     assert max(x["logp_mismatch_mean"] for x in stale) > 1e-3, [x["logp_mismatch_mean"] for x in stale]
     assert len({x["prompts_digest"]["0"] for x in steps}) == 12  # each step its own prompts, none repeated
+    # the smoke config's evaluations ran between the pushes without disturbing the lookahead (no misses above): before
+    # training, at each attempt's last step and every 10 steps, each with the weights the step left (pushed first)
+    evals = [x for x in rows if x.get("kind") == "eval"]
+    assert [x["step"] for x in evals] == [0, 6, 10, 12] and all(x["prompts"] == 8 for x in evals), evals
 
 
 def test_two_steps_off_on_a_data_parallel_server_pauses_pushes_and_every_engine_gets_the_weights(tmp_path, tiny_model, ports):

@@ -51,6 +51,13 @@ class Share:
     gen_s: float = 0.0
 
 
+def due(cfg: EvalConfig, step: int, max_steps: int) -> bool:
+    """Whether to evaluate after optimizer step `step` (0: before training)."""
+    if step == 0:
+        return cfg.before_training
+    return step == max_steps or (cfg.every_steps > 0 and step % cfg.every_steps == 0)
+
+
 def _name(fn: Callable) -> str:
     return getattr(fn, "__name__", type(fn).__name__)
 
@@ -109,11 +116,7 @@ class Evaluator:
             self.loop = trainer_loop(trainer, self.agents)
 
     def due(self, step: int, max_steps: int) -> bool:
-        """After optimizer step `step` (0: before training)."""
-        every = self.cfg.every_steps
-        if step == 0:
-            return self.cfg.before_training
-        return step == max_steps or (every > 0 and step % every == 0)
+        return due(self.cfg, step, max_steps)
 
     def take_push_s(self) -> float:
         s, self.push_s = self.push_s, 0.0
