@@ -199,7 +199,8 @@ class FakeServer:
     the completion text "<node>:<j % 3>"; it records every prompt it was asked."""
 
     def __init__(self, node: int) -> None:
-        self.node, self.asked = node, []
+        self.node = node
+        self.asked: list[str] = []
 
     def complete(self, prompts, step=0, **sampling):
         self.asked += [bytes(p).decode() for p in prompts]
