@@ -1,8 +1,8 @@
 """The project's TrainerCallback: resume, the per-step metrics row, periodic and preemption checkpoints, the evaluations
 (trainer.eval). It holds the node's rollout (built before TRL's trainer): it starts each step there (`begin_step`) and
-writes each step's row from the rollout's figures. The model, optimizer and scheduler come with every event (transformers' CallbackHandler passes
-them, trainer.trl_glue hook 3). Every TRL internal the trainer relies on is named in trainer.trl_glue, and used only
-there."""
+writes each step's row from the rollout's figures. The model, optimizer and scheduler come with every event
+(transformers' CallbackHandler passes them, trainer.trl_glue hook 3). Every TRL internal the trainer relies on is named
+in trainer.trl_glue, and used only there."""
 
 from __future__ import annotations
 
