@@ -381,6 +381,7 @@ def test_two_steps_off_on_a_data_parallel_server_pauses_pushes_and_every_engine_
         "trainer.parity_every=1",  # the stale probe before every push: each engine's weights really changed
         f"trainer.max_completion_length={long}",
         "trainer.grpo={generation_kwargs: {ignore_eos: true}}",
+        "trainer.eval.max_prompts=2",  # the smoke config's evaluations, kept short: their completions are `long` too
     )
     assert r.returncode == 0, r.stdout[-3000:] + r.stderr[-3000:]
     plan = json.loads((job / "plan.json").read_text())
