@@ -12,7 +12,7 @@ from typing import Any
 
 from launcher.core.config import ConfigError
 from launcher.core.jobdir import JobDir
-from launcher.core.records import Event, format_summary, read_events, read_rows, summarize
+from launcher.core.records import Event, eval_rows, format_eval, format_summary, read_events, read_rows, summarize
 
 
 def q(path: str | Path) -> str:
@@ -188,6 +188,9 @@ def status(job_dir: Path) -> str:
     if rows:
         lines.append("last metrics: " + json.dumps(rows[-1].to_dict()))
     lines.append("summary: " + format_summary(summarize(rows)))
+    evals = eval_rows(rows)
+    if evals or plan.config.trainer.eval.enabled:
+        lines.append("latest eval: " + format_eval(evals[-1] if evals else None))
     return "\n".join(lines)
 
 

@@ -174,9 +174,10 @@ def pytest_terminal_summary(terminalreporter) -> None:
         terminalreporter.write_line(f"fault injection-to-stop times: {FAULT_TIMES[0]}")
 
 
-def assert_tracked(job: Path, attempts: int, steps: int) -> None:
+def assert_tracked(job: Path, attempts: int, steps: int, evals: list[int] | None = None) -> None:
     """One W&B run (the id the launcher wrote into the job folder) with a part per attempt, each holding TRL's and the
-    project's figures; TensorBoard events, read back with TensorBoard's own reader, for every step."""
+    project's figures; TensorBoard events, read back with TensorBoard's own reader, for every step (and evals: the
+    steps trainer.eval evaluated, under eval/)."""
     run_id = (job / "wandb_run_id").read_text().strip()
     parts = sorted((job / "wandb").glob("offline-run-*"))
     assert len(parts) == attempts and all(p.name.endswith("-" + run_id) for p in parts), (run_id, parts)
@@ -190,3 +191,7 @@ def assert_tracked(job: Path, attempts: int, steps: int) -> None:
     assert [e.step for e in tb.Scalars("train/reward")] == list(range(1, steps + 1))
     parity = tb.Scalars("train/slurm_grpo/parity/node0")
     assert len(parity) == steps and max(e.value for e in parity) <= 1e-4
+    if evals is not None:
+        assert all(b"eval/pass@1" in (p / f"run-{run_id}.wandb").read_bytes() for p in parts)
+        assert [e.step for e in tb.Scalars("eval/pass@1")] == evals
+        assert [e.step for e in tb.Scalars("eval/mean@k")] == evals

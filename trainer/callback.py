@@ -1,8 +1,8 @@
-"""The project's TrainerCallback: resume, the per-step metrics row, periodic and preemption checkpoints. It holds the
-node's rollout (built before TRL's trainer): it starts each step there (`begin_step`) and writes each step's row from
-the rollout's figures. The model, optimizer and scheduler come with every event (transformers' CallbackHandler passes
-them, trainer.trl_glue hook 3). Every TRL internal the trainer relies on is named in trainer.trl_glue, and used only
-there."""
+"""The project's TrainerCallback: resume, the per-step metrics row, periodic and preemption checkpoints, the evaluations
+(trainer.eval). It holds the node's rollout (built before TRL's trainer): it starts each step there (`begin_step`) and
+writes each step's row from the rollout's figures. The model, optimizer and scheduler come with every event
+(transformers' CallbackHandler passes them, trainer.trl_glue hook 3). Every TRL internal the trainer relies on is named
+in trainer.trl_glue, and used only there."""
 
 from __future__ import annotations
 
@@ -21,6 +21,7 @@ from launcher.core.config import TrainerConfig
 from launcher.core.jobdir import Env, JobDir, checkpoint_meta
 from launcher.core.records import CheckpointMeta, CheckpointReason, ResumedRow, StepRow
 from trainer import checkpoint, data, tracking
+from trainer.evaluation.evaluator import Evaluator
 from trainer.metrics import MetricsWriter
 from trainer.parallel import Parallel
 from trainer.profiling import StepProfiler
@@ -59,6 +60,7 @@ class SlurmGrpoCallback(TrainerCallback):
         cursor: data.DataCursor,
         resume: tuple[int, Path] | None = None,
         on_first_step: Callable[[], None] | None = None,
+        evaluator: Evaluator | None = None,
     ):
         self.job_dir, self.par, self.t, self.rollout = job_dir, par, t, rollout
         self.cursor = cursor
@@ -67,6 +69,8 @@ class SlurmGrpoCallback(TrainerCallback):
         """(step, folder) of the checkpoint this run continues from, found before the trainer was built."""
         self.preemption = preemption
         self.on_first_step = on_first_step
+        self.evaluator = evaluator
+        """trainer.eval: run before the first step and after the steps it says are due (trainer.evaluation)."""
         self.metrics = MetricsWriter(job_dir)
         self.step_t0 = time.time()
         self.resumed_from: int | None = None
@@ -112,8 +116,13 @@ class SlurmGrpoCallback(TrainerCallback):
             checkpoint.restore_rng(self.rng_from, self.par.rank)
             self.rng_from = None
         self.rollout.begin_step(state.global_step)  # first: it may wait for the server's start (not the step's time)
+        pushed_s = 0.0
+        if self.evaluator is not None:
+            if state.global_step == 0 and self.evaluator.due(0, state.max_steps):  # before training (not again on resume)
+                self.evaluator.run(0)
+            pushed_s = self.evaluator.take_push_s()  # this step's push, brought forward by the evaluation: its time
         self.profiler.begin(state.global_step + 1)
-        self.step_t0 = time.time()
+        self.step_t0 = time.time() - pushed_s
 
     # -------------------------------------------------------------- metrics
     def on_log(self, args, state, control, logs=None, **kw):
@@ -147,6 +156,10 @@ class SlurmGrpoCallback(TrainerCallback):
                 print(f"preemption signal: checkpointed step {state.global_step}, stopping", flush=True)
         elif every and state.global_step % every == 0:
             self.save(state, model, optimizer, lr_scheduler)
+        if not self.preempted and self.evaluator is not None and self.evaluator.due(state.global_step, state.max_steps):
+            t0 = time.time()
+            self.evaluator.run(state.global_step)
+            self.step_t0 += time.time() - t0  # the evaluation's seconds are its own row's, not the step's
 
     def save(self, state, model, optimizer, lr_scheduler, reason: CheckpointReason = "periodic") -> None:
         if self.last_saved == state.global_step:

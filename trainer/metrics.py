@@ -1,5 +1,5 @@
-"""metrics.jsonl (one typed row per step, rank 0; launcher.core.records), the end-of-run summary.json and the
-metrics.png plot."""
+"""metrics.jsonl (one typed row per step and per evaluation, rank 0; launcher.core.records), the end-of-run
+summary.json and the metrics.png plot."""
 
 from __future__ import annotations
 
@@ -10,7 +10,7 @@ from pathlib import Path
 from typing import Any
 
 from launcher.core.jobdir import JobDir
-from launcher.core.records import Row, StepRow, format_summary, read_rows, row_from_dict, step_rows, summarize
+from launcher.core.records import EvalRow, Row, StepRow, eval_rows, format_summary, read_rows, row_from_dict, step_rows, summarize
 
 
 class MetricsWriter:
@@ -25,7 +25,7 @@ class MetricsWriter:
             f.write(json.dumps(stamped.to_dict()) + "\n")
 
     def set_aside_after(self, step: int) -> int:
-        """On resume from `step`: the rows of later steps (run by an attempt that died before its next checkpoint,
+        """On resume from `step`: the step and eval rows of later steps (run by an attempt that died before its next checkpoint,
         so run again now) move to metrics.lost.jsonl, so metrics.jsonl holds each step once. Returns how many."""
         if not self.path.is_file():
             return 0
@@ -36,7 +36,7 @@ class MetricsWriter:
                 row = row_from_dict(json.loads(line))
             except (ValueError, TypeError):
                 continue  # a line cut by the crash
-            (lost if isinstance(row, StepRow) and row.step > step else keep).append(line)
+            (lost if isinstance(row, (StepRow, EvalRow)) and row.step > step else keep).append(line)
         if lost:
             with open(self.jd.metrics_lost, "a") as f:
                 f.write("\n".join(lost) + "\n")
@@ -51,10 +51,11 @@ def write_summary_and_plot(job_dir: Path, extra: dict[str, Any]) -> dict[str, An
     jd = JobDir(job_dir)
     rows = read_rows(jd.metrics)
     summary = summarize(rows)
-    s = {**(summary.to_dict() if summary else {}), **extra}
+    evals = eval_rows(rows)
+    s = {**(summary.to_dict() if summary else {}), **({"eval_last": evals[-1].to_dict()} if evals else {}), **extra}
     jd.summary.write_text(json.dumps(s, indent=2))
     try:
-        plot(step_rows(rows), jd.plot)
+        plot(step_rows(rows), jd.plot, evals)
     except Exception as e:  # a missing plotting library must not fail a finished run
         print(f"WARNING: could not write metrics.png: {e}", flush=True)
     print("summary: " + format_summary(summary), flush=True)
@@ -96,7 +97,20 @@ def step_seconds_bars(ax, steps: list[StepRow]) -> None:
     ax.legend(fontsize=7)
 
 
-def plot(steps: list[StepRow], out: Path) -> None:
+def eval_curves(ax, evals: list[EvalRow]) -> None:
+    """The evaluations over the steps (0: before training): mean@k, pass@1 and pass@k, on the reward panel."""
+    if not evals:
+        return
+    x = [r.step for r in evals]
+    k = evals[-1].samples_per_prompt
+    ax.plot(x, [r.mean_at_k for r in evals], marker="o", linestyle="--", label=f"eval mean@{k}")
+    for j in sorted({"1", str(k)}, key=int):
+        ax.plot(x, [r.pass_at.get(j, float("nan")) for r in evals], marker="s", linestyle=":", label=f"eval pass@{j}")
+    ax.legend(fontsize=7)
+
+
+def plot(steps: list[StepRow], out: Path, evals: list[EvalRow] | None = None) -> None:
+    """evals: the evaluations (trainer.eval), drawn over the training reward."""
     import matplotlib
 
     matplotlib.use("Agg")
@@ -104,8 +118,9 @@ def plot(steps: list[StepRow], out: Path) -> None:
 
     x = [r.step for r in steps]
     fig, ax = plt.subplots(1, 3, figsize=(13, 3.6))
-    ax[0].plot(x, [r.reward for r in steps], marker=".")
-    ax[0].set_title("mean reward")
+    ax[0].plot(x, [r.reward for r in steps], marker=".", label="train reward")
+    eval_curves(ax[0], evals or [])
+    ax[0].set_title("mean reward" + (" and evaluation" if evals else ""))
     step_seconds_bars(ax[1], steps)
     nodes = sorted({n for r in steps for n in r.push_s})
     for n in nodes:

@@ -15,6 +15,7 @@ from typing import Any
 import torch
 import torch.distributed as dist
 
+from launcher.core.config import TrainerConfig
 from launcher.core.jobdir import Events, JobDir, checkpoint_meta
 from launcher.core.plan import Plan
 from launcher.core.records import Event, FinalRow, NodeFinal
@@ -26,6 +27,7 @@ from trainer.agents.ahead_rollout import AheadRollout, environment_rewards
 from trainer.agents.episodes import UnitBounds
 from trainer.agents.generation import RankGeneration
 from trainer.agents.resolve import resolve as resolve_agents
+from trainer.evaluation.evaluator import Evaluator, load_rows
 from trainer.metrics import MetricsWriter, write_summary_and_plot
 from trainer.parallel import Parallel
 from trainer.rollout.node import GenerationSettings, NodeRollout, TrlAdapter
@@ -116,6 +118,22 @@ class Run:
             )
 
 
+def make_evaluator(
+    t: TrainerConfig, par: Parallel, job_dir: Path, reward_fns: list, agents, server_max_model_len: int
+) -> Evaluator | None:
+    """trainer.eval: the held-out prompts and the rewards that score them (trainer.eval.reward_funcs, else the training
+    rewards and an environment's get_reward); None when no eval set is named."""
+    if not t.eval.enabled:
+        return None
+    fns = [rewards.resolve(r) for r in t.eval.reward_funcs] or [*reward_fns, *(environment_rewards(agents) if agents else [])]
+    if not fns:
+        raise ValueError(
+            "trainer.eval: no reward scores the eval completions (the environment has no get_reward); set trainer.eval.reward_funcs"
+        )
+    rows = load_rows(t.eval, t.columns, t.system_prompt)  # the training set's column mapping and system prompt
+    return Evaluator(t.eval, par, rows, fns, job_dir, agents, server_max_model_len)
+
+
 def build(plan: Plan, par: Parallel, preemption: grpo.PreemptionFlag) -> Run:
     from transformers import AutoTokenizer, set_seed
 
@@ -158,19 +176,28 @@ def build(plan: Plan, par: Parallel, preemption: grpo.PreemptionFlag) -> Run:
         recorded = checkpoint_meta(resume[1]).data_indices_consumed
         consumed = resume[0] * per_step if recorded is None else int(recorded)  # older checkpoints did not record it
         cursor = data.DataCursor(consumed, resume[0], per_step)
-    callback = grpo.SlurmGrpoCallback(
-        job_dir, par, t, rollout, preemption, cursor, resume=resume, on_first_step=lambda: node_event(Event.FIRST_STEP)
-    )
     # multi-turn (tools, environments, rollout_func): each rank generates on its node's server by itself
     backend: type[TrlAdapter] = RankGeneration if t.multi_turn else TrlAdapter
     agents = resolve_agents(t.tools, t.environment, t.rollout_func, t.tool_timeout_s) if t.multi_turn else None
     reward_fns = [rewards.resolve(r) for r in t.reward_funcs]
+    evaluator = make_evaluator(t, par, job_dir, reward_fns, agents, plan.config.vllm.max_model_len)
     # k >= 1: episodes run ahead in the background, whole, in the project's loop (TRL's runs inside its step)
     ahead = None
     if agents is not None and lookahead is not None and not t.rollout_func:
         bounds = UnitBounds(t.request_timeout_s, t.tool_timeout_s)
         ahead = AheadRollout(agents, lookahead, t.max_staleness, t.max_steps, bounds, plan.config.vllm.max_model_len)
         reward_fns += environment_rewards(agents)
+    callback = grpo.SlurmGrpoCallback(
+        job_dir,
+        par,
+        t,
+        rollout,
+        preemption,
+        cursor,
+        resume=resume,
+        on_first_step=lambda: node_event(Event.FIRST_STEP),
+        evaluator=evaluator,
+    )
     trainer = trl_glue.build_trainer(
         model,
         tokenizer,
@@ -188,6 +215,8 @@ def build(plan: Plan, par: Parallel, preemption: grpo.PreemptionFlag) -> Run:
         agent_figures.attach(trainer, trl_glue.generation_backend(trainer), par.rank)
     if lookahead is not None:
         lookahead.attach(trainer)
+    if evaluator is not None:
+        evaluator.attach(trainer)
     if resume is not None:
         data.continue_data_order(trainer, cursor.base_indices)
     return Run(plan=plan, par=par, trainer=trainer, callback=callback, rollout=rollout, ahead=ahead)

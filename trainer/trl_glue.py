@@ -8,7 +8,8 @@ it, instead of deep in a job:
   2. GRPOTrainer.vllm_generation: the backend it built; TRL calls `.generate(prompts=, images=, num_generations=,
      profiler=)` -> (prompt_ids, completion_ids, logprobs[seq][tok][k], logprob_token_ids), `.sync_weights()` when
      global_step changed, and `.vllm_client.get_server_info()` on the main process.
-  3. Trainer.callback_handler.callbacks: the list the callbacks run in (`put_first`); CallbackHandler.call_event passes
+  3. Trainer.callback_handler.callbacks: the list the callbacks run in (`put_first`), and its on_log(args, state,
+     control, logs), which `report` calls with an evaluation's figures; CallbackHandler.call_event passes
      model=, optimizer=, lr_scheduler= to every event, and Trainer's training loop points the handler at its own
      model, optimizer and scheduler before on_train_begin (the project's callback takes them from there for resume
      and for every checkpoint it writes at on_step_end).
@@ -154,6 +155,13 @@ def put_first(trainer, callback) -> None:
     """(3) `callback` runs before every other callback of the trainer."""
     trainer.callback_handler.callbacks.remove(callback)
     trainer.callback_handler.callbacks.insert(0, callback)
+
+
+def report(trainer, logs: dict[str, float]) -> None:
+    """(3) `logs` to the trainer's callbacks (the trackers': W&B, TensorBoard) as a log record of the current
+    global_step, outside TRL's own step record (an evaluation's figures). The trainer's log_history is left alone
+    (checkpoints read the last step's reward there)."""
+    trainer.callback_handler.on_log(trainer.args, trainer.state, trainer.control, logs)
 
 
 def replace_train_sampler(trainer, wrap: Callable[[Any], Any]) -> None:

@@ -248,6 +248,53 @@ class LoraConfig:
         return self.alpha or 2 * self.r
 
 
+EVAL_MAX_SAMPLES = 1024
+
+
+@dataclass(frozen=True)
+class EvalConfig:
+    dataset: str = ""
+    """Held-out prompts: a JSONL/Parquet file or a saved `datasets` folder with a 'prompt' column, as trainer.dataset; "" = no evaluation."""
+    every_steps: int = 0
+    """Evaluate after every N optimizer steps, and always after the last one; 0 = after the last one only."""
+    before_training: bool = True
+    """Also evaluate the starting weights, before step 1 (a resumed run does not repeat it)."""
+    samples_per_prompt: int = 4
+    """k: completions sampled per eval prompt (trainer.temperature, trainer.max_completion_length); pass@j is reported for j = 1, 2, 4, ... up to k, and mean@k."""
+    reward_funcs: list[str] = field(default_factory=list)
+    """Rewards that score the eval completions (built-in names or 'pkg.module:function', summed); [] = trainer.reward_funcs (and an environment's get_reward)."""
+    pass_threshold: float = 1.0
+    """A completion passes when its summed eval reward is >= this (1.0 suits 0/1 verifiable rewards)."""
+    max_prompts: int = 0
+    """Evaluate the first N prompts of the file only; 0 = all of them."""
+
+    def check(self, multi_turn_loop: bool = False) -> None:
+        """multi_turn_loop: trainer.rollout_func is set (a loop of the user's own, which eval cannot run)."""
+        for name in ("every_steps", "max_prompts"):
+            if getattr(self, name) < 0:
+                raise ConfigError(f"trainer.eval.{name} must be >= 0, got {getattr(self, name)}")
+        if not 1 <= self.samples_per_prompt <= EVAL_MAX_SAMPLES:
+            raise ConfigError(
+                f"trainer.eval.samples_per_prompt must be 1 to {EVAL_MAX_SAMPLES}, got {self.samples_per_prompt}; 4 to 16 is usual"
+            )
+        for r in self.reward_funcs:
+            if ":" in r:
+                _check_dotted("trainer.eval.reward_funcs entry", r)
+            elif not r.isidentifier():
+                raise ConfigError(
+                    f"trainer.eval.reward_funcs entry {r!r} is neither a built-in reward name nor 'pkg.module:function'"
+                )
+        if self.dataset and multi_turn_loop:
+            raise ConfigError(
+                "trainer.eval with trainer.rollout_func: your own episode loop cannot be run on eval prompts by slurm-grpo; "
+                'set trainer.eval.dataset: "" (tools and environments evaluate through the project\'s episode loop)'
+            )
+
+    @property
+    def enabled(self) -> bool:
+        return bool(self.dataset)
+
+
 @dataclass(frozen=True)
 class TrainerConfig:
     dataset: str = "data/letters.jsonl"
@@ -340,6 +387,8 @@ class TrainerConfig:
     """Deadline for one tool call (or environment method); a call that raises or passes it becomes a recorded tool failure the model sees as {"error": ...}, never a stuck rank."""
     lora: LoraConfig = field(default_factory=LoraConfig)
     """LoRA: train adapters on a frozen base and push only the adapter: {r, alpha, dropout, target_modules, push, save_merged} (keys below; r 0 = off)."""
+    eval: EvalConfig = field(default_factory=EvalConfig)
+    """Evaluation on held-out prompts, before training and every N steps, on every node's own server: {dataset, every_steps, before_training, samples_per_prompt, reward_funcs, pass_threshold, max_prompts} (keys below); pass@k and mean@k go to metrics.jsonl, the trackers, `slurm-grpo status` and metrics.png."""
 
     MAX_STALENESS: ClassVar[int] = 4
     """max_staleness above this is refused: the policy would learn from completions of a model that old."""
@@ -393,6 +442,7 @@ class TrainerConfig:
         _check_grpo(self.grpo)
         _check_agents(self)
         self.lora.check()
+        self.eval.check(multi_turn_loop=bool(self.rollout_func))
 
     @property
     def multi_turn(self) -> bool:

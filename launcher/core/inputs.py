@@ -112,10 +112,11 @@ def check_dataset(
     return schema
 
 
-def data_needs(config: JobConfig) -> tuple[tuple[str, ...], dict[str, str]]:
-    """(the columns the run reads: 'prompt' and every column a reward requires, who needs each for the error)."""
+def data_needs(config: JobConfig, rewards: list[str] | None = None) -> tuple[tuple[str, ...], dict[str, str]]:
+    """(the columns the run reads: 'prompt' and every column a reward (trainer.reward_funcs, or `rewards`) requires,
+    who needs each for the error)."""
     needed, why = ["prompt"], {}
-    for entry in config.trainer.reward_funcs:
+    for entry in config.trainer.reward_funcs if rewards is None else rewards:
         for c in reward_needs(entry).columns:
             if c not in needed:
                 needed.append(c)
@@ -187,10 +188,24 @@ def check_context_length(config: JobConfig) -> None:
         )
 
 
+def check_eval_dataset(config: JobConfig) -> None:
+    """trainer.eval.dataset, when set: the same checks as trainer.dataset, the error naming its own key."""
+    path = config.trainer.eval.dataset
+    if not path:
+        return
+    t = config.trainer
+    needed, why = data_needs(config, t.eval.reward_funcs or t.reward_funcs)
+    try:
+        check_dataset(path, needed, t.columns, why)
+    except PreflightError as e:
+        raise PreflightError(str(e).replace("trainer.dataset", "trainer.eval.dataset", 1)) from None
+
+
 def check_node_inputs(config: JobConfig) -> None:
     check_model(config.vllm.model)
     check_context_length(config)
     check_data(config)
+    check_eval_dataset(config)
 
 
 SKIP_HINT = (
@@ -230,6 +245,7 @@ def input_problems(config: JobConfig) -> list[str]:
         lambda: check_model(config.vllm.model),
         lambda: check_context_length(config),
         lambda: check_data(config),
+        lambda: check_eval_dataset(config),
     )
     for check in checks:
         try:
@@ -270,8 +286,14 @@ def submit_checks(config: JobConfig) -> dict[str, Callable[[], list[str]]]:
     """Kind (CHECK_KINDS) -> the check, run on the submit host; each returns one-line problems."""
     return {
         "model": lambda: _caught(lambda: check_model(config.vllm.model), lambda: check_context_length(config)),
-        "data": lambda: _caught(lambda: check_data(config)),
-        "rewards": lambda: reward_problems(config.trainer.reward_funcs),
+        "data": lambda: _caught(lambda: check_data(config), lambda: check_eval_dataset(config)),
+        "rewards": lambda: (
+            reward_problems(config.trainer.reward_funcs)
+            + [
+                p.replace("trainer.reward_funcs", "trainer.eval.reward_funcs", 1)
+                for p in reward_problems(config.trainer.eval.reward_funcs)
+            ]
+        ),
         "agents": lambda: agent_module_problems(config),
         "venv": lambda: venv_problems(config),
     }
@@ -334,6 +356,11 @@ def local_problems(config: JobConfig, python: str = sys.executable) -> list[str]
         input_problems(config)
         + [p for found in static.values() for p in found]
         + reward_import_problems(unflagged, python)
+        + [
+            p.replace("trainer.reward_funcs", "trainer.eval.reward_funcs", 1)
+            for p in reward_problems(config.trainer.eval.reward_funcs)
+        ]
+        + reward_import_problems(config.trainer.eval.reward_funcs, python)
         + agent_import_problems(config, python)
     )
 

@@ -1,5 +1,5 @@
-"""The records the three processes exchange through the job folder, typed: a step's row, a resume's row and a run's
-final row in metrics.jsonl, a node's figures for one step, a checkpoint's meta.json, the node events. Writers build
+"""The records the three processes exchange through the job folder, typed: a step's row, an evaluation's row, a resume's
+row and a run's final row in metrics.jsonl, a node's figures for one step, a checkpoint's meta.json, the node events. Writers build
 these dataclasses, readers parse them (`read_rows`, `read_events`, `CheckpointMeta.read`); no reader picks a row apart
 by string key or tells a row's kind by which keys it happens to hold.
 
@@ -376,11 +376,76 @@ class ResumedRow:
         return _from_dict(cls, d)
 
 
-Row = StepRow | FinalRow | ResumedRow
-ROW_KINDS: dict[str, type[StepRow] | type[FinalRow] | type[ResumedRow]] = {
+@dataclass(frozen=True)
+class EvalRow:
+    """metrics.jsonl: one evaluation on the held-out prompts (trainer.eval), with the weights after optimizer step
+    `step` (0: before training). Each prompt got k completions; pass@j is the unbiased estimator (Chen et al. 2021)
+    of the chance that one of j completions passes (summed eval reward >= threshold), averaged over the prompts."""
+
+    step: int
+    prompts: int
+    """Eval prompts scored (every node's share together)."""
+    samples_per_prompt: int
+    """k: completions per prompt."""
+    threshold: float
+    """A completion passes when its summed eval reward is >= this."""
+    pass_at: dict[str, float] = field(default_factory=dict)
+    """j (as a string, JSON's keys) -> pass@j, for j = 1, 2, 4, ... and k."""
+    mean_at_k: float | None = None
+    """The mean summed reward of the k completions of a prompt, averaged over the prompts."""
+    reward_std: float | None = None
+    """The standard deviation of the summed reward over every completion."""
+    reward_funcs: dict[str, float] = field(default_factory=dict)
+    """Each eval reward function's mean (its name -> mean; None values, TRL's "does not apply", left out)."""
+    completion_tokens_mean: float | None = None
+    seconds: float | None = None
+    """The evaluation's wall time (generation, rewards, gathering), without the weight push it may have started with
+    (the next step's push, brought forward: StepRow.push_s has it)."""
+    gen_s: dict[str, float] = field(default_factory=dict)
+    """Per node: the seconds its generation of its share took (the slowest of its ranks)."""
+    prompts_per_node: dict[str, int] = field(default_factory=dict)
+    time: float | None = None
+    kind: Literal["eval"] = "eval"
+
+    def to_dict(self) -> dict[str, Any]:
+        return _to_dict(self)
+
+    @classmethod
+    def from_dict(cls, d: Mapping[str, Any]) -> EvalRow:
+        return _from_dict(cls, d)
+
+    def figures(self) -> dict[str, float]:
+        """The row as tracker scalars, named as transformers names evaluation figures ("eval_" prefix: W&B and
+        TensorBoard show them under eval/)."""
+        out = {f"eval_pass@{j}": v for j, v in self.pass_at.items()}
+        out |= {f"eval_rewards/{name}": v for name, v in self.reward_funcs.items()}
+        for name in ("mean_at_k", "reward_std", "completion_tokens_mean", "seconds"):
+            value = getattr(self, name)
+            if value is not None:
+                out["eval_" + ("mean@k" if name == "mean_at_k" else name)] = float(value)
+        return out
+
+
+def format_eval(row: EvalRow | None) -> str:
+    if row is None:
+        return "no evaluation yet"
+    k = row.samples_per_prompt
+    passes = ", ".join(f"pass@{j} {v:.3f}" for j, v in row.pass_at.items())
+    mean = f"mean@{k} {row.mean_at_k:.4f}" if row.mean_at_k is not None else f"mean@{k} n/a"
+    took = f", {row.seconds:.1f} s" if row.seconds is not None else ""
+    return f"step {row.step}: {passes}; {mean} (reward >= {row.threshold:g} passes; {row.prompts} prompts x {k} samples{took})"
+
+
+def eval_rows(rows: Iterable[Row]) -> list[EvalRow]:
+    return [r for r in rows if isinstance(r, EvalRow)]
+
+
+Row = StepRow | FinalRow | ResumedRow | EvalRow
+ROW_KINDS: dict[str, type[StepRow] | type[FinalRow] | type[ResumedRow] | type[EvalRow]] = {
     "step": StepRow,
     "final": FinalRow,
     "resumed": ResumedRow,
+    "eval": EvalRow,
 }
 
 

@@ -68,10 +68,14 @@ def local_run(tmp: Path, steps: int, *extra: str, agent: tuple[str, ...] = COUNT
     return Run(job, trace, r, time.time() - t0)
 
 
+EVAL = ("trainer.eval.dataset=data/countdown.jsonl", "trainer.eval.samples_per_prompt=2", "trainer.eval.max_prompts=1")
+"""An evaluation of one prompt (rank 0's share: 1 tool call, reward 1.0) twice, through the project's episode loop."""
+
+
 @pytest.fixture(scope="module")
 def run(tmp_path_factory) -> Run:
     """TRL's own tool loop (trainer.max_staleness 0)."""
-    return local_run(tmp_path_factory.mktemp("agents"), STEPS)
+    return local_run(tmp_path_factory.mktemp("agents"), STEPS, *EVAL)
 
 
 AHEAD_STEPS = 4
@@ -80,7 +84,9 @@ AHEAD_STEPS = 4
 @pytest.fixture(scope="module")
 def ahead_run(tmp_path_factory) -> Run:
     """The project's episode loop, one step off (trainer.max_staleness 1): the second server start of this module."""
-    return local_run(tmp_path_factory.mktemp("agents-ahead"), AHEAD_STEPS, "trainer.max_staleness=1")
+    return local_run(
+        tmp_path_factory.mktemp("agents-ahead"), AHEAD_STEPS, "trainer.max_staleness=1", *EVAL, "trainer.eval.every_steps=2"
+    )
 
 
 def tokenizer(run: Run):
@@ -177,6 +183,22 @@ def test_one_step_off_whole_episodes_run_ahead_and_train_with_their_staleness(ah
             for ids, keep, tool in zip(row["completion_ids"], row["completion_mask"], row["tool_mask"], strict=True):
                 trained = [t for t, k, m in zip(ids, keep, tool, strict=True) if k and m]
                 assert tok.decode(trained) == CALL_TURN * calls + "ok<|im_end|>"
+
+
+def test_eval_episodes_run_through_the_episode_loop_beside_trls_loop_and_one_step_off(run, ahead_run):
+    """trainer.eval with an environment: the eval prompt's episodes (rank 0's share) call the tool and answer, in both
+    runs (TRL's loop trains, the project's loop evaluates; one step off, between the pushes), and the environment's
+    get_reward scores them (RankCountdown: 1 on rank 0)."""
+    call_tokens = len(tokenizer(run).encode(CALL_TURN, add_special_tokens=False))
+    for r, steps in ((run, [0, STEPS]), (ahead_run, [0, 2, AHEAD_STEPS])):
+        assert r.result.returncode == 0, r.result.stdout[-3000:] + r.result.stderr[-3000:]
+        evals = [x for x in read(r.job / "metrics.jsonl") if x.get("kind") == "eval"]
+        assert [x["step"] for x in evals] == steps, evals
+        for x in evals:
+            assert (x["prompts"], x["samples_per_prompt"], x["prompts_per_node"]) == (1, 2, {"0": 1}), x
+            assert x["reward_funcs"] == {"RankCountdown": 1.0} and x["mean_at_k"] == 1.0, x
+            # the episode's completion: the call turn, the tool's result and the answer
+            assert x["pass_at"] == {"1": 1.0, "2": 1.0} and x["completion_tokens_mean"] > call_tokens, x
 
 
 def test_a_users_rollout_func_generates_on_the_nodes_server_and_its_field_reaches_the_reward(tmp_path):

@@ -144,7 +144,26 @@ def test_local_run_learns_pushes_land_and_resume_continues(tmp_path, tiny_model,
     first, last = sum(rewards[:5]) / 5, sum(rewards[-5:]) / 5
     print(f"reward first 5 {first:.3f} -> last 5 {last:.3f}")
     assert last > first + 0.05, (first, last)
-    assert_tracked(job, attempts=2, steps=24)
+    assert_tracked(job, attempts=2, steps=24, evals=[0, 10, 16, 20, 24])
+    assert_evaluated(job, [0, 10, 16, 20, 24])
+
+
+def assert_evaluated(job: Path, steps: list[int]) -> None:
+    """trainer.eval of configs/smoke_cpu.yaml (8 held-out prompts x 2 samples, every 10 steps and at the end, before
+    training on a fresh start only): a row per evaluation with plausible figures, the eval curve rising as the training
+    reward does (the eval generates with the current weights), `slurm-grpo status` naming the latest."""
+    from launcher.status import status
+
+    evals = [x for x in read(job / "metrics.jsonl") if x.get("kind") == "eval"]
+    assert [x["step"] for x in evals] == steps, evals
+    for x in evals:
+        assert (x["prompts"], x["samples_per_prompt"], x["prompts_per_node"]) == (8, 2, {"0": 8}), x
+        assert set(x["pass_at"]) == {"1", "2"} and 0 <= x["pass_at"]["1"] <= x["pass_at"]["2"] <= 1, x
+        assert 0 <= x["mean_at_k"] <= 1 and x["reward_funcs"]["letter_a_fraction"] == pytest.approx(x["mean_at_k"], abs=1e-5)
+        assert x["seconds"] > 0 and x["gen_s"]["0"] > 0 and x["completion_tokens_mean"] > 0, x
+    print("eval mean@2 per evaluation:", [x["mean_at_k"] for x in evals], "pass@1:", [x["pass_at"]["1"] for x in evals])
+    assert evals[-1]["mean_at_k"] > evals[0]["mean_at_k"] + 0.05, evals
+    assert f"latest eval: step {steps[-1]}: pass@1 " in status(job)
 
 
 def start_local(job_dir: Path, model: str, ports: Ports, *sets: str, env: dict[str, str] | None = None) -> subprocess.Popen:
@@ -337,7 +356,7 @@ def test_async_generation_one_step_off_learns_and_survives_a_resume(tmp_path, ti
     """trainer.max_staleness 1: from step 2 on, every step trains on completions its node's server generated during
     the previous step's training (one optimizer step stale, recorded per step), no lookahead misses, every push
     lands (parity), TRL's importance-sampling figures recorded; a resume in the same folder continues with it on,
-    from the first run's final checkpoint."""
+    from the first run's final checkpoint. The evaluations (trainer.eval) run in between."""
     job = tmp_path / "async"
     sets = ("trainer.max_staleness=1", "trainer.save_steps=4")
     r = local(job, tiny_model, ports, "trainer.max_steps=6", *sets)
@@ -358,6 +377,10 @@ def test_async_generation_one_step_off_learns_and_survives_a_resume(tmp_path, ti
     assert all(x["logp_mismatch_mean"] is not None and x["is_ratio_mean"] is not None for x in stale)
     assert max(x["logp_mismatch_mean"] for x in stale) > 1e-3, [x["logp_mismatch_mean"] for x in stale]
     assert len({x["prompts_digest"]["0"] for x in steps}) == 12  # each step its own prompts, none repeated
+    # the smoke config's evaluations ran between the pushes without disturbing the lookahead (no misses above): before
+    # training, at each attempt's last step and every 10 steps, each with the weights the step left (pushed first)
+    evals = [x for x in rows if x.get("kind") == "eval"]
+    assert [x["step"] for x in evals] == [0, 6, 10, 12] and all(x["prompts"] == 8 for x in evals), evals
 
 
 def test_two_steps_off_on_a_data_parallel_server_pauses_pushes_and_every_engine_gets_the_weights(tmp_path, tiny_model, ports):
@@ -380,6 +403,7 @@ def test_two_steps_off_on_a_data_parallel_server_pauses_pushes_and_every_engine_
         "trainer.parity_every=1",  # the stale probe before every push: each engine's weights really changed
         f"trainer.max_completion_length={long}",
         "trainer.grpo={generation_kwargs: {ignore_eos: true}}",
+        "trainer.eval.max_prompts=2",  # the smoke config's evaluations, kept short: their completions are `long` too
     )
     assert r.returncode == 0, r.stdout[-3000:] + r.stderr[-3000:]
     plan = json.loads((job / "plan.json").read_text())

@@ -377,6 +377,7 @@ def test_the_nested_groups_are_the_ones_the_dotted_set_tests_cover():
         "slurm.extra_sbatch",
         "slurm.setup_vars",
         "trainer.columns",
+        "trainer.eval",
         "trainer.grpo",
         "trainer.lora",
     ]
@@ -394,7 +395,12 @@ def test_a_dotted_set_reaches_into_every_nested_group_and_keeps_its_other_keys(t
                     "setup_vars": {"venv": "/v", "modules": "cuda"},
                     "extra_sbatch": {"reservation": "big"},
                 },
-                "trainer": {"grpo": {"loss_type": "dapo"}, "lora": {"r": 8, "dropout": 0.1}, "columns": {"prompt": "question"}},
+                "trainer": {
+                    "grpo": {"loss_type": "dapo"},
+                    "lora": {"r": 8, "dropout": 0.1},
+                    "columns": {"prompt": "question"},
+                    "eval": {"dataset": "e.jsonl"},
+                },
             }
         )
     )
@@ -409,10 +415,12 @@ def test_a_dotted_set_reaches_into_every_nested_group_and_keeps_its_other_keys(t
             "trainer.grpo.generation_kwargs.top_k=5",
             "trainer.lora.r=16",
             "trainer.columns.solution=answer",
+            "trainer.eval.every_steps=5",
         ],
     )
     assert cfg.trainer.columns == {"prompt": "question", "solution": "answer"}
     assert (cfg.trainer.lora.r, cfg.trainer.lora.dropout) == (16, 0.1)
+    assert (cfg.trainer.eval.dataset, cfg.trainer.eval.every_steps) == ("e.jsonl", 5)
     c = cfg.slurm.container
     assert (c.image, c.workdir, c.mounts, c.runtime) == ("nvcr.io#nvidia/pytorch:25.01-py3", "/w", ["/shared:/shared"], "pyxis")
     assert cfg.slurm.setup_vars == {"venv": "/other", "modules": "cuda"}

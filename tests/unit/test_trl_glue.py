@@ -56,6 +56,23 @@ def test_3_callbacks_run_in_list_order_and_get_the_model_and_optimizer():
         "Trainer no longer points the CallbackHandler at its model/optimizer/scheduler before on_train_begin: "
         "the callback's checkpoints (on_step_end) would save None"
     )
+    # report: an evaluation's figures reach every callback's on_log (the trackers'), with the trainer's state
+    from types import SimpleNamespace
+
+    from transformers import TrainerCallback, TrainerControl, TrainerState
+
+    from trainer.trl_glue import report
+
+    got: list = []
+
+    class Tracker(TrainerCallback):
+        def on_log(self, args, state, control, logs=None, **kw):
+            got.append((state.global_step, logs))
+
+    state = TrainerState(global_step=7)
+    handler = CallbackHandler([Tracker()], None, None, None, None)
+    report(SimpleNamespace(callback_handler=handler, args=None, state=state, control=TrainerControl()), {"eval_pass@1": 0.5})
+    assert got == [(7, {"eval_pass@1": 0.5})]
 
 
 def test_4_and_5_the_sampler_and_dataloader_hooks():

@@ -72,6 +72,20 @@ def make_loop(tokenizer, agents: Agents, max_completion_length: int, max_model_l
     )
 
 
+def trainer_loop(trainer, agents: Agents, server_max_model_len: int) -> EpisodeLoop:
+    """The loop with the trainer's tokenizer and settings (the episodes run ahead, and the eval episodes); episodes are
+    bounded by the server's context (vllm.max_model_len, 0 = the model's own)."""
+    args = trainer.args
+    return make_loop(
+        trainer.processing_class,
+        agents,
+        args.max_completion_length,
+        episode_len_limit(server_max_model_len, trainer.model.config.max_position_embeddings),
+        args.max_tool_calling_iterations if args.max_tool_calling_iterations is not None else 2**31,
+        args.chat_template_kwargs or {},
+    )
+
+
 def environment_rewards(agents: Agents) -> list[Callable]:
     """One reward function per environment class with a get_reward (named after it, as TRL names its own), reading the
     episode's value from the rollout's extra field."""
@@ -110,15 +124,7 @@ class AheadRollout:
 
     def attach(self, trainer, backend: RankGeneration) -> None:
         """After the trainer is built: its tokenizer and settings, a background client, the push waits for it."""
-        args = trainer.args
-        self.loop = make_loop(
-            trainer.processing_class,
-            self.agents,
-            args.max_completion_length,
-            episode_len_limit(self.max_model_len, trainer.model.config.max_position_embeddings),
-            args.max_tool_calling_iterations if args.max_tool_calling_iterations is not None else 2**31,
-            args.chat_template_kwargs or {},
-        )
+        self.loop = trainer_loop(trainer, self.agents, self.max_model_len)
         self.backend = backend
         s, sampling = backend.rollout.settings, backend.sampling
         client = VllmServer(s.server_url, s.model, s.node, s.request_timeout_s)  # the background thread's own

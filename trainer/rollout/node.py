@@ -146,6 +146,8 @@ class NodeRollout:
         self.next_prompts: NextPrompts = next_prompts or (lambda: [])
         self.step = 0
         """The optimizer step the trainer is at (begin_step)."""
+        self.pushed_step: int | None = None
+        """The step whose weights the server holds (the last push's)."""
         self.figures = NodeFigures()
         """This node's figures as they stand (leader; empty elsewhere)."""
         self.by_node: dict[int, NodeFigures] = {}
@@ -245,6 +247,8 @@ class NodeRollout:
     def push(self, step: int) -> None:
         """Push and check parity: after the push (it landed) always, before it (how stale the server was) when due
         (trainer.parity_every); one trainer forward serves both (trainer.rollout.parity). Collective."""
+        if step == self.pushed_step:  # an evaluation brought this push forward (trainer.evaluation): nothing changed since
+            return
         in_flight, running = self.ahead.wait(step) if self.ahead is not None else (False, False)
         try:
             t0 = time.time()
@@ -257,6 +261,7 @@ class NodeRollout:
             parity_s += time.time() - t1
         except ServerError as e:
             raise ServerError(f"weight push at step {step} (node {self.par.node}) failed: {e}") from e
+        self.pushed_step = step
         if self.par.is_leader:
             per_engine = self.parity.history[-1]["per_engine"]
             self._note(push_s=push_s, parity=after, parity_stale=stale, parity_engines=per_engine, parity_s=parity_s)
