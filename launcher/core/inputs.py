@@ -238,21 +238,25 @@ def reward_module_problem(entry: str) -> str | None:
     )
 
 
-def input_problems(config: JobConfig) -> list[str]:
-    """The nodes' own checks (model folder, dataset), run on this host: each a one-line error."""
+def _caught(*checks) -> list[str]:
+    """Run each check; a PreflightError becomes its one-line problem, worded for the host running it."""
     problems = []
-    checks = (
-        lambda: check_model(config.vllm.model),
-        lambda: check_context_length(config),
-        lambda: check_data(config),
-        lambda: check_eval_dataset(config),
-    )
     for check in checks:
         try:
             check()
         except PreflightError as e:
             problems.append(str(e).replace(" on this node", " on this host"))
     return problems
+
+
+def input_problems(config: JobConfig) -> list[str]:
+    """The nodes' own checks (model folder, dataset), run on this host: each a one-line error."""
+    return _caught(
+        lambda: check_model(config.vllm.model),
+        lambda: check_context_length(config),
+        lambda: check_data(config),
+        lambda: check_eval_dataset(config),
+    )
 
 
 CHECK_KINDS = {
@@ -263,16 +267,6 @@ CHECK_KINDS = {
     "venv": "slurm.setup_vars.venv has bin/activate",
 }
 """The kinds of submit-host checks, each skippable on its own (--skip-checks KIND,...)."""
-
-
-def _caught(*checks) -> list[str]:
-    problems = []
-    for check in checks:
-        try:
-            check()
-        except PreflightError as e:
-            problems.append(str(e).replace(" on this node", " on this host"))
-    return problems
 
 
 def venv_problems(config: JobConfig) -> list[str]:

@@ -60,6 +60,21 @@ token = st.one_of(
 )
 
 
+def plan_or_refuse(load) -> tuple[C.JobConfig, str] | None:
+    """Load a config, plan it and render its sbatch text as dry-run does: (the config, the sbatch text), or
+    None after checking the refusal is one short line. A planned config must read back from its config.yaml unchanged."""
+    try:
+        cfg = load()
+        text = sbatch_text(cfg, plan(cfg, JOB_DIR))
+    except C.ConfigError as e:
+        assert_one_short_line(e)
+        event("refused")
+        return None
+    event("planned")
+    assert C.from_dict(C.read_yaml(C.to_yaml(cfg))) == cfg  # the job folder's config.yaml reads back the same (resume)
+    return cfg, text
+
+
 def typo(key: str, data: st.DataObject) -> str:
     """The key with one character dropped, doubled or swapped (sometimes still a valid key)."""
     i = data.draw(st.integers(0, len(key) - 1))
@@ -81,16 +96,11 @@ def test_any_set_line_plans_or_fails_with_one_short_line(data):
             key = typo(key, data)
         value = data.draw(st.one_of(token, st.sampled_from(["[--port, 9000]", "{nodes: 2}", "[a, b]", "{}", "[]", ""])))
         lines.append(f"{key}={value}")
-    try:  # what dry-run does: load, plan, render
-        cfg = C.load(None, lines)
-        text = sbatch_text(cfg, plan(cfg, JOB_DIR))
-    except C.ConfigError as e:
-        assert_one_short_line(e)
-        event("refused")
+    planned = plan_or_refuse(lambda: C.load(None, lines))  # what dry-run does: load, plan, render
+    if planned is None:
         return
-    event("planned")
+    cfg, text = planned
     header = sbatch_header(text)
-    assert C.from_dict(C.read_yaml(C.to_yaml(cfg))) == cfg  # the job folder's config.yaml reads back the same (resume)
     assert header["--nodes"] == str(cfg.slurm.nodes) and header["--time"] == cfg.slurm.time
     # every plain string field got exactly the text after '=' (a number keeps its digits, a time stays a time)
     for line in lines:
@@ -151,17 +161,12 @@ def test_a_yaml_file_reaches_the_sbatch_header_as_written_or_is_refused(values, 
     lines += [f"  {k}: {v}" for k, v in values.items()]
     if extra:
         lines += ["  extra_sbatch:"] + [f"    {k}: {v}" for k, v in extra.items()]
-    try:  # what C.load does with a file, from the text; then plan and render as dry-run does
-        cfg = C.from_dict(C.merge_raw(C.read_yaml("\n".join(lines) + "\n"), [f"job.job_dir={JOB_DIR}"]))
-        p = plan(cfg, JOB_DIR)
-        text = sbatch_text(cfg, p)
-    except C.ConfigError as e:
-        assert_one_short_line(e)
-        event("refused")
+    # what C.load does with a file, from the text; then plan and render as dry-run does
+    planned = plan_or_refuse(lambda: C.from_dict(C.merge_raw(C.read_yaml("\n".join(lines) + "\n"), [f"job.job_dir={JOB_DIR}"])))
+    if planned is None:
         return
-    event("planned")
+    cfg, text = planned
     header = sbatch_header(text)
-    assert C.from_dict(C.read_yaml(C.to_yaml(cfg))) == cfg  # the job folder's config.yaml reads back the same (resume)
     for key, typed in values.items():
         if key in ("nodes", "gpus_per_node"):  # an integer as typed: digits, maybe with YAML's underscores
             assert re.fullmatch(r"[+]?[1-9][0-9_]*", typed), typed
