@@ -243,7 +243,7 @@ def layout_choice(rows: list[SplitRow], shared: SplitRow, shared_can_run: bool =
     shared_async = shared.async_s or shared.sync_s
     if not shared_can_run:
         return "split", (
-            f"shared cannot run on {shared.vllm_gpus} GPUs of a CUDA node (refused: ../shared/GPU-AUDIT.md G2), whatever its "
+            f"shared cannot run on {shared.vllm_gpus} GPUs of a CUDA node (refused: one push buffer serves one GPU), whatever its "
             f"modelled {shared.sync_s:.1f} s; best split {best_sync.sync_s:.1f} s synchronous, {split_async:.1f} s at max_staleness 1"
         )
     both = (
@@ -259,9 +259,15 @@ def timeout_warning(cfg: JobConfig) -> str | None:
     shape = ModelShape.read(cfg.vllm.model)
     if cfg.job.device != "cuda" or shape is None:
         return None
-    per = cfg.slurm.gpus_per_node - cfg.vllm.tensor_parallel_size * cfg.vllm.data_parallel_size or 1
+    g = cfg.slurm.gpus_per_node
+    # the node's trainer ranks: one per GPU in the shared layout (and on a one-GPU node), the GPUs vLLM leaves otherwise
+    per = g if cfg.slurm.layout == "shared" or g == 1 else g - cfg.vllm.tensor_parallel_size * cfg.vllm.data_parallel_size
     t = cfg.trainer
-    gen_s = predict([1], shape.params / 1e9, per, t.per_device_train_batch_size, t.max_completion_length, DEFAULTS)[0].ours_gen_s
+    # generation runs at the speed of the parameters a token goes through: an MoE's active ones
+    gen_s = predict(
+        [1], shape.params / 1e9, max(per, 1), t.per_device_train_batch_size, t.max_completion_length, DEFAULTS,
+        shape.active_params / 1e9,
+    )[0].ours_gen_s  # fmt: skip
     for key, limit in (("request_timeout_s", t.request_timeout_s), ("stall_timeout_s", t.stall_timeout_s)):
         if limit and gen_s > limit:
             return (

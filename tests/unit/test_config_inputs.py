@@ -153,6 +153,26 @@ def test_a_generation_longer_than_the_request_timeout_is_warned(tmp_path):
     assert timeout_warning(C.load(REPO / "configs/gpu_7b_4nodes.yaml", [f"vllm.model={tmp_path}"])) is None
 
 
+def test_the_generation_warning_counts_an_moes_active_parameters_and_a_shared_nodes_ranks(tmp_path):
+    """Qwen3-30B-A3B generates at the speed of its 3.35 B active parameters, not its 30.5 B: the warning's prediction
+    is the step model's with the active count, for the node's trainer ranks (every GPU's in the shared layout)."""
+    from launcher.simulate import DEFAULTS, predict, timeout_warning
+    from tests.unit.test_memory import QWEN3_30B_A3B
+
+    (tmp_path / "config.json").write_text(json.dumps(QWEN3_30B_A3B))
+    sets = [f"vllm.model={tmp_path}", "vllm.max_model_len=4096", "trainer.max_completion_length=2048"]
+    cfg = C.load(REPO / "configs/gpu_7b_4nodes.yaml", sets)
+    t, per = cfg.trainer, cfg.slurm.gpus_per_node - 1
+    active = predict([1], 30.53, per, t.per_device_train_batch_size, 2048, DEFAULTS, 3.35)[0].ours_gen_s
+    total = predict([1], 30.53, per, t.per_device_train_batch_size, 2048, DEFAULTS)[0].ours_gen_s
+    assert total > 3 * active  # what counting every expert would predict
+    between = int((active + total) / 2)
+    assert timeout_warning(C.load(REPO / "configs/gpu_7b_4nodes.yaml", [*sets, f"trainer.request_timeout_s={between}"])) is None
+    low = int(active / 2)
+    note = timeout_warning(C.load(REPO / "configs/gpu_7b_4nodes.yaml", [*sets, f"trainer.request_timeout_s={low}"]))
+    assert note and f"predicted at {active:.0f} s" in note, (note, active)
+
+
 def test_the_completion_must_fit_the_models_own_context(tmp_path):
     (tmp_path / "config.json").write_text('{"max_position_embeddings": 512}')
     cfg = C.load(None, [f"vllm.model={tmp_path}", "trainer.max_completion_length=512"])
