@@ -67,12 +67,15 @@ class Parallel:
 FAILED_KEY = "slurm_grpo/failed"
 """The key in torchrun's rendezvous store (shared by every rank of every node) that the first failing rank sets."""
 WATCH_S = 0.5
+STORE_POLLS_PER_S = 1000
+"""The most checks a second all ranks together make on node 0's store (which also holds the rendezvous): the poll
+period grows with the world past 500 ranks (1.8 s at 256 nodes x 7 ranks) instead of the store's load."""
 STOPPED_BY_PEER = "stopped by another rank's failure"
 """The line a rank prints when it stops for another's failure (launcher.node.diagnose counts it as a peer's cause)."""
 
 
 class FailureWatch:
-    """Ends every rank of the job within about WATCH_S of the first rank's failure, naming it. Why: a rank that fails
+    """Ends every rank of the job within about WATCH_S (poll_period_s) of the first rank's failure, naming it. Why: a rank that fails
     (the node leader's push broken half way, G11 of ../shared/GPU-AUDIT.md) leaves the others inside a collective with
     it, an FSDP all-gather: NCCL between GPUs of one node never notices a peer that exited, and torch's timeout is the
     process group's (trainer.push_timeout_s + request_timeout_s, 900 s by default); torchrun's SIGTERM cannot reach the
@@ -80,8 +83,9 @@ class FailureWatch:
     (trainer.main, after printing its traceback) and a daemon thread in every rank, which runs while the main thread
     waits in a collective, polls for it and exits the process with that cause, its node and its log."""
 
-    def __init__(self, store: dist.Store, rank: int, node: int, log: str) -> None:
+    def __init__(self, store: dist.Store, rank: int, node: int, log: str, world: int = 1) -> None:
         self.store, self.rank, self.node, self.log = store, rank, node, log
+        self.period_s = poll_period_s(world)
         self.me = f"trainer rank {rank} of node {node} failed"
         threading.Thread(target=self._watch, name="failure-watch", daemon=True).start()
 
@@ -96,7 +100,7 @@ class FailureWatch:
 
     def _watch(self) -> None:
         while True:
-            time.sleep(WATCH_S)
+            time.sleep(self.period_s)
             try:
                 if not self.store.check([FAILED_KEY]):
                     continue
@@ -114,6 +118,12 @@ class FailureWatch:
             os._exit(1)
 
 
+def poll_period_s(world: int) -> float:
+    """How often each rank checks for a failure: WATCH_S, or longer in a world so large that all ranks together would
+    check more than STORE_POLLS_PER_S times a second."""
+    return max(WATCH_S, world / STORE_POLLS_PER_S)
+
+
 _watch: FailureWatch | None = None
 
 
@@ -126,7 +136,7 @@ def watch_failures(rank: int, node: int, log: str) -> FailureWatch | None:
     store = dist.TCPStore(
         os.environ["MASTER_ADDR"], int(os.environ["MASTER_PORT"]), is_master=False, timeout=timedelta(seconds=30)
     )
-    _watch = FailureWatch(store, rank, node, log)
+    _watch = FailureWatch(store, rank, node, log, int(os.environ.get("WORLD_SIZE", "1")))
     return _watch
 
 

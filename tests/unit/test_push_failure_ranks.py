@@ -122,3 +122,13 @@ def test_only_the_first_failure_is_kept(first):
     w.store, w.me, w.log = store, "trainer rank 0 of node 0 failed", "/l0"
     w.announce(RuntimeError("later"))
     assert store.get(FAILED_KEY).decode() == first
+
+
+def test_the_poll_period_bounds_the_load_on_node_0s_store():
+    """Every rank polls node 0's store (which also holds the rendezvous): 0.5 s up to 500 ranks, then slower, so all
+    ranks together never check more than STORE_POLLS_PER_S times a second."""
+    from trainer.parallel import STORE_POLLS_PER_S, WATCH_S, poll_period_s
+
+    assert poll_period_s(2) == poll_period_s(500) == WATCH_S
+    for world in (501, 1792, 8192):
+        assert world / poll_period_s(world) <= STORE_POLLS_PER_S and poll_period_s(world) < 10
