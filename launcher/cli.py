@@ -122,11 +122,12 @@ def _show_or_submit(cfg: JobConfig, p: Plan, dry_run: bool, preface: str = "", s
     from launcher.core.inputs import SKIP_HINT, submit_path_problems
     from launcher.core.jobdir import write_job_dir
     from launcher.simulate import timeout_warning
-    from launcher.submit import submit
+    from launcher.submit import check_submittable, submit
 
     if dry_run:
         print(preface + render_dry_run(cfg, p))
         return None
+    check_submittable(cfg)  # before the job folder is written
     problems = submit_path_problems(cfg, skip)
     if problems:  # before sbatch: a typo must not wait in the queue
         raise ConfigError("; ".join(problems) + f" ({SKIP_HINT})")

@@ -202,9 +202,20 @@ class Submitted:
     sbatch_path: str
 
 
+def check_submittable(cfg: JobConfig) -> None:
+    """What only the nodes' layout forbids: an emulated plan's nodes share one host and one GPU, so on SLURM node 1's
+    ranks would never meet node 0's (they wait out the rendezvous timeout after the queue)."""
+    if cfg.job.emulate_gpus:
+        raise ConfigError(
+            "job.emulate_gpus lays a cluster out on this machine's one GPU, for tests; SLURM cannot run it: remove it to "
+            "submit (dry-run still shows the emulated plan)"
+        )
+
+
 def submit(cfg: JobConfig, p: Plan, array: ArraySpec | None = None) -> Submitted:
     """sbatch the job (or the sweep's array, from its first point's config and plan); job.sbatch and job_id go into
     the job (or sweep) folder."""
+    check_submittable(cfg)
     root = JobDir(Path(root_dir(p, array)))
     ex = make_executor(cfg, p, array=array)
     command = job_command(cfg, p, array)

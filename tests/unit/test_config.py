@@ -513,6 +513,10 @@ def test_tp_must_divide_heads(tmp_path):
         (["dry-run", "configs/smoke_cpu.yaml", "--set", "trainer.maxsteps=3"], "unknown key 'trainer.maxsteps'"),
         (["dry-run", "configs/smoke_cpu.yaml", "--set", "noequals"], "not of the form"),
         (["submit", "configs/smoke_cpu.yaml", "--set", "job.name=a b"], "job.name"),
+        (
+            ["submit", "configs/smoke_cpu.yaml", "--set", "job.emulate_gpus=true", "job.job_dir=/nonexistent/emu"],
+            "job.emulate_gpus lays a cluster out on this machine's one GPU, for tests; SLURM cannot run it",
+        ),
         (["status", "/nonexistent/job"], "neither a job folder"),
     ],
 )
