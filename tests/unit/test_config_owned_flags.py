@@ -31,7 +31,7 @@ MOE = {
     "num_attention_heads": 2,
     "num_key_value_heads": 1,
 }
-PLANS = {
+PLANS: dict[str, tuple[dict, dict]] = {
     "plain split, vLLM DP": (DENSE, {"vllm": {"data_parallel_size": 2, "max_model_len": 512}}),
     "MoE, expert parallel": (MOE, {"vllm": {"tensor_parallel_size": 2, "enable_expert_parallel": True}}),
     "LoRA adapter": (DENSE, {"trainer": {"lora": {"r": 8}}}),
