@@ -42,9 +42,8 @@ def resolve_hub_model(cfg: JobConfig, say=print, download: bool = True) -> JobCo
             return cfg
         if offline:
             raise ConfigError(
-                f"vllm.model {name!r} is a hub name with no snapshot in the cache HF_HOME={hf_home()} and this host is "
-                f"offline (HF_HUB_OFFLINE); on a host with Internet and the same HF_HOME run: "
-                f"hf download {name}   (or set vllm.model to a local model folder)"
+                f"vllm.model {name!r} is not in HF_HOME={hf_home()} and this host is offline; run `hf download {name}` "
+                "on a host with Internet and the same HF_HOME, or use a local folder"
             ) from None
         say(f"vllm.model {name}: downloading its snapshot into HF_HOME={hf_home()} (once; the nodes will read it there)")
         try:

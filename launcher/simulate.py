@@ -243,7 +243,7 @@ def layout_choice(rows: list[SplitRow], shared: SplitRow, shared_can_run: bool =
     shared_async = shared.async_s or shared.sync_s
     if not shared_can_run:
         return "split", (
-            f"shared cannot run on {shared.vllm_gpus} GPUs of a CUDA node (refused: one push buffer serves one GPU), whatever its "
+            f"shared cannot run on {shared.vllm_gpus} GPUs of a CUDA node (its IPC push reaches one GPU only), whatever its "
             f"modelled {shared.sync_s:.1f} s; best split {best_sync.sync_s:.1f} s synchronous, {split_async:.1f} s at max_staleness 1"
         )
     both = (

@@ -191,7 +191,8 @@ class VllmConfig:
         for i, arg in enumerate(self.extra_args):
             owner = owned_vllm_flag(arg) if arg.startswith("-") else None
             if owner:
-                raise ConfigError(f"vllm.extra_args[{i}] {arg!r} is set by slurm-grpo from {owner}; set that key instead")
+                shown = arg if len(arg) <= 40 else arg[:37] + "..."
+                raise ConfigError(f"vllm.extra_args[{i}] {shown!r} is set by slurm-grpo from {owner}; set that key instead")
         if self.cache_dir and not self.cache_dir.startswith("/"):
             raise ConfigError(
                 f"vllm.cache_dir {self.cache_dir!r} must be an absolute path (every node reads it); "
@@ -277,17 +278,12 @@ class EvalConfig:
             raise ConfigError(
                 f"trainer.eval.samples_per_prompt must be 1 to {EVAL_MAX_SAMPLES}, got {self.samples_per_prompt}; 4 to 16 is usual"
             )
-        for r in self.reward_funcs:
-            if ":" in r:
-                _check_dotted("trainer.eval.reward_funcs entry", r)
-            elif not r.isidentifier():
-                raise ConfigError(
-                    f"trainer.eval.reward_funcs entry {r!r} is neither a built-in reward name nor 'pkg.module:function'"
-                )
+        if self.reward_funcs:  # [] = trainer.reward_funcs
+            _check_reward_funcs(self.reward_funcs, key="trainer.eval.reward_funcs")
         if self.dataset and multi_turn_loop:
             raise ConfigError(
-                "trainer.eval with trainer.rollout_func: your own episode loop cannot be run on eval prompts by slurm-grpo; "
-                'set trainer.eval.dataset: "" (tools and environments evaluate through the project\'s episode loop)'
+                "trainer.eval with trainer.rollout_func: slurm-grpo cannot run your own episode loop on eval prompts; "
+                'set trainer.eval.dataset: "" (tools and environments can be evaluated)'
             )
 
     @property
@@ -990,7 +986,9 @@ SBATCH_OWNED = {
     "requeue": "slurm.requeue",
     "no-requeue": "slurm.requeue",
     **dict.fromkeys(("gpus-per-node", "gpus", "gpus-per-task", "gres"), "slurm.gpus_per_node"),
-    **dict.fromkeys(("ntasks", "ntasks-per-node"), "the launcher (one task per node)"),
+    **dict.fromkeys(("ntasks", "ntasks-per-node", "ntasks-per-gpu", "tres-per-task"), "the launcher (one task per node)"),
+    "gpus-per-socket": "slurm.gpus_per_node",
+    "export": "the launcher (the job needs its environment: PATH, the venv, secrets)",
     **dict.fromkeys(("output", "error", "open-mode"), "the launcher (logs go to the job folder)"),
     "array": "slurm-grpo sweep",
     **dict.fromkeys(("container-image", "container-mounts", "container-workdir"), "slurm.container"),
@@ -1012,8 +1010,11 @@ def check_extra_sbatch_key(key: str, s: SlurmConfig) -> None:
         raise ConfigError(f"slurm.extra_sbatch.{key} is written by slurm-grpo from {owner}; set that instead and remove it")
     if flag in ("mem-per-cpu", "mem-per-gpu") and s.mem:
         raise ConfigError(f"slurm.extra_sbatch.{key} and slurm.mem exclude each other in sbatch; keep one")
+    if flag == "cpus-per-gpu" and s.cpus_per_task:
+        raise ConfigError(f"slurm.extra_sbatch.{key} and slurm.cpus_per_task exclude each other in sbatch; keep one")
 
 
+_VLLM_DP = "slurm-grpo (one server per node, its engines from vllm.data_parallel_size)"
 VLLM_OWNED = {
     "model": "vllm.model",
     "host": "slurm-grpo (127.0.0.1 only: the dev routes must stay private)",
@@ -1022,23 +1023,42 @@ VLLM_OWNED = {
     "tp": "vllm.tensor_parallel_size",
     "data-parallel-size": "vllm.data_parallel_size",
     "dp": "vllm.data_parallel_size",
-    "gpu-memory-utilization": "vllm.gpu_memory_utilization",
+    **dict.fromkeys(("pipeline-parallel-size", "pp"), "slurm-grpo (no pipeline parallelism: TP x DP fill the server's GPUs)"),
+    **dict.fromkeys(("enable-expert-parallel", "ep"), "vllm.enable_expert_parallel"),
+    **dict.fromkeys(("nnodes", "n", "node-rank", "r", "master-addr", "master-port", "headless"), _VLLM_DP),
+    **dict.fromkeys(
+        ("data-parallel-" + f for f in ("rank", "start-rank", "size-local", "address", "rpc-port", "backend")), _VLLM_DP
+    ),
+    **dict.fromkeys(("data-parallel-hybrid-lb", "data-parallel-external-lb", "data-parallel-multi-port-external-lb"), _VLLM_DP),
+    **dict.fromkeys(("dpn", "dpr", "dpl", "dpa", "dpp", "dpb", "dph", "dpe", "dpm"), _VLLM_DP),
+    **dict.fromkeys(("gpu-memory-utilization", "device-memory-utilization"), "vllm.gpu_memory_utilization"),
     "dtype": "vllm.dtype",
     "max-model-len": "vllm.max_model_len",
     "logprobs-mode": "slurm-grpo (parity needs processed_logprobs)",
     "weight-transfer-config": "vllm.weight_transfer_backend",
     "seed": "trainer.seed",
-    "enable-lora": "trainer.lora.r",
-    "max-lora-rank": "trainer.lora.r",
+    **dict.fromkeys(("enable-lora", "max-lora-rank", "max-loras", "fully-sharded-loras"), "trainer.lora.r"),
     "served-model-name": "vllm.model (the ranks ask for it by that name)",
+    **dict.fromkeys(
+        ("worker-cls", "distributed-executor-backend", "disable-custom-all-reduce"), "job.emulate_gpus (and the launcher)"
+    ),
 }
-"""vLLM api_server flags the launcher passes itself -> the key that sets them (vllm.extra_args may not repeat them)."""
+"""vLLM api_server flags the launcher passes itself (or whose placement it decides) -> the key that sets them
+(vllm.extra_args may not repeat them). tests/unit/test_config_owned_flags.py renders the server's command for
+several plans and checks each flag in it is here."""
 
 
 def owned_vllm_flag(arg: str) -> str | None:
-    """The key owning a vLLM flag (--port, --port=9000, --tensor_parallel_size, -tp); None for the user's own flags."""
-    name = arg.lstrip("-").partition("=")[0].replace("_", "-")
-    return VLLM_OWNED.get(name)
+    """The key owning a vLLM flag; None for the user's own flags. Every spelling vLLM's parser takes counts:
+    --port, --port=9000, --tensor_parallel_size, -tp, --no-enable-lora, the dotted JSON form
+    --weight-transfer-config.backend, and unique prefixes (argparse's allow_abbrev: --tensor-parallel 2)."""
+    name = arg.lstrip("-").partition("=")[0].partition(".")[0].replace("_", "-")
+    if not name:
+        return None
+    for candidate in (name, name.removeprefix("no-")):
+        if candidate in VLLM_OWNED:
+            return VLLM_OWNED[candidate]
+    return next((o for f, o in VLLM_OWNED.items() if f.startswith(name)), None)
 
 
 def _positive(where: str, value: int | float, fix: str) -> None:
@@ -1095,25 +1115,39 @@ GRPO_OWNED = {
     "use_cpu": "job.device",
     **dict.fromkeys(("fsdp", "fsdp_config", "deepspeed", "accelerator_config", "parallelism_config"), "trainer.fsdp"),
     **dict.fromkeys(("fp16", "bf16", "fp16_full_eval", "bf16_full_eval"), "trainer.dtype"),
-    **dict.fromkeys(("save_strategy", "save_total_limit", "save_only_model", "save_on_each_node"), "trainer.save_steps"),
+    **dict.fromkeys(("save_strategy", "save_only_model", "save_on_each_node"), "trainer.save_steps"),
+    "save_total_limit": "trainer.keep_checkpoints",
     "resume_from_checkpoint": "trainer.resume",
     "num_train_epochs": "trainer.max_steps",
     "report_to": "trainer.report_to",
     "gradient_checkpointing": "trainer.activation_checkpointing",
+    "vllm_max_model_length": "vllm.max_model_len",
     **dict.fromkeys(("logging_steps", "logging_strategy", "disable_tqdm"), "slurm-grpo (metrics every step)"),
     **dict.fromkeys(("dataloader_num_workers", "local_rank", "ddp_backend", "ddp_timeout"), "slurm-grpo"),
-    **dict.fromkeys(("push_to_hub", "hub_model_id", "hub_strategy", "hub_token", "log_completions_hub_repo"), "no one"),
-    **dict.fromkeys(("eval_strategy", "eval_steps", "do_eval", "eval_on_start", "per_device_eval_batch_size"), "no one"),
-    "auto_find_batch_size": "no one",
+    **dict.fromkeys(("push_to_hub", "hub_model_id", "hub_strategy", "hub_token", "hub_private_repo"), "hub"),
+    "log_completions_hub_repo": "hub",
+    **dict.fromkeys(("eval_strategy", "eval_steps", "do_eval"), "trainer.eval.every_steps"),
+    "eval_on_start": "trainer.eval.before_training",
+    "num_generations_eval": "trainer.eval.samples_per_prompt",
+    "per_device_eval_batch_size": "eval",
+    "auto_find_batch_size": "batch",
 }
 """trl.GRPOConfig fields trainer.grpo may not set -> the key that decides it, or a reason named in _GRPO_WHY (set by
-the launcher itself, or not supported: the nodes are offline for the hub, no eval dataset reaches TRL)."""
+the launcher itself, or not supported, and what to use instead)."""
 _GRPO_WHY = {
     "servers": "slurm-grpo points TRL at its own vLLM server on each node (the vllm section)",
     "slurm-grpo (metrics every step)": "slurm-grpo logs every step (metrics.jsonl, the stall watchdog need it)",
     "slurm-grpo": "slurm-grpo sets it for its own torchrun and FSDP2",
-    "no one": "not supported here (nodes run offline; TRL gets no eval set)",
+    "hub": "the nodes run offline; the trained model is JOB/model (or `slurm-grpo export`), upload it yourself",
+    "eval": "slurm-grpo runs the evaluation itself (on the vLLM servers); set trainer.eval (its dataset, samples_per_prompt)",
+    "batch": "the batch is planned from trainer.per_device_train_batch_size (checked against memory)",
 }
+GRPO_ELSEWHERE = {"eval_dataset": "trainer.eval.dataset (a file read on the nodes)"}
+"""trl.GRPOTrainer arguments (not GRPOConfig fields) users reach for in trainer.grpo -> the key to set instead."""
+GRPO_VALUE_REFUSED = {
+    ("remove_unused_columns", True): "the rewards read the dataset's other columns (e.g. solution); leave it false",
+}
+"""trainer.grpo values the project cannot run with -> why (the key itself is the user's)."""
 GRPO_CHOICES: dict[str, tuple[Any, ...]] = {
     "loss_type": ("grpo", "dr_grpo", "dapo", "bnpo", "cispo", "sapo", "luspo", "vespo"),
     "scale_rewards": ("group", "batch", "none", True, False),
@@ -1185,20 +1219,19 @@ def _port(where: str, port: int) -> None:
         raise ConfigError(f"{where} ({port}) must be between 1024 and 65535 (ports below 1024 need root)")
 
 
-def _check_reward_funcs(entries: list[str], environment: str | dict[str, str] = "") -> None:
+def _check_reward_funcs(entries: list[str], environment: str | dict[str, str] = "", key: str = "trainer.reward_funcs") -> None:
+    """Each entry a built-in reward's name or 'pkg.module:function'; key names the list in the messages."""
     if not entries and not environment:  # an environment may own the reward (get_reward), checked on the ranks' side
-        raise ConfigError(
-            "trainer.reward_funcs is empty; name at least one reward, e.g. [letter_a_fraction] or pkg.module:function"
-        )
+        raise ConfigError(f"{key} is empty; name at least one reward, e.g. [letter_a_fraction] or pkg.module:function")
     for r in entries:
         if ":" in r:
-            mod, _, fn = r.partition(":")
-            if not re.match(r"^[A-Za-z_][\w.]*$", mod) or not fn.isidentifier():
-                raise ConfigError(f"trainer.reward_funcs entry {r!r} is not a dotted path 'pkg.module:function'")
+            _check_dotted(f"{key} entry", r)
         elif r not in BUILTIN_REWARDS:
+            shown = r if len(r) <= 24 else r[:21] + "..."
+            near = did_you_mean(r, BUILTIN_REWARDS)
             raise ConfigError(
-                f"trainer.reward_funcs entry {r!r} is not a built-in reward ({', '.join(BUILTIN_REWARDS)}) "
-                "nor 'pkg.module:function'"
+                f"{key} entry {shown!r} is not a built-in reward"
+                + (near or f" ({', '.join(BUILTIN_REWARDS)}) nor 'pkg.module:function'")
             )
 
 
@@ -1253,11 +1286,16 @@ def _check_grpo(grpo: dict[str, Any]) -> None:
     for key in sorted(grpo):
         if key in ours:
             raise ConfigError(f"trainer.grpo.{key} is a trainer key of its own: set trainer.{key} instead")
-        owner = GRPO_OWNED.get(key)
+        if key in GRPO_ELSEWHERE:
+            raise ConfigError(f"trainer.grpo.{key} is not a trl.GRPOConfig field; set {GRPO_ELSEWHERE[key]} instead")
+        owner = GRPO_OWNED.get(key) or ("hub" if key.startswith("hub_") else None)
         if owner in _GRPO_WHY:
             raise ConfigError(f"trainer.grpo.{key}: {_GRPO_WHY[owner]}; remove it")
         if owner:
             raise ConfigError(f"trainer.grpo.{key} is set by slurm-grpo itself from {owner}; remove it")
+        why = next((w for (k, v), w in GRPO_VALUE_REFUSED.items() if k == key and grpo[key] is v), None)
+        if why:
+            raise ConfigError(f"trainer.grpo.{key}: {grpo[key]!r} is not supported: {why}")
     known = grpo_config_annotations()
     if known is None:
         return

@@ -344,19 +344,22 @@ def _child_problems(argv: list[str], what: str) -> list[str]:
 def local_problems(config: JobConfig, python: str = sys.executable) -> list[str]:
     """What `slurm-grpo local` would find only after vLLM started: the nodes' checks, run here, and the rewards
     resolved as the trainer will. (No venv check: local runs in this interpreter.)"""
-    static = {e: reward_problems([e]) for e in config.trainer.reward_funcs}
-    unflagged = [e for e, found in static.items() if not found]  # the child finds what only importing shows
+    t = config.trainer
     return (
         input_problems(config)
-        + [p for found in static.values() for p in found]
-        + reward_import_problems(unflagged, python)
-        + [
-            p.replace("trainer.reward_funcs", "trainer.eval.reward_funcs", 1)
-            for p in reward_problems(config.trainer.eval.reward_funcs)
-        ]
-        + reward_import_problems(config.trainer.eval.reward_funcs, python)
+        + _rewards_resolved(t.reward_funcs, "trainer.reward_funcs", python)
+        + _rewards_resolved(t.eval.reward_funcs, "trainer.eval.reward_funcs", python)
         + agent_import_problems(config, python)
     )
+
+
+def _rewards_resolved(entries: list[str], key: str, python: str) -> list[str]:
+    """The static reward check, then the import in a child for the entries it passed; each problem labelled by key
+    (the checks themselves say trainer.reward_funcs)."""
+    static = {e: reward_problems([e]) for e in entries}
+    unflagged = [e for e, found in static.items() if not found]  # the child finds what only importing shows
+    found = [p for problems in static.values() for p in problems] + reward_import_problems(unflagged, python)
+    return [p.replace("trainer.reward_funcs", key, 1) for p in found]
 
 
 def agent_entries(config: JobConfig) -> list[tuple[str, str]]:

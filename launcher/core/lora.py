@@ -93,6 +93,6 @@ def check_moe_targets(cfg: JobConfig) -> None:
     bad = [m for m in cfg.trainer.lora.target_modules if m.rpartition(".")[2] in MOE_REFUSED_TARGETS]
     if bad:
         raise ConfigError(
-            f"trainer.lora.target_modules {bad}: on a mixture of experts LoRA adapts the attention projections only "
-            "(not the experts, the MLPs or the router); set trainer.lora.target_modules: [q_proj, k_proj, v_proj, o_proj]"
+            f"trainer.lora.target_modules {bad[0]!r}: on a mixture of experts LoRA adapts attention only; "
+            "set trainer.lora.target_modules: [q_proj, k_proj, v_proj, o_proj]"
         )

@@ -131,8 +131,8 @@ def resolve_backend(cfg: JobConfig, shared_gpu: bool) -> str:
 
 
 SHARED_MULTI_GPU = (
-    "slurm.layout shared with {g} GPUs on CUDA cannot push: the node leader's one IPC handle names its own GPU, and every "
-    "other GPU's vLLM engine refuses it (../shared/GPU-AUDIT.md G2); use slurm.layout: split (the default)"
+    "slurm.layout shared with {g} GPUs on CUDA cannot push weights: the leader's IPC handle names its own GPU and the "
+    "other GPUs' engines refuse it; use slurm.layout: split (the default)"
 )
 
 
@@ -168,9 +168,10 @@ def check_layout(cfg: JobConfig, shared: bool) -> None:
     if architecture(cfg.vllm.model) in UNPUSHABLE:
         raise ConfigError(f"vllm.model {cfg.vllm.model}: {UNPUSHABLE[architecture(cfg.vllm.model) or '']}")
     if cfg.vllm.enable_expert_parallel:
-        if tp * (g // tp if shared else dp) < 2:  # the shared layout's server spans every GPU of the node
+        engines = g // tp if shared else dp  # the shared layout's server spans every GPU of the node
+        if tp * engines < 2:
             raise ConfigError(
-                f"vllm.enable_expert_parallel splits the experts over the server's GPUs, but TP x DP is {tp} x {dp}; "
+                f"vllm.enable_expert_parallel splits the experts over the server's GPUs, but TP x DP is {tp} x {engines}; "
                 "raise vllm.tensor_parallel_size or data_parallel_size, or remove it"
             )
         if shape is not None and not shape.experts:

@@ -117,9 +117,8 @@ def node_visibility(platform: str, environ: Mapping[str, str], gpus_needed: int)
     hip, rocr, cuda = (environ.get(k, "").strip() for k in MASKS[1:] + MASKS[:1])
     if hip and rocr:
         raise ConfigError(
-            f"both HIP_VISIBLE_DEVICES={hip!r} and ROCR_VISIBLE_DEVICES={rocr!r} are set on this node: the two masks "
-            "compose (HIP's indices count within ROCR's) and can hide every GPU; unset HIP_VISIBLE_DEVICES (SLURM sets "
-            "ROCR_VISIBLE_DEVICES for the allocation)"
+            f"HIP_VISIBLE_DEVICES={hip!r} and ROCR_VISIBLE_DEVICES={rocr!r} are both set here: the masks compose and "
+            "can hide every GPU; unset HIP_VISIBLE_DEVICES (SLURM sets ROCR's)"
         )
     changes: dict[str, str | None] = {}
     if cuda:

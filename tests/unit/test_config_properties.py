@@ -95,6 +95,8 @@ def test_any_set_line_plans_or_fails_with_one_short_line(data):
         if data.draw(st.booleans()) and len(key) > 3:
             key = typo(key, data)
         value = data.draw(st.one_of(token, st.sampled_from(["[--port, 9000]", "{nodes: 2}", "[a, b]", "{}", "[]", ""])))
+        if key == "slurm.layout" and data.draw(st.booleans()):
+            value = data.draw(st.sampled_from(["shared", "split"]))  # a real choice, else only refused as unknown
         lines.append(f"{key}={value}")
     planned = plan_or_refuse(lambda: C.load(None, lines))  # what dry-run does: load, plan, render
     if planned is None:

@@ -140,7 +140,7 @@ def test_on_rocm_the_node_keeps_one_mask_for_all_its_processes(environ, changes)
 
 
 def test_both_hip_and_rocr_masks_or_too_few_gpus_are_refused():
-    with pytest.raises(C.ConfigError, match="both HIP_VISIBLE_DEVICES='0' and ROCR_VISIBLE_DEVICES='0,1'.*unset HIP_"):
+    with pytest.raises(C.ConfigError, match="HIP_VISIBLE_DEVICES='0' and ROCR_VISIBLE_DEVICES='0,1' are both set.*unset HIP_"):
         P.node_visibility("rocm", {"HIP_VISIBLE_DEVICES": "0", "ROCR_VISIBLE_DEVICES": "0,1"}, 2)
     with pytest.raises(C.ConfigError, match="the plan uses 8 GCDs of the node, but ROCR_VISIBLE_DEVICES='0,1' shows 2"):
         P.node_visibility("rocm", {"ROCR_VISIBLE_DEVICES": "0,1"}, 8)

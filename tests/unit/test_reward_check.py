@@ -13,7 +13,9 @@ from pathlib import Path
 
 import pytest
 
+from launcher.core import config as C
 from launcher.core import reward_check as R
+from launcher.core.inputs import local_problems
 from trainer import rewards
 
 MODULE = """
@@ -128,3 +130,16 @@ def test_the_local_child_checks_the_live_signature_too(pkg):
     (line,) = rewards.problems([f"{pkg}.funcs:scorer"])
     assert line.startswith(f"trainer.reward_funcs '{pkg}.funcs:scorer' takes no **kwargs")
     assert rewards.problems([f"{pkg}.funcs:good", "math_accuracy"]) == []
+
+
+def test_local_run_problems_of_the_eval_rewards_name_the_eval_key(pkg, tmp_path, monkeypatch):
+    """`slurm-grpo local` checks trainer.eval.reward_funcs as the training rewards (source, then the child's import)
+    and labels what it finds with the eval key."""
+    monkeypatch.setenv("PYTHONPATH", f"{tmp_path / 'src'}:{Path.cwd()}")
+    cfg = C.from_dict(
+        {"vllm": {"model": "/m"}, "trainer": {"eval": {"reward_funcs": [f"{pkg}.funcs:missing", f"{pkg}.funcs:scorer"]}}}
+    )
+    found = [p for p in local_problems(cfg) if "reward_funcs" in p]
+    assert len(found) == 2, found
+    assert all(p.startswith("trainer.eval.reward_funcs ") for p in found), found
+    assert "takes no **kwargs" in found[1]  # only the child's import finds it

@@ -115,7 +115,7 @@ def test_a_hub_name_runs_offline_on_its_cached_snapshot_and_a_missing_one_fails_
         "submit", "configs/smoke_cpu.yaml", "--set", "vllm.model=acme/missing", "--set", f"job.job_dir={tmp_path / 'j2'}", env=env
     )
     assert r.returncode == 2 and len(r.stderr.strip().splitlines()) == 1, r.stderr
-    assert "no snapshot in the cache" in r.stderr and "hf download acme/missing" in r.stderr, r.stderr
+    assert "is not in HF_HOME" in r.stderr and "hf download acme/missing" in r.stderr, r.stderr
     assert (Path(sys.executable).parent / "hf").is_file()  # the command the message names is the venv's own
     assert fake_slurm.calls() == []
 
