@@ -225,5 +225,10 @@ def test_the_dry_run_states_a_checkpoints_size_on_disk():
     lay = Layout(1, 8, 1, 8, False, 80.0, 0.9, 2, 8, 256)
     line = disk_line(shape, lay, Options(), keep=3, save_model=True)
     p = shape.params
-    assert f"a checkpoint ~{12 * p / 1e9:.1f} GB" in line and f"keep 3 -> ~{36 * p / 1e9:.1f} GB" in line
-    assert f"final model ~{2 * p / 1e9:.1f} GB" in line
+    # pruning runs once a new checkpoint is complete: keep + 1 exist at the peak, and the last ones stay beside model/
+    assert f"a checkpoint ~{12 * p / 1e9:.1f} GB" in line and "up to 4 at once" in line
+    assert f"~{4 * 12 * p / 1e9:.1f} GB" in line and f"final model ~{2 * p / 1e9:.1f} GB" in line
+    assert line.endswith(f"peak ~{(4 * 12 + 2) * p / 1e9:.1f} GB"), line
+    lora = disk_line(shape, lay, Options(lora_r=8, lora_targets=("q_proj",)), keep=1, save_model=True)
+    assert "up to 2 at once" in lora and "final adapter" in lora and "peak" in lora, lora
+    assert "one more each save" in disk_line(shape, lay, Options(), keep=0, save_model=False)
