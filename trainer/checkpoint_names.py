@@ -9,6 +9,9 @@ hold one matrix per expert (`mlp.experts.{e}.gate_proj.weight` [I, H], ...; Mixt
 per-family table of ours) is read to place every per-expert matrix: expert e is row e of the fused parameter, and
 FSDP2 shards on dim 0, so a rank reads exactly the experts it owns, one expert matrix at a time.
 
+Saving goes back the other way (as_saved, to_saved: transformers' revert_weight_conversion, which save_pretrained runs),
+one tensor at a time: JOB/model, JOB/merged and `slurm-grpo export` hold the checkpoint's names and per-expert tensors.
+
 Accepted: renamings, and converters whose operations are MergeModulelist(dim=0) (stack the experts) optionally followed
 by Concatenate(dim=1) (gate then up). Anything else (a transpose, an interleave, a fused q/k/v) is refused with the fix
 (`trainer.model_loading=full`), never loaded wrong."""

@@ -5,6 +5,9 @@ model.tmp/sharded/; then every rank consolidates a share of the output files, on
 (torch's consolidate_safetensors_files_on_every_rank, which also writes the index); rank 0 adds config, tokenizer and
 generation config and renames the folder into place. No rank ever holds the whole model: a rank's extra memory is its
 shards cast to the saved dtype (nothing in fp32) while it writes, then one tensor while it consolidates.
+An MoE (transformers' fused experts) is consolidated under the model's names first, then every rank rewrites a share
+of the files under the checkpoint's names and layout, one expert matrix per tensor (write_saved_layout), so `vllm serve`
+and from_pretrained read it as any checkpoint; the extra disk is the fused copy, removed after.
 torchtitan writes its Hugging Face checkpoints the same way (its checkpoint.last_save_in_hf)."""
 
 from __future__ import annotations
