@@ -172,9 +172,13 @@ def write_chat_template(out: Path, template: str) -> None:
     """The template the run trained with (trainer.chat_template) as the folder's only one, so `vllm serve` and
     AutoTokenizer render prompts as training did: chat_template.jinja (what save_pretrained writes), and no other
     template left to compete with it (tokenizer_config.json's `chat_template`, a chat_template.json)."""
+    from launcher.core.config import ConfigError
     from launcher.core.inputs import is_inline_template
 
-    text = template if is_inline_template(template) else Path(template).expanduser().read_text()
+    path = Path(template).expanduser()
+    if not is_inline_template(template) and not path.is_file():
+        raise ConfigError(f"trainer.chat_template {template!r}: no such file here; the model folder needs the template")
+    text = template if is_inline_template(template) else path.read_text()
     (out / "chat_template.jinja").write_text(text)
     (out / "chat_template.json").unlink(missing_ok=True)
     tok = out / "tokenizer_config.json"
