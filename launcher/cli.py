@@ -343,14 +343,23 @@ def cmd_cancel(a: argparse.Namespace) -> int:
 
 def cmd_export(a: argparse.Namespace) -> int:
     """Checked here (no torch), converted in a child `python -m trainer.export`, whose progress lines go straight to
-    this terminal."""
+    this terminal; a child that fails, is killed or outlives its deadline (ExportRequest.deadline_s, scaled to what it
+    reads) gets one line saying so and what to rerun."""
     import subprocess
 
     from launcher.core.export import resolve
 
     req = resolve(find_job_dir(a.job), a.step, a.out, a.merged, a.dtype)
+    deadline = req.deadline_s()
     print(f"exporting {req.what} of step {req.step} ({q(req.checkpoint)}) to {q(req.out)}", flush=True)
-    return subprocess.run(req.child_argv(), stdin=subprocess.DEVNULL).returncode
+    try:
+        rc: int | None = subprocess.run(req.child_argv(), stdin=subprocess.DEVNULL, timeout=deadline).returncode
+    except subprocess.TimeoutExpired:  # run() has killed the child
+        rc = None
+    if rc == 0:
+        return 0
+    print(req.failure(rc, deadline), file=sys.stderr, flush=True)
+    return 124 if rc is None else (rc if rc > 0 else 128 - rc)
 
 
 def cmd_make_tiny_model(a: argparse.Namespace) -> int:

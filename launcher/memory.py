@@ -374,20 +374,28 @@ def disk_size(n: float) -> str:
 
 def disk_line(shape: ModelShape, lay: Layout, opt: Options, keep: int, save_model: bool) -> str:
     """What a run leaves on disk: each checkpoint (fp32 parameters + AdamW moments: 12 bytes a trained parameter), the
-    retained ones, and the final model in the trainer's dtype (a LoRA run: the fp32 adapter)."""
+    peak of checkpoints/ (keep + 1: the oldest is pruned only once the newest is complete), the final model in the
+    trainer's dtype (a LoRA run: the fp32 adapter), and the peak of the two together (the last checkpoints stay)."""
     trained = adapter_layer_params(shape, opt.lora_r, opt.lora_targets) * shape.layers if opt.lora_r else shape.params
     each = 12 * trained
-    kept = f"keep {keep} -> ~{disk_size(keep * each)}" if keep else "keep all (trainer.keep_checkpoints 0)"
     what = (
         "LoRA adapters' fp32 parameters + AdamW moments; the frozen base is not saved"
         if opt.lora_r
         else "fp32 parameters + AdamW moments"
     )
-    line = f"on disk: a checkpoint ~{disk_size(each)} ({what}), {kept} in checkpoints/"
+    final, where = 0.0, ""
     if opt.lora_r:
-        return line + f"; the final adapter ~{disk_size(4 * trained)} (adapter/)"
-    if save_model:
-        return line + f"; the final model ~{disk_size(lay.compute_bytes * shape.params)} (model/, trainer.dtype)"
+        final, where = 4 * trained, "the final adapter ~{} (adapter/)"
+    elif save_model:
+        final, where = lay.compute_bytes * shape.params, "the final model ~{} (model/, trainer.dtype)"
+    line = f"on disk: a checkpoint ~{disk_size(each)} ({what})"
+    if not keep:
+        line += ", keep all (trainer.keep_checkpoints 0): one more each save"
+        return line + (f"; {where.format(disk_size(final))}" if final else "")
+    peak = (keep + 1) * each
+    line += f", keep {keep}: up to {keep + 1} at once (the oldest goes once a new one is complete) ~{disk_size(peak)}"
+    if final:
+        line += f"; {where.format(disk_size(final))}; peak ~{disk_size(peak + final)}"
     return line
 
 

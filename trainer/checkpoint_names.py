@@ -9,6 +9,9 @@ hold one matrix per expert (`mlp.experts.{e}.gate_proj.weight` [I, H], ...; Mixt
 per-family table of ours) is read to place every per-expert matrix: expert e is row e of the fused parameter, and
 FSDP2 shards on dim 0, so a rank reads exactly the experts it owns, one expert matrix at a time.
 
+Saving goes back the other way (as_saved, to_saved: transformers' revert_weight_conversion, which save_pretrained runs),
+one tensor at a time: JOB/model, JOB/merged and `slurm-grpo export` hold the checkpoint's names and per-expert tensors.
+
 Accepted: renamings, and converters whose operations are MergeModulelist(dim=0) (stack the experts) optionally followed
 by Concatenate(dim=1) (gate then up). Anything else (a transpose, an interleave, a fused q/k/v) is refused with the fix
 (`trainer.model_loading=full`), never loaded wrong."""
@@ -16,6 +19,7 @@ by Concatenate(dim=1) (gate then up). Anything else (a transpose, an interleave,
 from __future__ import annotations
 
 import re
+from collections.abc import Iterable, Iterator
 from dataclasses import dataclass
 
 import torch
@@ -154,3 +158,32 @@ def _fused_leaf(conv) -> str:
         f"experts {list(stems)}: vLLM 0.32 has no fused name for this gate/up pair, so a push cannot send the fused "
         "tensor; this family is not supported for pushes"
     )
+
+
+def as_saved(model: torch.nn.Module, name: str, tensor: torch.Tensor) -> dict[str, torch.Tensor]:
+    """One of the trainer's tensors (its name as transformers builds the model) as the checkpoint names and layout it
+    has on disk: transformers' own reverse conversion, the one save_pretrained runs (revert_weight_conversion), fed one
+    tensor at a time so a writer holds one fused tensor and its per-expert views, never the model. A fused
+    `mlp.experts.gate_up_proj` [E, 2I, H] gives E gate and E up matrices [I, H] (Mixtral: `block_sparse_moe.experts.{e}
+    .w1/.w3.weight`); a dense family's tensor comes back as it is. Works on meta tensors (names and shapes only)."""
+    base = model.get_base_model() if hasattr(model, "get_base_model") else model  # type: ignore[operator]
+    renamings, converters = _transforms(base)
+    if not renamings and not converters:
+        return {name: tensor}
+    from transformers.core_model_loading import revert_weight_conversion
+
+    return revert_weight_conversion(base, {name: tensor})  # type: ignore[arg-type]
+
+
+def saved_layout(model: torch.nn.Module, entries: list[tuple[str, tuple[int, ...]]]) -> list[tuple[str, tuple[int, ...]]]:
+    """(checkpoint name, shape) of every tensor a saved folder holds, from the trainer's (name, shape) entries."""
+    out = []
+    for n, shape in entries:
+        out += [(k, tuple(v.shape)) for k, v in as_saved(model, n, torch.empty(shape, device="meta")).items()]
+    return out
+
+
+def to_saved(model: torch.nn.Module, tensors: Iterable[tuple[str, torch.Tensor]]) -> Iterator[tuple[str, torch.Tensor]]:
+    """The trainer's (name, tensor) stream under the checkpoint's names and layout (as_saved), lazily."""
+    for n, t in tensors:
+        yield from as_saved(model, n, t).items()

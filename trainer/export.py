@@ -27,6 +27,7 @@ import torch
 from launcher.core.config import ConfigError, LoraConfig
 from launcher.core.export import ExportRequest, resolve
 from trainer import lora as trainer_lora
+from trainer.checkpoint_names import saved_layout, to_saved
 from trainer.hf_folder import SHARD_BYTES, SafetensorsWriter, aliases, copy_model_files, fresh, replace, saved_names, shard_file
 
 
@@ -95,8 +96,11 @@ def write_model(
     w.close()
 
 
-def export_full(checkpoint: Path, base_model: str, out: Path, dtype: torch.dtype, max_bytes: int = SHARD_BYTES) -> Path:
-    """A full fine-tune's checkpoint as a model folder (JOB/model's layout)."""
+def export_full(
+    checkpoint: Path, base_model: str, out: Path, dtype: torch.dtype, max_bytes: int = SHARD_BYTES, chat_template: str = ""
+) -> Path:
+    """A full fine-tune's checkpoint as a model folder (JOB/model's layout: the checkpoint's names, an MoE's experts
+    one tensor each; the run's trainer.chat_template when it set one)."""
     ck = CheckpointTensors(checkpoint)
     model = meta_model(base_model)
     entries = saved_names(model)
@@ -116,8 +120,9 @@ def export_full(checkpoint: Path, base_model: str, out: Path, dtype: torch.dtype
             )
         source[n] = found
     tmp = fresh(out)
-    write_model(tmp, entries, ((n, ck.read(source[n])) for n, _ in entries), dtype, max_bytes)
-    copy_model_files(base_model, tmp, dtype)
+    stream = to_saved(model, ((n, ck.read(source[n])) for n, _ in entries))
+    write_model(tmp, saved_layout(model, entries), stream, dtype, max_bytes)
+    copy_model_files(base_model, tmp, dtype, chat_template)
     return replace(tmp, out)
 
 
@@ -146,12 +151,19 @@ def export_adapter(checkpoint: Path, lora: LoraConfig, base_model: str, out: Pat
 
 
 def export_merged(
-    checkpoint: Path, lora: LoraConfig, base_model: str, out: Path, dtype: torch.dtype, max_bytes: int = SHARD_BYTES
+    checkpoint: Path,
+    lora: LoraConfig,
+    base_model: str,
+    out: Path,
+    dtype: torch.dtype,
+    max_bytes: int = SHARD_BYTES,
+    chat_template: str = "",
 ) -> Path:
     """A LoRA run's checkpoint merged into its base, module by module, as a model folder (JOB/merged's weights): the
     base tensors read from the base model's safetensors one at a time, the adapters from the checkpoint, both in
     `dtype` as the trainer's merge has them (trainer.push.adapter.merged_params, the merged push's own code)."""
-    from trainer.loading import SafetensorsDir
+    from trainer.checkpoint_names import placement
+    from trainer.loading import SafetensorsDir, fill_whole_tensor
     from trainer.push.adapter import merged_params
 
     ck = CheckpointTensors(checkpoint)
@@ -162,19 +174,25 @@ def export_merged(
     params = list(model.named_parameters())
     entries = [(b, tuple(p.shape)) for n, p in params if (b := trainer_lora.base_name(n)) is not None]
 
+    # where each base parameter is in the base's files (an MoE's fused experts: one file tensor per expert)
+    places = placement(model.get_base_model(), list(store.tensors))  # type: ignore[operator]
+
     def base_tensor(name: str, shape: tuple[int, ...]) -> torch.Tensor:
-        stored = next((b for a in names.get(name, [name]) if (b := trainer_lora.base_name(a)) in store.tensors), None)
+        stored = next((b for a in names.get(name, [name]) if (b := trainer_lora.base_name(a)) in places), None)
         if stored is None:
             raise ConfigError(f"{trainer_lora.base_name(name)} is not in the base model's files {base_model}")
-        return store.read_rows(stored, 0, shape[0] if shape else 0).to(dtype)
+        t = torch.empty(shape, dtype=dtype)
+        fill_whole_tensor(store, stored, places[stored], t)
+        return t
 
     def stream() -> Iterator[tuple[str, torch.Tensor]]:
         for n, p in params:
             yield n, (ck.read(n).to(dtype) if trainer_lora.is_adapter(n) else base_tensor(n, tuple(p.shape)))
 
     tmp = fresh(out)
-    write_model(tmp, entries, merged_params(stream(), trainer_lora.scaling(lora), dtype), dtype, max_bytes)
-    copy_model_files(base_model, tmp, dtype)
+    merged = to_saved(model, merged_params(stream(), trainer_lora.scaling(lora), dtype))
+    write_model(tmp, saved_layout(model, entries), merged, dtype, max_bytes)
+    copy_model_files(base_model, tmp, dtype, chat_template)
     return replace(tmp, out)
 
 
@@ -185,8 +203,8 @@ def export(req: ExportRequest) -> Path:
     if req.kind == "adapter":
         return export_adapter(req.checkpoint, t.lora, base, req.out)
     if req.kind == "merged":
-        return export_merged(req.checkpoint, t.lora, base, req.out, dtype)
-    return export_full(req.checkpoint, base, req.out, dtype)
+        return export_merged(req.checkpoint, t.lora, base, req.out, dtype, chat_template=t.chat_template)
+    return export_full(req.checkpoint, base, req.out, dtype, chat_template=t.chat_template)
 
 
 def main(argv: list[str] | None = None) -> int:

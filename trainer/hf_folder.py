@@ -77,8 +77,15 @@ class SafetensorsWriter:
     header (padded with spaces to 8 bytes), then the data."""
 
     def __init__(
-        self, folder: Path, entries: list[tuple[str, tuple[int, ...]]], dtype: torch.dtype, max_bytes: int = SHARD_BYTES
+        self,
+        folder: Path,
+        entries: list[tuple[str, tuple[int, ...]]],
+        dtype: torch.dtype,
+        max_bytes: int = SHARD_BYTES,
+        create: bool = True,
     ):
+        """create=False: the files exist (another process of a collective write created them); only the layout is
+        computed, so this writer fills its share of the tensors in place."""
         self.folder, self.dtype = Path(folder), dtype
         size = torch.tensor([], dtype=dtype).element_size()
         self.shapes = dict(entries)
@@ -101,9 +108,10 @@ class SafetensorsWriter:
                 at += nbytes
             raw = json.dumps(header, separators=(",", ":")).encode()
             raw += b" " * (-len(raw) % 8)
-            with open(self.path(i), "wb") as f:
-                f.write(struct.pack("<Q", len(raw)) + raw)
-                f.truncate(8 + len(raw) + at)
+            if create:
+                with open(self.path(i), "wb") as f:
+                    f.write(struct.pack("<Q", len(raw)) + raw)
+                    f.truncate(8 + len(raw) + at)
             self.where.update({n: (i, 8 + len(raw) + off) for n, off in offsets.items()})
             self.total += at
 
@@ -126,6 +134,9 @@ class SafetensorsWriter:
         missing = sorted(n for names in self.left.values() for n in names)
         if missing:
             raise RuntimeError(f"{len(missing)} tensors were never written: {missing[:5]}")
+        self.write_index()
+
+    def write_index(self) -> None:
         weight_map = {n: shard_file(i, self.count) for i, names in self.files.items() for n in names}
         write_index(self.folder, weight_map, self.total)
 
@@ -134,14 +145,17 @@ def write_index(folder: Path, weight_map: dict[str, str], total_size: int) -> No
     (Path(folder) / INDEX).write_text(json.dumps({"metadata": {"total_size": total_size}, "weight_map": weight_map}, indent=2))
 
 
-def copy_model_files(base_model: str | Path, out: Path, dtype: torch.dtype) -> None:
+def copy_model_files(base_model: str | Path, out: Path, dtype: torch.dtype, chat_template: str = "") -> None:
     """Everything of the base model's folder but its weights (config, tokenizer files, chat template, generation
     config, custom code), config.json saying the saved dtype, and a generation_config.json (made from the config when
-    the base has none: transformers' GenerationConfig.from_model_config, as save_pretrained does)."""
+    the base has none: transformers' GenerationConfig.from_model_config, as save_pretrained does). `chat_template`
+    (trainer.chat_template: the Jinja text or a file holding it; "" keeps the base's) becomes the folder's template."""
     base = Path(base_model)
     for f in base.iterdir():
         if f.is_file() and not f.name.endswith(WEIGHT_SUFFIXES) and not f.name.endswith(".index.json"):
             shutil.copy2(f, out / f.name)
+    if chat_template:
+        write_chat_template(out, chat_template)
     config = json.loads((base / "config.json").read_text())
     name = str(dtype).removeprefix("torch.")
     config["dtype"] = name  # transformers 5's key; older configs name it torch_dtype: both say the same
@@ -152,6 +166,26 @@ def copy_model_files(base_model: str | Path, out: Path, dtype: torch.dtype) -> N
         from transformers import AutoConfig, GenerationConfig
 
         GenerationConfig.from_model_config(AutoConfig.from_pretrained(base)).save_pretrained(out)
+
+
+def write_chat_template(out: Path, template: str) -> None:
+    """The template the run trained with (trainer.chat_template) as the folder's only one, so `vllm serve` and
+    AutoTokenizer render prompts as training did: chat_template.jinja (what save_pretrained writes), and no other
+    template left to compete with it (tokenizer_config.json's `chat_template`, a chat_template.json)."""
+    from launcher.core.config import ConfigError
+    from launcher.core.inputs import is_inline_template
+
+    path = Path(template).expanduser()
+    if not is_inline_template(template) and not path.is_file():
+        raise ConfigError(f"trainer.chat_template {template!r}: no such file here; the model folder needs the template")
+    text = template if is_inline_template(template) else path.read_text()
+    (out / "chat_template.jinja").write_text(text)
+    (out / "chat_template.json").unlink(missing_ok=True)
+    tok = out / "tokenizer_config.json"
+    if tok.is_file():
+        cfg = json.loads(tok.read_text())
+        if cfg.pop("chat_template", None) is not None:
+            tok.write_text(json.dumps(cfg, indent=2, ensure_ascii=False) + "\n")
 
 
 def fresh(out: Path) -> Path:

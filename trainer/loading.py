@@ -183,6 +183,14 @@ def fill_from_checkpoint(
     return read
 
 
+def fill_whole_tensor(store: SafetensorsDir, name: str, pieces: list[Piece], t: torch.Tensor) -> int:
+    """All of a (plain, unsharded) tensor `t` from its checkpoint pieces (placement), in t's dtype; returns the bytes
+    read: one checkpoint tensor in memory at a time beside `t` (trainer.export's merge of a LoRA run)."""
+    if pieces[0].expert is None:
+        return _fill_whole(store, pieces[0].key, t, t, 0, t.shape[0] if t.dim() else 0)
+    return _fill_experts(store, name, pieces, t, t, 0, t.shape[0])
+
+
 def _fill_whole(store: SafetensorsDir, key: str, t: torch.Tensor, local: torch.Tensor, first: int, stop: int) -> int:
     stored = store.tensors[key]
     if tuple(stored.shape) != tuple(t.shape):

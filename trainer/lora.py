@@ -108,15 +108,19 @@ def scaling(lora: LoraConfig) -> float:
     return lora.scale_alpha / lora.r
 
 
-def save_outputs(model: torch.nn.Module, lora: LoraConfig, base_model: str, job_dir: Path, dtype: torch.dtype) -> list[Path]:
+def save_outputs(
+    model: torch.nn.Module, lora: LoraConfig, base_model: str, job_dir: Path, dtype: torch.dtype, chat_template: str = ""
+) -> list[Path]:
     """Collective (every rank gathers). Rank 0 writes the final adapter in peft's format into JOB/adapter (fp32, as
     trained: PeftModel.from_pretrained(base, JOB/adapter)) and, with trainer.lora.save_merged, the merged model into
     JOB/merged (in `dtype`, with the base's config and tokenizer files: from_pretrained-loadable), one unit at a time:
     each merged tensor goes to its place in the safetensors files as it comes (trainer.hf_folder), so rank 0 never
-    holds the whole model. Returns what it wrote."""
+    holds the whole model; under the checkpoint's names (an MoE's experts one tensor each, checkpoint_names.to_saved)
+    and with the run's chat template when trainer.chat_template is set. Returns what it wrote."""
     import torch.distributed as dist
 
     from launcher.core.jobdir import JobDir
+    from trainer.checkpoint_names import saved_layout, to_saved
     from trainer.hf_folder import SafetensorsWriter, copy_model_files, fresh, replace
     from trainer.push.adapter import gather_adapter, merged_params, write_adapter
     from trainer.push.gather import iter_unsharded_params
@@ -131,13 +135,14 @@ def save_outputs(model: torch.nn.Module, lora: LoraConfig, base_model: str, job_
     if lora.save_merged:
         entries = [(b, tuple(p.shape)) for n, p in model.named_parameters() if (b := base_name(n)) is not None]
         tmp = fresh(out.merged) if rank0 else None
-        writer = SafetensorsWriter(tmp, entries, dtype) if tmp is not None else None
-        for n, t in merged_params(iter_unsharded_params(model, dtype), scaling(lora), dtype):  # every rank gathers
+        writer = SafetensorsWriter(tmp, saved_layout(model, entries), dtype) if tmp is not None else None
+        merged = merged_params(iter_unsharded_params(model, dtype), scaling(lora), dtype)
+        for n, t in to_saved(model, merged):  # every rank gathers
             if writer is not None:
                 writer.write(n, t)
         if writer is not None and tmp is not None:
             writer.close()
-            copy_model_files(base_model, tmp, dtype)
+            copy_model_files(base_model, tmp, dtype, chat_template)
             written.append(replace(tmp, out.merged))
     dist.barrier()
     return written

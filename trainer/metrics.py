@@ -103,7 +103,8 @@ def eval_curves(ax, evals: list[EvalRow]) -> None:
         return
     x = [r.step for r in evals]
     k = evals[-1].samples_per_prompt
-    ax.plot(x, [r.mean_at_k for r in evals], marker="o", linestyle="--", label=f"eval mean@{k}")
+    means = [float("nan") if r.mean_at_k is None else r.mean_at_k for r in evals]  # None: no prompt had a reward
+    ax.plot(x, means, marker="o", linestyle="--", label=f"eval mean@{k}")
     for j in sorted({"1", str(k)}, key=int):
         ax.plot(x, [r.pass_at.get(j, float("nan")) for r in evals], marker="s", linestyle=":", label=f"eval pass@{j}")
     ax.legend(fontsize=7)

@@ -89,12 +89,21 @@ class Run:
         t = self.plan.config.trainer
         if t.save_model and not t.lora.enabled:  # the model in Hugging Face's format, written by every rank's shards
             model_dir = final_model.save(
-                self.trainer.model, getattr(torch, t.dtype), self.plan.config.vllm.model, JobDir(Path(self.plan.job_dir)).model
+                self.trainer.model,
+                getattr(torch, t.dtype),
+                self.plan.config.vllm.model,
+                JobDir(Path(self.plan.job_dir)).model,
+                chat_template=t.chat_template,
             )
         lora_outputs = []
         if t.lora.enabled:  # the adapter in peft's format (and the merged model on request)
             lora_outputs = trainer_lora.save_outputs(
-                self.trainer.model, t.lora, self.plan.config.vllm.model, Path(self.plan.job_dir), getattr(torch, t.dtype)
+                self.trainer.model,
+                t.lora,
+                self.plan.config.vllm.model,
+                Path(self.plan.job_dir),
+                getattr(torch, t.dtype),
+                chat_template=t.chat_template,
             )
         if self.par.rank == 0:
             job_dir = Path(self.plan.job_dir)

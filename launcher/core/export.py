@@ -5,6 +5,8 @@ what to write where, in which dtype) without torch; the conversion runs in a chi
 
 from __future__ import annotations
 
+import shlex
+import signal
 import sys
 from dataclasses import dataclass
 from pathlib import Path
@@ -14,6 +16,9 @@ from launcher.core.config import ConfigError, JobConfig
 from launcher.core.jobdir import JobDir
 
 DTYPES = ("bfloat16", "float16", "float32")
+EXPORT_BASE_S = 600.0
+EXPORT_MIN_BYTES_PER_S = 20e6
+"""The converter's deadline: 10 minutes plus its input at 20 MB/s (a 91 GB checkpoint of a 7.6B model: ~86 minutes)."""
 
 
 @dataclass(frozen=True)
@@ -36,9 +41,37 @@ class ExportRequest:
             "merged": "the base with the LoRA adapter merged in",
         }[self.kind]
 
+    def args(self) -> list[str]:
+        """The arguments that name this request exactly (`slurm-grpo export` and `python -m trainer.export` take them)."""
+        argv = [str(self.job_dir), "--step", str(self.step), "--out", str(self.out), "--dtype", self.dtype]
+        return argv + (["--merged"] if self.kind == "merged" else [])
+
     def child_argv(self, python: str = sys.executable) -> list[str]:
-        argv = [python, "-m", "trainer.export", str(self.job_dir), "--step", str(self.step), "--out", str(self.out)]
-        return argv + ["--dtype", self.dtype] + (["--merged"] if self.kind == "merged" else [])
+        return [python, "-m", "trainer.export", *self.args()]
+
+    def rerun(self) -> str:
+        """The command line that repeats this export."""
+        return shlex.join(["slurm-grpo", "export", *self.args()])
+
+    def deadline_s(self) -> float:
+        """How long the converter may run: EXPORT_BASE_S plus what it reads (the checkpoint's files, and a merge's
+        base weights) at EXPORT_MIN_BYTES_PER_S, far below any disk, so only a hung converter meets it."""
+        files = [f for f in self.checkpoint.rglob("*") if f.is_file()]
+        if self.kind == "merged":
+            files += [f for f in Path(self.config.vllm.model).glob("*.safetensors") if f.is_file()]
+        return EXPORT_BASE_S + sum(f.stat().st_size for f in files) / EXPORT_MIN_BYTES_PER_S
+
+    def failure(self, returncode: int | None, deadline_s: float) -> str:
+        """The one line said when the converter did not finish: its exit code or signal (None: past the deadline)."""
+        if returncode is None:
+            how = f"ran past its deadline of {deadline_s:.0f} s and was killed"
+        elif returncode < 0:
+            name = signal.Signals(-returncode).name if -returncode in signal.valid_signals() else str(-returncode)
+            oom = " (SIGKILL: the OOM killer? see dmesg)" if -returncode == signal.SIGKILL else ""
+            how = f"was killed by signal {name}{oom}"
+        else:
+            how = f"exited with code {returncode}"
+        return f"slurm-grpo export: error: the converter (python -m trainer.export) {how}; its output is above; rerun: {self.rerun()}"
 
 
 def resolve(

@@ -135,10 +135,17 @@ def check_data(config: JobConfig) -> None:
             f"trainer.chat_template {t.chat_template!r}: no such file on this node (give a Jinja file on a shared file "
             "system, or the template text itself)"
         )
+    check_template_for(config, schema, "trainer.dataset")
+
+
+def check_template_for(config: JobConfig, schema: Schema, key: str) -> None:
+    """Conversational prompts in the dataset of `key` (or a system prompt, which makes them so) have a chat template to
+    be rendered with: trainer.chat_template or the model's own."""
+    t = config.trainer
     conversational = t.columns.get("prompt", "prompt") in schema.list_columns
     if (conversational or t.system_prompt) and not t.chat_template and has_chat_template(config.vllm.model) is False:
         why_template = (
-            "trainer.system_prompt makes the prompts conversations" if t.system_prompt else "the prompts are conversations"
+            "trainer.system_prompt makes the prompts conversations" if t.system_prompt else f"{key}'s prompts are conversations"
         )
         raise PreflightError(
             f"vllm.model {config.vllm.model!r} has no chat template and {why_template}: set trainer.chat_template (a "
@@ -196,9 +203,10 @@ def check_eval_dataset(config: JobConfig) -> None:
     t = config.trainer
     needed, why = data_needs(config, t.eval.reward_funcs or t.reward_funcs)
     try:
-        check_dataset(path, needed, t.columns, why)
+        schema = check_dataset(path, needed, t.columns, why)
     except PreflightError as e:
         raise PreflightError(str(e).replace("trainer.dataset", "trainer.eval.dataset", 1)) from None
+    check_template_for(config, schema, "trainer.eval.dataset")
 
 
 def check_node_inputs(config: JobConfig) -> None:

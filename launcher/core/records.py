@@ -384,7 +384,7 @@ class EvalRow:
 
     step: int
     prompts: int
-    """Eval prompts scored (every node's share together)."""
+    """Eval prompts scored (every node's share together), those left out not counted."""
     samples_per_prompt: int
     """k: completions per prompt."""
     threshold: float
@@ -404,6 +404,9 @@ class EvalRow:
     gen_s: dict[str, float] = field(default_factory=dict)
     """Per node: the seconds its generation of its share took (the slowest of its ranks)."""
     prompts_per_node: dict[str, int] = field(default_factory=dict)
+    prompts_left_out: int = 0
+    """Eval prompts left out of pass@j, mean@k and reward_std: a completion of theirs got no reward (every eval reward
+    function returned None, e.g. math_accuracy on a solution that does not parse), so it is neither a pass nor a fail."""
     time: float | None = None
     kind: Literal["eval"] = "eval"
 
@@ -433,7 +436,11 @@ def format_eval(row: EvalRow | None) -> str:
     passes = ", ".join(f"pass@{j} {v:.3f}" for j, v in row.pass_at.items())
     mean = f"mean@{k} {row.mean_at_k:.4f}" if row.mean_at_k is not None else f"mean@{k} n/a"
     took = f", {row.seconds:.1f} s" if row.seconds is not None else ""
-    return f"step {row.step}: {passes}; {mean} (reward >= {row.threshold:g} passes; {row.prompts} prompts x {k} samples{took})"
+    left = f", {row.prompts_left_out} left out: no reward" if row.prompts_left_out else ""
+    passes = passes or "no prompt scored"
+    return (
+        f"step {row.step}: {passes}; {mean} (reward >= {row.threshold:g} passes; {row.prompts} prompts x {k} samples{left}{took})"
+    )
 
 
 def eval_rows(rows: Iterable[Row]) -> list[EvalRow]:

@@ -13,7 +13,7 @@ import pyarrow.parquet as pq
 import pytest
 
 from launcher.core import config as C
-from launcher.core.inputs import PreflightError, check_data, check_dataset, submit_path_problems
+from launcher.core.inputs import PreflightError, check_data, check_dataset, check_eval_dataset, submit_path_problems
 from trainer import data
 
 ROWS = [{"question": "What is 2 + 3?", "answer": "5"}, {"question": "What is 4 x 4?", "answer": "16"}]
@@ -156,14 +156,25 @@ def test_conversational_prompts_need_a_chat_template(tmp_path, fmt):
 
     check(plain)
     with pytest.raises(
-        PreflightError, match=r"has no chat template and the prompts are conversations: set trainer.chat_template"
+        PreflightError, match=r"has no chat template and trainer.dataset's prompts are conversations: set trainer.chat_template"
     ):
         check(conv)
     with pytest.raises(PreflightError, match=r"has no chat template and trainer.system_prompt makes the prompts conversations"):
         check(plain, system_prompt="Be brief.")
     check(conv, chat_template="{% for m in messages %}{{ m['content'] }}{% endfor %}")
+
+    def check_eval(eval_set: str, **trainer) -> None:  # the eval set gets the same check under its own key
+        check_eval_dataset(
+            C.from_dict({"vllm": {"model": str(model)}, "trainer": {"dataset": plain, "eval": {"dataset": eval_set}, **trainer}})
+        )
+
+    check_eval(plain)
+    with pytest.raises(PreflightError, match=r"no chat template and trainer.eval.dataset's prompts are conversations"):
+        check_eval(conv)
+    check_eval(conv, chat_template="{% for m in messages %}{{ m['content'] }}{% endfor %}")
     (model / "chat_template.jinja").write_text("{{ messages }}")  # transformers 5 keeps the template beside the config
     check(conv)
+    check_eval(conv)
 
 
 @pytest.mark.parametrize("fmt", FORMATS)

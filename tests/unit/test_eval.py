@@ -58,8 +58,31 @@ def test_score_averages_over_prompts_and_a_pass_is_reward_at_or_above_the_thresh
         score([[1.0, 0.0], [1.0]], 0.5)
 
 
-def test_rewards_of_a_completion_are_summed_as_trl_sums_them_none_counting_zero():
-    assert summed([0.5, None, 1.0, float("nan")]) == 1.5 and summed([None]) == 0.0
+def test_rewards_of_a_completion_are_summed_as_trl_sums_them_and_none_when_no_reward_applies():
+    assert summed([0.5, None, 1.0, float("nan")]) == 1.5 and summed([0.0, None]) == 0.0
+    assert summed([None]) is None and summed([None, float("nan")]) is None
+
+
+def test_a_prompt_without_a_reward_is_left_out_of_the_scores_not_counted_as_a_failure():
+    """math_accuracy returns None for a row whose solution does not parse: that prompt is neither a pass nor a fail;
+    the row says how many were left out, and a set with no scored prompt gives a row without scores, not a crash."""
+    from launcher.core.config import EvalConfig
+    from trainer.evaluation.evaluator import Share, build_row
+
+    cfg = EvalConfig(dataset="e.jsonl", samples_per_prompt=2, pass_threshold=1.0)
+    shares = [
+        Share(node=0, indices=[0, 1], totals=[[1.0, 1.0], [None, None]]),
+        Share(node=1, indices=[2, 3], totals=[[0.0, 1.0], [None, 1.0]]),
+    ]
+    row = build_row(3, shares, cfg, 1.0)
+    assert (row.prompts, row.prompts_left_out) == (2, 2)
+    assert row.pass_at == {"1": 0.75, "2": 1.0} and row.mean_at_k == 0.75  # prompts 0 and 2 only
+    assert "2 prompts x 2 samples, 2 left out: no reward" in format_eval(row)
+    assert EvalRow.from_dict(row.to_dict()) == row
+
+    none = build_row(3, [Share(node=0, indices=[0], totals=[[None, None]])], cfg, 1.0)
+    assert (none.prompts, none.prompts_left_out, none.pass_at, none.mean_at_k) == (0, 1, {}, None)
+    assert format_eval(none).startswith("step 3: no prompt scored; mean@2 n/a")
 
 
 @pytest.mark.parametrize("count,world", [(8, 4), (10, 4), (3, 4), (1, 2), (0, 3), (37, 8)])

@@ -225,5 +225,39 @@ def test_the_dry_run_states_a_checkpoints_size_on_disk():
     lay = Layout(1, 8, 1, 8, False, 80.0, 0.9, 2, 8, 256)
     line = disk_line(shape, lay, Options(), keep=3, save_model=True)
     p = shape.params
-    assert f"a checkpoint ~{12 * p / 1e9:.1f} GB" in line and f"keep 3 -> ~{36 * p / 1e9:.1f} GB" in line
-    assert f"final model ~{2 * p / 1e9:.1f} GB" in line
+    # pruning runs once a new checkpoint is complete: keep + 1 exist at the peak, and the last ones stay beside model/
+    assert f"a checkpoint ~{12 * p / 1e9:.1f} GB" in line and "up to 4 at once" in line
+    assert f"~{4 * 12 * p / 1e9:.1f} GB" in line and f"final model ~{2 * p / 1e9:.1f} GB" in line
+    assert line.endswith(f"peak ~{(4 * 12 + 2) * p / 1e9:.1f} GB"), line
+    lora = disk_line(shape, lay, Options(lora_r=8, lora_targets=("q_proj",)), keep=1, save_model=True)
+    assert "up to 2 at once" in lora and "final adapter" in lora and "peak" in lora, lora
+    assert "one more each save" in disk_line(shape, lay, Options(), keep=0, save_model=False)
+
+
+@pytest.mark.parametrize(
+    ("child", "rc", "said"),
+    [
+        ("import sys; sys.exit(3)", 3, "exited with code 3"),
+        ("import os, signal; os.kill(os.getpid(), signal.SIGKILL)", 137, "killed by signal SIGKILL (SIGKILL: the OOM killer?"),
+        ("import time; time.sleep(30)", 124, "ran past its deadline of 1 s and was killed"),
+    ],
+)
+def test_export_says_how_its_converter_failed_and_what_to_rerun(written, tmp_path, monkeypatch, capsys, child, rc, said):
+    """The converter is a child process: a fake one (the process boundary) that fails, is killed or hangs."""
+    import sys
+
+    from launcher import cli
+    from launcher.core import export as export_mod
+
+    monkeypatch.setattr(export_mod, "EXPORT_BASE_S", 1.0)
+    monkeypatch.setattr(export_mod, "EXPORT_MIN_BYTES_PER_S", 1e15)
+    monkeypatch.setattr(export_mod.ExportRequest, "child_argv", lambda self, python=sys.executable: [python, "-c", child])
+    job = tmp_path / "job"  # the job folder as `submit` leaves it: plan.json beside config.yaml and checkpoints/
+    job.mkdir()
+    (job / "plan.json").write_text("{}")
+    (job / "config.yaml").write_text((written / "full" / "config.yaml").read_text())
+    (job / "checkpoints").symlink_to(written / "full" / "checkpoints")
+    assert cli.main(["export", str(job), "--out", str(tmp_path / "out")]) == rc
+    err = capsys.readouterr().err.strip().splitlines()
+    assert len(err) == 1 and said in err[0], err
+    assert err[0].endswith(f"rerun: slurm-grpo export {job} --step 5 --out {tmp_path / 'out'} --dtype float32"), err

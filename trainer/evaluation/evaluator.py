@@ -29,7 +29,7 @@ import torch.distributed as dist
 from launcher.core.config import EvalConfig
 from launcher.core.records import EvalRow, format_eval
 from trainer import trl_glue
-from trainer.evaluation.scores import score, shard, summed
+from trainer.evaluation.scores import score, scored_prompts, shard, summed
 from trainer.metrics import MetricsWriter
 from trainer.parallel import Parallel
 from trainer.rollout.node import node_generate
@@ -42,8 +42,8 @@ class Share:
     node: int
     indices: list[int]
     """The eval prompts it scored (positions in the eval set)."""
-    totals: list[list[float]]
-    """Per prompt: the summed reward of each of its k completions."""
+    totals: list[list[float | None]]
+    """Per prompt: the summed reward of each of its k completions (None: no eval reward applied to it)."""
     per_func: dict[str, list[float]] = field(default_factory=dict)
     """Each reward function's values over the rank's completions (None left out)."""
     tokens: int = 0
@@ -208,7 +208,7 @@ def decode(tokenizer, prompts: list, prompt_ids: list[list[int]], completion_ids
 
 def build_row(step: int, shares: list[Share], cfg: EvalConfig, seconds: float) -> EvalRow:
     """Rank 0: every rank's share, in prompt order, made into the evaluation's row."""
-    by_prompt: dict[int, list[float]] = {}
+    by_prompt: dict[int, list[float | None]] = {}
     per_func: dict[str, list[float]] = {}
     gen_s: dict[str, float] = {}
     per_node: dict[str, int] = {}
@@ -221,15 +221,17 @@ def build_row(step: int, shares: list[Share], cfg: EvalConfig, seconds: float) -
         gen_s[node] = max(gen_s.get(node, 0.0), round(s.gen_s, 4))
         per_node[node] = per_node.get(node, 0) + len(s.indices)
         tokens, completions = tokens + s.tokens, completions + s.completions
-    scores = score([by_prompt[i] for i in sorted(by_prompt)], cfg.pass_threshold)
+    kept, left_out = scored_prompts(by_prompt)
+    scores = score([kept[i] for i in sorted(kept)], cfg.pass_threshold) if kept else None
     return EvalRow(
         step=step,
-        prompts=len(by_prompt),
+        prompts=len(kept),
         samples_per_prompt=cfg.samples_per_prompt,
         threshold=cfg.pass_threshold,
-        pass_at={str(j): round(v, 6) for j, v in scores.pass_at.items()},
-        mean_at_k=round(scores.mean_at_k, 6),
-        reward_std=round(scores.reward_std, 6),
+        pass_at={str(j): round(v, 6) for j, v in scores.pass_at.items()} if scores else {},
+        mean_at_k=round(scores.mean_at_k, 6) if scores else None,
+        reward_std=round(scores.reward_std, 6) if scores else None,
+        prompts_left_out=left_out,
         reward_funcs={name: round(sum(v) / len(v), 6) for name, v in per_func.items() if v},
         completion_tokens_mean=round(tokens / max(completions, 1), 2),
         seconds=round(seconds, 3),

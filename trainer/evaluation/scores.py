@@ -34,9 +34,19 @@ def reported_ks(n: int) -> list[int]:
     return out + [n]
 
 
-def summed(values: Sequence[float | None]) -> float:
-    """One completion's rewards from each function, summed as TRL sums them (None, "does not apply", counts as 0)."""
-    return float(sum(v for v in values if v is not None and not math.isnan(v)))
+def summed(values: Sequence[float | None]) -> float | None:
+    """One completion's rewards from each function, summed as TRL sums them (a None, "does not apply", adds nothing);
+    None when no function applies (math_accuracy on an unparsable solution): no reward, so neither a pass nor a fail."""
+    scored = [v for v in values if v is not None and not math.isnan(v)]
+    return float(sum(scored)) if scored else None
+
+
+def scored_prompts(per_prompt: dict[int, list[float | None]]) -> tuple[dict[int, list[float]], int]:
+    """(the prompts every completion of which has a reward, how many prompts were left out). A prompt with an unscored
+    completion is left out whole: pass@j's estimator needs the same k completions of every prompt, and counting a
+    missing reward as 0 would make it a failure (TRL leaves None rewards out of its means too)."""
+    kept = {i: [v for v in r if v is not None] for i, r in per_prompt.items() if all(v is not None for v in r)}
+    return kept, len(per_prompt) - len(kept)
 
 
 @dataclass(frozen=True)
