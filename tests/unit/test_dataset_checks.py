@@ -221,3 +221,24 @@ def test_the_chat_template_override_renders_the_conversation_inline_or_from_a_fi
     f.write_text("{% for m in messages %}[{{ m['content'] }}]{% endfor %}")
     data.use_chat_template(tok, str(f))
     assert tok.apply_chat_template(conv, tokenize=False) == "[Be brief.][What is 2 + 3?]"
+
+
+def test_with_a_rollout_func_a_rewards_parameter_may_be_one_of_its_fields_not_a_column(tmp_path):
+    """A rollout_func's extra fields reach the rewards by name (TRL), so a reward's parameter without a default is not
+    required of the dataset then (the integration test's rank_reward takes the rollout's `rollout_rank`)."""
+    from launcher.core.inputs import check_data, data_needs
+
+    path = write("jsonl", tmp_path / "d.jsonl")
+    plain = cfg(path, reward_funcs=["tests.support.agent_rollout:rank_reward"], columns={"prompt": "question"})
+    assert data_needs(plain) == (
+        ("prompt", "rollout_rank"),
+        {"rollout_rank": " (reward tests.support.agent_rollout:rank_reward needs it)"},
+    )
+    rolled = cfg(
+        path,
+        reward_funcs=["tests.support.agent_rollout:rank_reward"],
+        columns={"prompt": "question"},
+        rollout_func="tests.support.agent_rollout:rollout",
+    )
+    assert data_needs(rolled) == (("prompt",), {})
+    check_data(rolled)  # the dataset has its prompt: nothing else is asked of it
