@@ -39,6 +39,10 @@ AGENT_SETS = [
     "trainer.save_steps=0",
     "trainer.final_checkpoint=false",
     "trainer.tool_timeout_s=10",
+    # the base config's eval set is the letters task: evaluate the countdown episodes instead (one prompt a node)
+    f"trainer.eval.dataset={REPO}/data/countdown.jsonl",
+    "trainer.eval.max_prompts=2",
+    "trainer.eval.samples_per_prompt=2",
 ]
 """configs/agents_cpu.yaml's agent settings, for the cluster config (whose base is the single-turn smoke run)."""
 

@@ -142,9 +142,15 @@ def check_data(config: JobConfig) -> None:
 
 def check_template_for(config: JobConfig, schema: Schema, key: str) -> None:
     """Conversational prompts in the dataset of `key` (or a system prompt, which makes them so) have a chat template to
-    be rendered with: trainer.chat_template or the model's own."""
+    be rendered with: trainer.chat_template or the model's own. Tools and environments need conversations: an episode
+    is rendered turn by turn with the chat template (TRL parses tool calls only from conversational completions)."""
     t = config.trainer
     conversational = t.columns.get("prompt", "prompt") in schema.list_columns
+    if (t.tools or t.environment) and not (conversational or t.system_prompt):  # a rollout_func takes any prompt
+        raise PreflightError(
+            f"{key}'s prompts are plain strings; tools and environments need conversations ([{{role, content}}, ...]): "
+            "convert them, or set trainer.system_prompt (it makes them so)"
+        )
     if (conversational or t.system_prompt) and not t.chat_template and has_chat_template(config.vllm.model) is False:
         why_template = (
             "trainer.system_prompt makes the prompts conversations" if t.system_prompt else f"{key}'s prompts are conversations"

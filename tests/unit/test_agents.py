@@ -232,6 +232,8 @@ def test_local_refuses_a_bad_tool_in_one_line_before_vllm_starts(tmp_path, tiny_
     fake = fake_vllm(tmp_path, "fake vLLM: exiting at once", exit_code=1)
     sets = [f"vllm.model={tiny_model}", f"job.job_dir={tmp_path / 'job'}", *port_sets()]
     sets += [f"trainer.tools=[{user_pkg}.mod:undocumented]"]
+    conversations = REPO / "data/countdown.jsonl"  # tools need conversational prompts (checked too)
+    sets += [f"trainer.dataset={conversations}", f"trainer.eval.dataset={conversations}"]
     r = cli(
         "local",
         str(REPO / "configs/smoke_cpu.yaml"),

@@ -242,3 +242,24 @@ def test_with_a_rollout_func_a_rewards_parameter_may_be_one_of_its_fields_not_a_
     )
     assert data_needs(rolled) == (("prompt",), {})
     check_data(rolled)  # the dataset has its prompt: nothing else is asked of it
+
+
+def test_tools_and_environments_need_conversational_prompts_in_both_sets(tmp_path):
+    """An episode is rendered turn by turn with the chat template, and TRL parses tool calls only from conversational
+    completions: plain-string prompts with an environment are refused (the 2-node agents job once crashed at its step-0
+    evaluation on the letters eval set), unless a system prompt makes them conversations."""
+    conv = write("jsonl", tmp_path / "conv.jsonl", [{"prompt": [{"role": "user", "content": "hi"}], "calls": 1}])
+    plain = write("jsonl", tmp_path / "plain.jsonl", [{"prompt": "hi"}])
+    env = "trainer.agents.countdown:Countdown"
+
+    def config(dataset: str, eval_set: str = "", **trainer) -> C.JobConfig:
+        t = {"dataset": dataset, "environment": env, "reward_funcs": [], "eval": {"dataset": eval_set}, **trainer}
+        return C.from_dict({"vllm": {"model": "org/model"}, "trainer": t})
+
+    check_data(config(conv))
+    check_eval_dataset(config(conv, conv))
+    with pytest.raises(PreflightError, match=r"^trainer.dataset's prompts are plain strings; tools and environments need"):
+        check_data(config(plain))
+    with pytest.raises(PreflightError, match=r"^trainer.eval.dataset's prompts are plain strings; tools and environments"):
+        check_eval_dataset(config(conv, plain))
+    check_eval_dataset(config(conv, plain, system_prompt="Count."))  # a system prompt makes them conversations
