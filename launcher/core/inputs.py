@@ -115,7 +115,8 @@ def check_dataset(
 def data_needs(config: JobConfig, rewards: list[str] | None = None) -> tuple[tuple[str, ...], dict[str, str]]:
     """(the columns the run reads: 'prompt' and every column a reward (trainer.reward_funcs, or `rewards`) requires,
     who needs each for the error)."""
-    needed, why = ["prompt"], {}
+    needed: list[str] = ["prompt"]
+    why: dict[str, str] = {}
     if config.trainer.rollout_func:  # its extra fields reach the rewards as keyword arguments too (TRL): a reward's
         return tuple(needed), why  # parameter may name one of them, which no dataset holds
     for entry in config.trainer.reward_funcs if rewards is None else rewards:
