@@ -271,7 +271,8 @@ def rank_pid(torchrun_pid: int, rank: int) -> int:
 def test_rank_killed_mid_checkpoint_keeps_the_last_good_one_and_resume_uses_it(tmp_path, tiny_model, ports):
     """Kill rank 0 (which writes meta.json and renames) while step 6 is being written: the run stops with
     a message naming the trainer, step-000006 never counts, and the next run resumes from step 3, continuing the
-    data order, the LR schedule and the random state of the lost attempt."""
+    data order, the LR schedule and the random state of the lost attempt. That run's user reward raises at step 8:
+    it stops naming the reward, the exception, the step and the node."""
     job = tmp_path / "ckpt"
     ck = job / "checkpoints"
     # the test-only hold: rank 0 stops in step 6's write, after the shards and before meta.json, and says so
@@ -292,12 +293,25 @@ def test_rank_killed_mid_checkpoint_keeps_the_last_good_one_and_resume_uses_it(t
     assert latest(ck)[0] == 3
     assert (ck / "step-000006.tmp").is_dir()  # the half-written one is still there, and does not count
 
-    r = local(job, tiny_model, ports, "trainer.max_steps=8", "trainer.save_steps=3")
-    assert r.returncode == 0, r.stdout[-3000:] + r.stderr[-3000:]
+    # the resumed run also carries a user reward that scores until step 7 and raises at step 8 (the integration check
+    # of tests/unit/test_rewards.py, in a run that starts anyway): the run stops on it, naming reward, step and node
+    (tmp_path / "midrun_rewards.py").write_text(
+        "def fail_at_step_eight(completions, trainer_state=None, **kwargs):\n"
+        "    if trainer_state.global_step >= 7:\n"
+        "        raise ValueError(f'cannot score {len(completions)} completions')\n"
+        "    return [0.0] * len(completions)\n"
+    )
+    rewards = "trainer.reward_funcs=[letter_a_fraction, midrun_rewards:fail_at_step_eight]"
+    path = os.pathsep.join(x for x in (str(tmp_path), os.environ.get("PYTHONPATH", "")) if x)
+    r = local(job, tiny_model, ports, "trainer.max_steps=8", "trainer.save_steps=3", rewards, env={"PYTHONPATH": path})
+    assert r.returncode == 1, r.stdout[-3000:] + r.stderr[-3000:]
+    named = "RewardError: reward 'midrun_rewards:fail_at_step_eight' raised ValueError at step 8 on node 0: cannot score"
+    # the node's FAILED line: the trainer's exit with its root cause, the named line (not the bare ValueError)
+    assert any("FAILED: node 0" in ln and f"exited with code 1: {named}" in ln for ln in r.stderr.splitlines()), r.stderr
     rows = read(job / "metrics.jsonl")
     i = max(k for k, x in enumerate(rows) if x.get("event") == "resumed")
     assert rows[i]["from_step"] == 3 and rows[i]["reason"] == "periodic", rows[i]
-    assert [x["step"] for x in rows[i + 1 :] if "reward" in x] == [4, 5, 6, 7, 8]
+    assert [x["step"] for x in rows[i + 1 :] if "reward" in x] == [4, 5, 6, 7]  # step 8 was not scored
     # the redone steps continue the lost attempt (its rows for steps 4 and 5 were set aside in metrics.lost.jsonl),
     # which ran the same 8-step config uninterrupted up to there: the prompts (the data cursor, not the start of the
     # data again), the learning rate (the schedule at step 4, not at its start) and rank 0's torch RNG state
@@ -308,7 +322,7 @@ def test_rank_killed_mid_checkpoint_keeps_the_last_good_one_and_resume_uses_it(t
         assert redone[k]["prompts_digest"] == lost[k]["prompts_digest"], (k, lost[k], redone[k])
         assert redone[k]["lr"] == lost[k]["lr"], (k, lost[k]["lr"], redone[k]["lr"])
         assert redone[k]["rng_digest"] == lost[k]["rng_digest"], (k, "the resumed run's random state is not the lost one's")
-    assert [redone[k]["lr"] for k in range(4, 9)] == pytest.approx([linear_lr(k, 8) for k in range(4, 9)])
+    assert [redone[k]["lr"] for k in range(4, 8)] == pytest.approx([linear_lr(k, 8) for k in range(4, 8)])
     # the resumed run's server starts from the base model: its first push (before step 4's generation) must bring it
     # to the checkpoint's weights, which parity proves (stale before, equal after)
     assert redone[4]["parity_stale"]["0"] > 1e-3, redone[4]  # the server held the base model
@@ -317,8 +331,8 @@ def test_rank_killed_mid_checkpoint_keeps_the_last_good_one_and_resume_uses_it(t
     assert redone[4]["prompts_digest"] != first[1]["prompts_digest"], "step 4 saw step 1's prompts: the data started over"
     assert redone[4]["rng_digest"] != first[1]["rng_digest"], "step 4 has step 1's random state: it started over"
     assert rows[i]["data_indices_skipped"] == 3 * 16, rows[i]  # 3 steps x 16 completions
-    assert not list(ck.glob("*.tmp"))  # cleaned by the next write
-    assert latest(ck)[0] == 8
+    assert not list(ck.glob("*.tmp"))  # cleaned by the next write (step 6's, complete this time)
+    assert latest(ck)[0] == 6
 
 
 def test_server_paused_during_a_push_is_a_timeout_not_a_hang(tmp_path, tiny_model, ports):
