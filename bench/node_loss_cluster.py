@@ -97,6 +97,14 @@ def proc_table() -> dict[int, tuple[int, str, str, bytes]]:
 
 
 def kind_of(cmd: str, under_bootstrap: bool) -> str:
+    """What a process of the job is, from its command line (SLURM's first: srun's names the bootstrap it starts)."""
+    argv0 = Path(cmd.split(" ", 1)[0]).name
+    if cmd.startswith("slurmstepd"):
+        return "slurmstepd"
+    if argv0 == "srun":
+        return "srun"
+    if "slurm_script" in cmd:
+        return "batch script"
     if "launcher.node.bootstrap" in cmd:
         return "bootstrap"
     if "torch.distributed.run" in cmd:
@@ -107,12 +115,6 @@ def kind_of(cmd: str, under_bootstrap: bool) -> str:
         return "vllm"
     if under_bootstrap:
         return "under the bootstrap"
-    if cmd.startswith("slurmstepd"):
-        return "slurmstepd"
-    if cmd.startswith("srun") or "/srun " in cmd:
-        return "srun"
-    if "slurm_script" in cmd or "submission" in cmd:
-        return "batch script"
     return "other"
 
 

@@ -47,5 +47,7 @@ def test_the_job_s_own_processes_are_told_apart_by_their_command_lines() -> None
     assert kind_of("python -m torch.distributed.run --nnodes 3 -m trainer.main plan.json", True) == "torchrun"
     assert kind_of("python -u -m trainer.main plan.json", True) == "rank"
     assert kind_of("slurmstepd: [123.0]", False) == "slurmstepd"
-    assert kind_of("srun --unbuffered --kill-on-bad-exit=1 python", False) == "srun"
+    # srun's command line holds the bootstrap's: it is SLURM's, not ours (a first run here counted it as the bootstrap)
+    assert kind_of("srun --unbuffered --kill-on-bad-exit=1 python -u -m launcher.node.bootstrap plan.json", False) == "srun"
+    assert kind_of("python -u -m launcher.node.bootstrap plan.json", False) == "bootstrap"
     assert kind_of("/bin/bash /tmp/spool/job123/slurm_script", False) == "batch script"
