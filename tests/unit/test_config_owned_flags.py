@@ -16,21 +16,10 @@ from launcher.core import config as C
 from launcher.core.plan import plan
 from launcher.node.commands import vllm_command
 from launcher.submit import sbatch_text
+from tests.unit.test_moe_config import MOE  # a tiny Qwen3-MoE config.json
 from tests.unit.test_sbatch import sbatch_header
 
 DENSE = {"architectures": ["Qwen2ForCausalLM"], "num_attention_heads": 4, "num_key_value_heads": 2}
-MOE = {
-    "architectures": ["Qwen3MoeForCausalLM"],
-    "hidden_size": 128,
-    "num_hidden_layers": 2,
-    "intermediate_size": 256,
-    "moe_intermediate_size": 48,
-    "num_experts": 4,
-    "num_experts_per_tok": 2,
-    "vocab_size": 300,
-    "num_attention_heads": 2,
-    "num_key_value_heads": 1,
-}
 PLANS: dict[str, tuple[dict, dict]] = {
     "plain split, vLLM DP": (DENSE, {"vllm": {"data_parallel_size": 2, "max_model_len": 512}}),
     "MoE, expert parallel": (MOE, {"vllm": {"tensor_parallel_size": 2, "enable_expert_parallel": True}}),
