@@ -26,7 +26,7 @@ from launcher.core import config as config_mod
 from launcher.core.config import ConfigError, JobConfig
 from launcher.core.jobdir import JobDir
 from launcher.core.plan import Plan
-from launcher.core.records import format_summary, read_rows, step_rows, summarize
+from launcher.core.records import eval_rows, format_eval, format_summary, read_rows, step_rows, summarize
 from launcher.dryrun import node_table, render_dry_run
 from launcher.memory import plan_report
 from launcher.status import cancel, find_job_dir, log_files, q, status
@@ -239,7 +239,11 @@ def cmd_local(a: argparse.Namespace) -> int:
     prog.done.set()
     prog.join(2)
     print(f"local run finished with code {rc} after {time.time() - t0:.0f} s")
-    print("summary: " + format_summary(summarize(read_rows(jd.metrics))))
+    rows = read_rows(jd.metrics)
+    print("summary: " + format_summary(summarize(rows)))
+    evals = eval_rows(rows)
+    if evals:  # the held-out set before training and at the end (trainer.eval)
+        print("eval: " + format_eval(evals[0]) + "\n   -> " + format_eval(evals[-1]))
     for f in (jd.summary, jd.plot, jd.metrics):
         if f.exists():
             print(f"  {q(f)}")
