@@ -40,7 +40,7 @@ import time
 from dataclasses import dataclass
 from pathlib import Path
 
-from bench.run import cluster_env
+from bench.run import cluster_env, write_results
 from launcher.cli import cli_argv
 from launcher.core.jobdir import JobDir
 from launcher.core.records import Event, NodeEvent, read_events, read_jsonl
@@ -387,9 +387,7 @@ def main() -> int:
         "slurmctld": ctld,
         "bootstrap_said": said,
     }
-    if a.out:
-        Path(a.out).parent.mkdir(parents=True, exist_ok=True)
-        Path(a.out).write_text(json.dumps(result, indent=1) + "\n")
+    write_results(a.out, result)
     return 0
 
 

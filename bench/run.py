@@ -189,6 +189,13 @@ def bench_local_run(work: Path, model: str) -> dict:
     }
 
 
+def write_results(out: str | None, result: dict) -> None:
+    """A bench's --out: its result as indented JSON (nothing when --out was not given)."""
+    if out:
+        Path(out).parent.mkdir(parents=True, exist_ok=True)
+        Path(out).write_text(json.dumps(result, indent=1) + "\n")
+
+
 def cluster_env(env_file: str) -> dict[str, str]:
     """This environment plus the test cluster's (SLURM_CONF, PATH, ...) from its env.sh."""
     env = dict(os.environ)

@@ -24,6 +24,7 @@ import tempfile
 import time
 from pathlib import Path
 
+from bench.run import write_results
 from launcher.core.jobdir import JobDir
 from launcher.status import startup_phases
 
@@ -126,9 +127,7 @@ def main() -> int:
         "first_start": first,
         "restart": again,
     }
-    if a.out:
-        Path(a.out).parent.mkdir(parents=True, exist_ok=True)
-        Path(a.out).write_text(json.dumps(result, indent=1) + "\n")
+    write_results(a.out, result)
     return 0
 
 

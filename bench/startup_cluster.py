@@ -26,7 +26,7 @@ import tempfile
 import time
 from pathlib import Path
 
-from bench.run import cluster_env
+from bench.run import cluster_env, write_results
 from bench.startup import compile_cache_use, compile_notes, this_start
 from launcher.cli import cli_argv
 from launcher.core.jobdir import JobDir
@@ -245,9 +245,7 @@ def main() -> int:
         "restart": again,
         "restart_caches_removed": runs[2][1] if a.cold else None,
     }
-    if a.out:
-        Path(a.out).parent.mkdir(parents=True, exist_ok=True)
-        Path(a.out).write_text(json.dumps(result, indent=1) + "\n")
+    write_results(a.out, result)
     return 0
 
 
