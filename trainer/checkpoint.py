@@ -16,12 +16,13 @@ import torch.distributed as dist
 import torch.distributed.checkpoint as dcp
 from torch.distributed.checkpoint.state_dict import StateDictOptions, get_state_dict, set_state_dict
 
+from launcher.core.config import TrainerConfig
 from launcher.core.jobdir import checkpoint_meta, meta_file
 from launcher.core.jobdir import complete_checkpoints as step_dirs
 from launcher.core.records import CheckpointMeta
 
-KEEP = 2
-"""trainer.keep_checkpoints's default: the newest complete checkpoints kept."""
+KEEP = TrainerConfig.keep_checkpoints
+"""trainer.keep_checkpoints's default (the config owns it): the newest complete checkpoints kept."""
 
 HOLD_ENV = "SLURM_GRPO_TEST_HOLD_CHECKPOINT"
 """Test-only fault point (tests/integration/test_integration.py): set to a step, rank 0 stops in that step's write after the
