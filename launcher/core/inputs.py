@@ -237,9 +237,9 @@ def reward_problems(entries: list[str]) -> list[str]:
     return [p for e in entries for p in reward_needs(e).problems]
 
 
-def reward_module_problem(entry: str) -> str | None:
-    """A 'pkg.module:function' reward whose module cannot be found from here (found, not run: its imports may need
-    the GPU stack this host lacks). Built-in names are the trainer's and were checked by the config."""
+def module_problem(key: str, entry: str) -> str | None:
+    """A 'pkg.module:name' entry of `key` (a tool, environment or rollout_func) whose module cannot be found from here
+    (found, not run: its imports may need the GPU stack this host lacks)."""
     if ":" not in entry:
         return None
     module = entry.split(":", 1)[0]
@@ -250,7 +250,7 @@ def reward_module_problem(entry: str) -> str | None:
     if found:
         return None
     return (
-        f"trainer.reward_funcs {entry!r}: module {module!r} is not importable here; put its folder on PYTHONPATH "
+        f"{key} {entry!r}: module {module!r} is not importable here; put its folder on PYTHONPATH "
         f"(the job's nodes get the same) or install it into the job's venv"
     )
 
@@ -396,9 +396,9 @@ def agent_module_problems(config: JobConfig) -> list[str]:
     """Each tool, environment or rollout_func whose module cannot be found from the submit host (found, not run)."""
     out = []
     for key, entry in agent_entries(config):
-        problem = reward_module_problem(entry)
+        problem = module_problem(key, entry)
         if problem:
-            out.append(problem.replace("trainer.reward_funcs", key, 1))
+            out.append(problem)
     return out
 
 
