@@ -38,18 +38,20 @@ class Layout:
 
 
 SPLIT = {"slurm.gpus_per_node": 4}  # vLLM on GPU 0, 3 trainer ranks
+TP2 = {**SPLIT, "vllm.tensor_parallel_size": 2, "trainer.max_completion_length": 64}
+"""TP 2 on one GPU decodes slowly: every decode step's two all-reduces per layer go GPU -> host -> loopback socket between
+two time-sliced processes. Measured on an H100 (gpu/results/2026-12-05-emulated/tp2_ranks2): 29 s of generation a step
+at 128 tokens, so 12 steps did not fit the 400 s deadline (9 did, parity after every push). Half the tokens, 6 steps."""
 LAYOUTS: dict[str, Layout] = {
     "split3_k0": Layout("2a: vLLM TP 1 + 3 ranks, FSDP2 over NCCL, the nccl push from the leader", SPLIT),
     "split3_k1": Layout("2a: the same at trainer.max_staleness 1", {**SPLIT, "trainer.max_staleness": 1}, steps=10),
     "split3_k2": Layout("2a: the same at trainer.max_staleness 2", {**SPLIT, "trainer.max_staleness": 2}, steps=10),
-    "tp2_ranks2": Layout("2b: vLLM TP 2 (two workers) + 2 ranks", {**SPLIT, "vllm.tensor_parallel_size": 2}),
+    "tp2_ranks2": Layout("2b: vLLM TP 2 (two workers) + 2 ranks", TP2, steps=6),
     "nodes2": Layout(
         "2c: 2 nodes x (vLLM + 2 ranks), HSDP, each node pushing to its own server",
         {"slurm.nodes": 2, "slurm.gpus_per_node": 3, "trainer.fsdp": "hsdp"},
     ),
-    "lora_adapter_tp2": Layout(
-        "2e: LoRA, the adapter path on a TP 2 server", {**SPLIT, "vllm.tensor_parallel_size": 2, "trainer.lora.r": 16}
-    ),
+    "lora_adapter_tp2": Layout("2e: LoRA, the adapter path on a TP 2 server", {**TP2, "trainer.lora.r": 16}, steps=6),
     "lora_merged_dp2": Layout(
         "2e: LoRA, the merged path with vLLM DP 2", {**SPLIT, "vllm.data_parallel_size": 2, "trainer.lora.r": 16}
     ),
@@ -213,7 +215,9 @@ def run_layout(name: str, model: str, out: Path, job_root: Path = Path("/tmp")) 
         exit_codes=[b.returncode for b, _ in boots],
         notes=notes,
         fault=layout.fault or None,
-        bootstrap_tail={i: (dest / f"node{i}-bootstrap.log").read_text(errors="replace")[-4000:] for i in range(len(boots))},
+        bootstrap_tail={  # keyed as in gpu_results.json (str), like every per-node figure
+            str(i): (dest / f"node{i}-bootstrap.log").read_text(errors="replace")[-4000:] for i in range(len(boots))
+        },
     )
     if fault:
         res["fault_detail"] = fault
