@@ -2,7 +2,8 @@
 process: registers the project's `gloo` (CPU) and `mapped_ipc` (one shared GPU) weight-transfer engines, on CPU servers keeps linear
 weights as plain tensors and re-prepacks MoE experts after each update so that pushed weights take effect, with LoRA pushes reads a pushed adapter once,
 and makes the push's prefix-cache reset cost the blocks that hold a cached hash, not the whole KV cache
-(trainer/push/prefix_reset.py says why that leaves the same state; it refuses a vLLM whose code it was not checked against).
+(trainer/push/prefix_reset.py says why that leaves the same state; it refuses a vLLM whose code it was not checked against),
+and keeps an orderly shutdown's expected EngineDeadError traceback out of the log (trainer/push/clean_shutdown.py).
 
 Why the second part: vLLM's CPU linear layers prepack weights into oneDNN handles and drop the weight
 tensor (`dispatch_cpu_unquantized_gemm(layer, remove_weight=True)`); a weight reload then writes
@@ -47,9 +48,10 @@ def register() -> None:
 
         layer_utils.dispatch_cpu_unquantized_gemm = keep_weight
         reprepack_cpu_moe_on_update()
-    from trainer.push import prefix_reset
+    from trainer.push import clean_shutdown, prefix_reset
 
     prefix_reset.install()
+    clean_shutdown.install()
     once = os.environ.get(Env.LORA_LOAD_ONCE) == "1"
     if once:
         load_adapters_once()
