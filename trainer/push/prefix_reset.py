@@ -38,8 +38,8 @@ PINNED = {
     "kv_cache_utils.KVCacheBlock": "0e0c186b22362b78",
 }
 """The vLLM code (under vllm.v1.core) the reasoning above reads, and the code_digest of the version it was checked
-against (vLLM 0.32.0). tests/unit/test_pinned_internals.py also checks, over the whole vLLM tree, that no other code
-sets a block's hash."""
+against (vLLM 0.32.0; the CPU and CUDA wheels ship the same files). tests/unit/test_prefix_reset.py also checks, over
+the whole vLLM tree, that no other code sets a block's hash."""
 
 
 def code_digest(obj: Callable[..., Any] | type) -> str:
