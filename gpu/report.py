@@ -17,6 +17,7 @@ import re
 import statistics
 import sys
 from pathlib import Path
+from typing import Any
 
 from launcher.core.jobdir import JobDir
 from launcher.core.plan import Plan
@@ -52,7 +53,7 @@ def step_figures(later: list[StepRow]) -> dict:
     train_s: the step minus its generation, push and parity probe (a multi-turn step's tool calls stay in it, as in
     TRL's figure beside it)."""
     gens = [g for r in later if (g := gen_s(r))]
-    res = {
+    res: dict[str, Any] = {
         "step_s_median": _median([r.step_s or 0.0 for r in later], 3),
         "gen_s_median": _median(gens),
         "gen_s_source": None
