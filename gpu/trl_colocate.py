@@ -41,15 +41,22 @@ class StepTimes(TrainerCallback):
             self.rows.append({"step": state.global_step, "reward": logs["reward"], "step_s": time.time() - self.t0})
 
 
-def timed(obj, name: str, into: list[float]) -> None:
+def timed(obj, name: str, into: list[float], step=None) -> None:
+    """Time each call of obj.name into `into`; with step (a callable: the trainer's global step), the calls of one step
+    are summed into one figure: TRL's multi-turn loop generates once per turn, and a step's generation is all of them."""
     fn = getattr(obj, name)
+    last: list[int] = []
 
     def wrapper(*a, **k):
         torch.cuda.synchronize()
         t0 = time.time()
         out = fn(*a, **k)
         torch.cuda.synchronize()
-        into.append(time.time() - t0)
+        if step is not None and last == [step()]:
+            into[-1] += time.time() - t0
+        else:
+            into.append(time.time() - t0)
+            last[:] = [step()] if step is not None else []
         return out
 
     setattr(obj, name, wrapper)
@@ -85,7 +92,7 @@ def main(config: str, model_path: str, out: str, steps: int, sets: list[str] | N
     )
     gen_s: list[float] = []
     push_s: list[float] = []
-    timed(tr.vllm_generation, "generate", gen_s)
+    timed(tr.vllm_generation, "generate", gen_s, step=lambda: tr.state.global_step)
     timed(tr.vllm_generation, "sync_weights", push_s)
     build_s = time.time() - t_start
     tr.train()

@@ -268,7 +268,13 @@ def run_node(p: Plan, node: int) -> int:
         clear_leftovers(run, allocated)  # first: an earlier attempt's server may still hold the port preflight checks
         preflight(run)
         check_reach(p, node, python, run.where, run.say)  # rocm: trainer leader and server GPUs reach each other
-        vllm = Proc(vllm_command(p, node, python, allocated), job_dir, node, ignore_signals=(signal.SIGUSR1, signal.SIGUSR2))
+        vllm = Proc(
+            vllm_command(p, node, python, allocated),
+            job_dir,
+            node,
+            ignore_signals=(signal.SIGUSR1, signal.SIGUSR2),
+            term_leader=True,  # the API server stops its engine: no EngineDeadError traceback on a clean end
+        )
         procs.append(vllm)
         run.events(Event.VLLM_START, pid=vllm.popen.pid)
         url = p.nodes[node].server_url

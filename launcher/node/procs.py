@@ -77,10 +77,21 @@ def kill_all(pids: list[int], wait_s: float = 10.0) -> None:
 class Proc:
     """A child in its own process group, logging to a file. Signals in ignore_signals are set to SIG_IGN
     for the child (dispositions set to ignore survive exec): the server must outlive the time-limit
-    warning that SLURM sends to every process of the step, so that the trainer can finish its step."""
+    warning that SLURM sends to every process of the step, so that the trainer can finish its step.
+    term_leader: stop() sends SIGTERM to the child alone, which stops its own children in its own order (vLLM's API
+    server: its engine core after it began its shutdown; with the whole group signalled the engine core also ended by
+    itself, and the server logged that as an engine death, EngineDeadError); the group gets SIGKILL after the grace."""
 
-    def __init__(self, cmd: NodeCommand, job_dir: Path, node: int, grace_s: float = 20.0, ignore_signals: tuple[int, ...] = ()):
-        self.cmd, self.node, self.grace_s = cmd, node, grace_s
+    def __init__(
+        self,
+        cmd: NodeCommand,
+        job_dir: Path,
+        node: int,
+        grace_s: float = 20.0,
+        ignore_signals: tuple[int, ...] = (),
+        term_leader: bool = False,
+    ):
+        self.cmd, self.node, self.grace_s, self.term_leader = cmd, node, grace_s, term_leader
         self.log_path = job_dir / cmd.log
         env = {k: v for k, v in os.environ.items()}
         env.update(cmd.env)
@@ -111,7 +122,10 @@ class Proc:
         found before the stop once grace_s (default: the one given at start) has passed; always reaps."""
         tree = descendants(self.popen.pid)
         if self.popen.poll() is None:
-            self.signal(signal.SIGTERM)
+            if self.term_leader:
+                self.popen.send_signal(signal.SIGTERM)
+            else:
+                self.signal(signal.SIGTERM)
             self.signal(signal.SIGCONT)
             try:
                 self.popen.wait(self.grace_s if grace_s is None else grace_s)

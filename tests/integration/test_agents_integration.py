@@ -201,6 +201,39 @@ def test_eval_episodes_run_through_the_episode_loop_beside_trls_loop_and_one_ste
             assert x["pass_at"] == {"1": 1.0, "2": 1.0} and x["completion_tokens_mean"] > call_tokens, x
 
 
+def test_a_clean_end_leaves_no_engine_traceback_in_the_vllm_log(run, ahead_run):
+    """The bootstrap stops vLLM by SIGTERM to its API server, which stops its engine; the plugin keeps that expected
+    EngineDeadError out of the log a user reads after a failure (trainer/push/clean_shutdown.py). The plugin's patches
+    loaded in the real server (trainer/push/prefix_reset.py refuses a vLLM it was not checked against)."""
+    from trainer.push.vllm_plugin import REGISTERED_MARK
+
+    for r in (run, ahead_run):
+        assert r.result.returncode == 0, r.result.stdout[-3000:] + r.result.stderr[-3000:]
+        log = (r.job / "logs" / "node0-vllm.log").read_text(errors="replace")
+        assert f"{REGISTERED_MARK} " in log and "prefix reset over cached blocks only" in log
+        assert "EngineDeadError" not in log and "output_handler failed" not in log, log[-4000:]
+
+
+def test_the_gpu_report_reads_both_runs_agents_rows(run, ahead_run, tmp_path):
+    """gpu/report.py on these real multi-turn job folders (no per-node gen_s: it crashed on them, issue 37): the
+    synchronous run's generation time from the agents' own figures, none for episodes run ahead."""
+    import importlib.util
+
+    spec = importlib.util.spec_from_file_location("gpu_report", REPO / "gpu" / "report.py")
+    assert spec and spec.loader
+    report = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(report)
+    for r, ahead in ((run, False), (ahead_run, True)):
+        out = tmp_path / ("ahead" if ahead else "sync")
+        out.mkdir()
+        (out / "versions.json").write_text("{}")  # gpu/stack.sh writes it on the device
+        report.main(r.job, out)
+        res = json.loads((out / "gpu_results.json").read_text())
+        assert res["run_kind"] == "agents" and res["push_s_median"] > 0 and res["agents"]["episodes_ran_ahead"] is ahead
+        assert res["agents"]["tool_calls_median"] == 2.0 and res["train_s_median"] > 0  # rank 0: 2 episodes x 1 call
+        assert (res["gen_s_median"] is None) is ahead and (res["gen_tokens_per_s_median"] is None) is ahead, res
+
+
 def test_a_users_rollout_func_generates_on_the_nodes_server_and_its_field_reaches_the_reward(tmp_path):
     """trainer.rollout_func (tests.support.agent_rollout:rollout, TRL's signature and output) in a real local run:
     both ranks generate through their generation backend on the node's vLLM server (the tool model's own turn comes

@@ -1,6 +1,9 @@
 """vLLM plugin (entry point group `vllm.general_plugins`, see pyproject.toml), loaded in every vLLM
 process: registers the project's `gloo` (CPU) and `mapped_ipc` (one shared GPU) weight-transfer engines, on CPU servers keeps linear
-weights as plain tensors and re-prepacks MoE experts after each update so that pushed weights take effect, and with LoRA pushes reads a pushed adapter once.
+weights as plain tensors and re-prepacks MoE experts after each update so that pushed weights take effect, with LoRA pushes reads a pushed adapter once,
+and makes the push's prefix-cache reset cost the blocks that hold a cached hash, not the whole KV cache
+(trainer/push/prefix_reset.py says why that leaves the same state; it refuses a vLLM whose code it was not checked against),
+and keeps an orderly shutdown's expected EngineDeadError traceback out of the log (trainer/push/clean_shutdown.py).
 
 Why the second part: vLLM's CPU linear layers prepack weights into oneDNN handles and drop the weight
 tensor (`dispatch_cpu_unquantized_gemm(layer, remove_weight=True)`); a weight reload then writes
@@ -45,13 +48,17 @@ def register() -> None:
 
         layer_utils.dispatch_cpu_unquantized_gemm = keep_weight
         reprepack_cpu_moe_on_update()
+    from trainer.push import clean_shutdown, prefix_reset
+
+    prefix_reset.install()
+    clean_shutdown.install()
     once = os.environ.get(Env.LORA_LOAD_ONCE) == "1"
     if once:
         load_adapters_once()
     if os.environ.get(Env.PLUGIN_QUIET) != "1":
         print(
             f"{REGISTERED_MARK} (pid {os.getpid()}, plain CPU linear: {os.environ.get(PLAIN_LINEAR_ENV) == '1'}, "
-            f"LoRA adapters read once: {once})",
+            f"LoRA adapters read once: {once}, prefix reset over cached blocks only)",
             flush=True,
         )
 
