@@ -29,7 +29,22 @@ versions = json.loads((out / "versions.json").read_text())
 plan = Plan.load(jd.plan)
 push = [r.push_s["0"] for r in later if r.push_s.get("0")]
 push_med = statistics.median(push) if push else None
-gen_tps = [r.gen_tokens_per_s for r in later if r.gen_tokens_per_s]
+
+
+def gen_s(r) -> float | None:
+    """The step's generation seconds: node 0's batch, or a multi-turn step's requests (rank 0's, every turn; none when
+    its episodes ran ahead in the background, max_staleness >= 1)."""
+    return r.gen_s.get("0") or r.agents.get("agents/gen_s") or None
+
+
+def gen_tokens_per_s(r) -> float | None:
+    if r.gen_tokens_per_s:
+        return r.gen_tokens_per_s
+    s, n = r.agents.get("agents/gen_s"), r.agents.get("agents/gen_tokens")
+    return round(n / s, 1) if s and n else None
+
+
+gen_tps = [x for r in later if (x := gen_tokens_per_s(r))]
 vllm_log = jd.log(0, "vllm").read_text(errors="replace")
 
 
@@ -39,6 +54,8 @@ def _samples(path: Path) -> list[float]:
 
 mem = _samples(out / "gpu_mem_used_mib.txt")
 res = {
+    "kind": plan.config.trainer.run_kind,  # dense, lora, agents: step_ratio_vs_trl compares only the same kind
+    "max_staleness": plan.config.trainer.max_staleness,
     "versions": versions,
     "backend": plan.weight_transfer_backend,
     "shared_gpu": plan.nodes[0].shared_gpu,
@@ -79,16 +96,21 @@ if shape:  # the estimate dry-run prints for this run, next to what was measured
     res["estimate_gpu_gb_per_rank"] = round(e.gpu_gb, 1)
     res["estimate_host_gb_offloaded"] = round(e.host_gb_per_node, 1)
 # training seconds per step: the step minus its generation, its push and its parity probe (each measured per step)
-train = [(r.step_s or 0.0) - (r.gen_s.get("0") or 0) - (r.push_s.get("0") or 0) - (r.parity_s.get("0") or 0) for r in later]
+train = [(r.step_s or 0.0) - (gen_s(r) or 0) - (r.push_s.get("0") or 0) - (r.parity_s.get("0") or 0) for r in later]
 res["train_s_median"] = round(statistics.median(train), 3) if train else None
-res["gen_s_median"] = statistics.median(r.gen_s["0"] for r in later if r.gen_s.get("0")) if later else None
+gens = [g for r in later if (g := gen_s(r))]
+res["gen_s_median"] = statistics.median(gens) if gens else None
 # side by side with TRL colocate on the same work (gpu/trl_colocate.py's trl.json), phase by phase
 parity = [r.parity_s["0"] for r in later if r.parity_s.get("0") is not None]
 res["parity_s_median"] = round(statistics.median(parity), 4) if parity else None
 trl_file = out / "trl.json"
-if trl_file.exists() and res["step_s_median"]:
-    trl = json.loads(trl_file.read_text())
+trl = json.loads(trl_file.read_text()) if trl_file.exists() else None
+if trl is not None and trl.get("kind") != res["kind"]:  # a trl.json of before issue 37 names none
+    res["trl_kind_mismatch"] = f"TRL's run was {trl.get('kind', 'of an unnamed kind')}, this one {res['kind']}: no ratio"
+    print(f"report.py: {res['trl_kind_mismatch']}", file=sys.stderr)
+elif trl is not None and res["step_s_median"]:
     res["step_ratio_vs_trl"] = round(res["step_s_median"] / trl["step_s_median"], 3)
+    res["trl_gen_tokens_per_s_median"] = trl.get("gen_tokens_per_s_median")
     rows_md = ["| phase (median s, steps 2..) | slurm-grpo | TRL colocate | ratio |", "|---|---|---|---|"]
     for label, ours, theirs in (
         ("step", res["step_s_median"], trl["step_s_median"]),
