@@ -350,7 +350,7 @@ def test_the_tiny_tool_model_calls_the_tool_until_done_then_answers(one_layer_to
     assert tok.decode(out) == "ok<|im_end|>" and margin > 10
 
 
-TOOL_CONVERSATIONS = (
+TOOL_CONVERSATIONS: tuple[list[dict[str, str]], ...] = (
     [],
     [{"role": "tool", "name": "countdown", "content": "AGAIN"}],
     [{"role": "tool", "name": "countdown", "content": "AGAIN"}, {"role": "tool", "name": "countdown", "content": "DONE"}],
