@@ -68,14 +68,16 @@ def timed(obj, name: str, into: dict[int, float], step: Callable[[], int], token
 
 
 def check_dtype(model_path: str, dtype: str) -> None:
-    """TRL builds its colocated vLLM from the folder with no dtype, so vLLM runs the saved one; the project's server
-    runs vllm.dtype. They must be the same for a fair generation time."""
+    """TRL builds its colocated vLLM from the folder with no dtype, so vLLM's "auto" runs the saved one, a float32 one
+    in bfloat16 (its preferred dtype on Ampere and later); the project's server runs vllm.dtype. They must be the same
+    for a fair generation time."""
     cfg = json.loads((Path(model_path) / "config.json").read_text())
     saved = cfg.get("dtype") or cfg.get("torch_dtype")
-    if saved != dtype:
+    served = "bfloat16" if saved == "float32" else saved
+    if served != dtype:
         raise ValueError(
-            f"{model_path} is saved in {saved} but vllm.dtype is {dtype}: TRL's colocated vLLM would generate in {saved}; "
-            f"build the model with --dtype {dtype}"
+            f"{model_path} is saved in {saved}, which TRL's colocated vLLM serves in {served}, but vllm.dtype is {dtype}; "
+            f"build the model with --dtype {dtype} or set vllm.dtype={served}"
         )
 
 

@@ -38,7 +38,7 @@ def test_trls_colocate_run_of_the_agents_config_is_the_projects_work_and_plays_t
 
     mod = trl_colocate()
     model_path = tmp_path / "m"
-    make_tool_model(model_path)  # saved in float32, while the agents config serves bfloat16
+    make_tool_model(model_path)  # saved in float32: vLLM's auto dtype serves it in bfloat16, as the config's server does
     sets = [
         f"vllm.model={model_path}",
         "trainer.max_steps=1",
@@ -46,9 +46,9 @@ def test_trls_colocate_run_of_the_agents_config_is_the_projects_work_and_plays_t
         "trainer.num_generations=2",
     ]
     cfg = C.load(REPO / "configs/agents_1gpu.yaml", sets)
-    with pytest.raises(ValueError, match="--dtype bfloat16"):  # TRL's vLLM would generate in float32: unfair
-        mod.check_dtype(str(model_path), cfg.vllm.dtype)
-    mod.check_dtype(str(model_path), "float32")
+    mod.check_dtype(str(model_path), cfg.vllm.dtype)
+    with pytest.raises(ValueError, match="--dtype float32"):  # TRL's vLLM would generate in bfloat16: unfair
+        mod.check_dtype(str(model_path), "float32")
 
     torch.manual_seed(0)
     model = AutoModelForCausalLM.from_pretrained(model_path)
