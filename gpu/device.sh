@@ -33,7 +33,7 @@ case " ${EXTRA:-} " in *job.job_dir=*)  # the logs, metrics and report below are
   echo "device.sh: set JOB=/path instead of --set job.job_dir in EXTRA (the results are collected from \$JOB)" >&2; exit 2;;
 esac
 log "building the model"
-if [ -n "${MODEL_BUILDER:-}" ]; then  # e.g. "python3 -m trainer.agents.tiny_tool_model" for configs/agents_1gpu.yaml
+if [ -n "${MODEL_BUILDER:-}" ]; then  # e.g. "python3 -m trainer.agents.tiny_tool_model --like qwen2-1.5b --dtype bfloat16 --device cuda"
   [ -f $MODEL/config.json ] || $MODEL_BUILDER $MODEL | tail -1
 else
   [ -f $MODEL/config.json ] || python3 -m trainer.tiny_model $MODEL ${MODEL_ARGS:---hidden 896 --layers 24 --kv-heads 2 --intermediate 4864} \

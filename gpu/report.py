@@ -80,12 +80,6 @@ def step_figures(later: list[StepRow]) -> dict:
     return res
 
 
-def run_kind(plan: Plan) -> str:
-    """agents (multi-turn), lora or dense: which of issue 37's comparisons a result belongs to."""
-    t = plan.config.trainer
-    return "agents" if t.multi_turn else "lora" if t.lora.enabled else "dense"
-
-
 def main(job: Path, out: Path) -> None:
     jd = JobDir(job)
     rows = read_rows(jd.metrics)
@@ -101,7 +95,8 @@ def main(job: Path, out: Path) -> None:
     vllm_log = jd.log(0, "vllm").read_text(errors="replace")
     mem = _samples(out / "gpu_mem_used_mib.txt")
     res = {
-        "run_kind": run_kind(plan),
+        "kind": plan.config.trainer.run_kind,  # dense, lora, agents: step_ratio_vs_trl compares only the same kind
+        "max_staleness": plan.config.trainer.max_staleness,
         "versions": versions,
         "backend": plan.weight_transfer_backend,
         "shared_gpu": plan.nodes[0].shared_gpu,
@@ -141,9 +136,13 @@ def main(job: Path, out: Path) -> None:
         res["estimate_host_gb_offloaded"] = round(e.host_gb_per_node, 1)
     # side by side with TRL colocate on the same work (gpu/trl_colocate.py's trl.json), phase by phase
     trl_file = out / "trl.json"
-    if trl_file.exists() and res["step_s_median"]:
-        trl = json.loads(trl_file.read_text())
+    trl = json.loads(trl_file.read_text()) if trl_file.exists() else None
+    if trl is not None and trl.get("kind") != res["kind"]:  # a trl.json of before issue 37 names none
+        res["trl_kind_mismatch"] = f"TRL's run was {trl.get('kind', 'of an unnamed kind')}, this one {res['kind']}: no ratio"
+        print(f"report.py: {res['trl_kind_mismatch']}", file=sys.stderr)
+    elif trl is not None and res["step_s_median"]:
         res["step_ratio_vs_trl"] = round(res["step_s_median"] / trl["step_s_median"], 3)
+        res["trl_gen_tokens_per_s_median"] = trl.get("gen_tokens_per_s_median")
         rows_md = ["| phase (median s, steps 2..) | slurm-grpo | TRL colocate | ratio |", "|---|---|---|---|"]
         for label, ours, theirs in (
             ("step", res["step_s_median"], trl["step_s_median"]),

@@ -7,6 +7,12 @@ Timing only wraps TRL's calls (generate, sync_weights); nothing of TRL is change
 
 KEY=VALUE: more config overrides, e.g. trainer.lora.r=16: TRL then gets the same peft LoraConfig as the project's run
 (`peft_config`; TRL's colocate mode syncs merged weights into its in-process vLLM).
+
+Multi-turn configs (configs/agents_1gpu.yaml): the same tools / environment / rollout_func with the same deadlines in
+TRL's own tool loop, the environment's get_reward as the reward, trainer.grpo's max_tool_calling_iterations. TRL then
+calls generate once per turn: generation seconds are summed per step, and the tokens counted, as the project's
+agents/gen_s and agents/gen_tokens are. trl.json names the run's kind (dense, lora, agents), which gpu/report.py
+matches before it computes step_ratio_vs_trl.
 """
 
 from __future__ import annotations
@@ -15,6 +21,8 @@ import json
 import statistics
 import sys
 import time
+from collections import defaultdict
+from collections.abc import Callable
 from pathlib import Path
 
 import torch
@@ -41,78 +49,105 @@ class StepTimes(TrainerCallback):
             self.rows.append({"step": state.global_step, "reward": logs["reward"], "step_s": time.time() - self.t0})
 
 
-def timed(obj, name: str, into: list[float], step=None) -> None:
-    """Time each call of obj.name into `into`; with step (a callable: the trainer's global step), the calls of one step
-    are summed into one figure: TRL's multi-turn loop generates once per turn, and a step's generation is all of them."""
+def timed(obj, name: str, into: dict[int, float], step: Callable[[], int], tokens: dict[int, int] | None = None) -> None:
+    """obj.name's seconds summed per training step (`step()` when called); `tokens`: the completion tokens generate
+    returned, per step."""
     fn = getattr(obj, name)
-    last: list[int] = []
 
     def wrapper(*a, **k):
         torch.cuda.synchronize()
         t0 = time.time()
         out = fn(*a, **k)
         torch.cuda.synchronize()
-        if step is not None and last == [step()]:
-            into[-1] += time.time() - t0
-        else:
-            into.append(time.time() - t0)
-            last[:] = [step()] if step is not None else []
+        into[step()] += time.time() - t0
+        if tokens is not None:
+            tokens[step()] += sum(len(c) for c in out[1])
         return out
 
     setattr(obj, name, wrapper)
 
 
-def main(config: str, model_path: str, out: str, steps: int, sets: list[str] | None = None) -> None:
-    cfg = C.load(config, [f"vllm.model={model_path}", f"trainer.max_steps={steps}", *(sets or [])])
+def check_dtype(model_path: str, dtype: str) -> None:
+    """TRL builds its colocated vLLM from the folder with no dtype, so vLLM's "auto" runs the saved one, a float32 one
+    in bfloat16 (its preferred dtype on Ampere and later); the project's server runs vllm.dtype. They must be the same
+    for a fair generation time."""
+    cfg = json.loads((Path(model_path) / "config.json").read_text())
+    saved = cfg.get("dtype") or cfg.get("torch_dtype")
+    served = "bfloat16" if saved == "float32" else saved
+    if served != dtype:
+        raise ValueError(
+            f"{model_path} is saved in {saved}, which TRL's colocated vLLM serves in {served}, but vllm.dtype is {dtype}; "
+            f"build the model with --dtype {dtype} or set vllm.dtype={served}"
+        )
+
+
+def trainer_kwargs(cfg: C.JobConfig, model, tok, device: str = "cuda", **overrides) -> dict:
+    """GRPOTrainer's arguments for the config's work in TRL's colocate mode, from the functions the project's own run
+    uses (grpo_config, load_prompts, rewards, agents, peft_config), so the two cannot drift. overrides: more of
+    GRPOConfig's (the CPU test turns vLLM off)."""
     t, v = cfg.trainer, cfg.vllm
     args = grpo_config(
         Path("/tmp/trl-colocate"),
         t,
-        "cuda",
-        vllm_mode="colocate",
-        vllm_gpu_memory_utilization=v.gpu_memory_utilization,
-        vllm_max_model_length=v.max_model_len,
+        device,
+        **{
+            "vllm_mode": "colocate",
+            "vllm_gpu_memory_utilization": v.gpu_memory_utilization,
+            "vllm_max_model_length": v.max_model_len,
+            **overrides,
+        },
     )
-    t_start = time.time()
-    model = AutoModelForCausalLM.from_pretrained(model_path, dtype=torch.float32)
-    tok = AutoTokenizer.from_pretrained(model_path)
     data.use_chat_template(tok, t.chat_template)
-    steps_cb = StepTimes()
-    # multi-turn configs (configs/agents_1gpu.yaml): the same tools / environment, with the same deadlines, in TRL's loop
+    # multi-turn configs: the same tools / environment / rollout_func, with the same deadlines, in TRL's loop
     agents = resolve_agents(t.tools, t.environment, t.rollout_func, t.tool_timeout_s) if t.multi_turn else None
-    tr = GRPOTrainer(
+    return dict(
         model=model,
         reward_funcs=[rewards.resolve(r) for r in t.reward_funcs],
         args=args,
         train_dataset=data.load_prompts(t.dataset, t.columns, t.system_prompt),
         processing_class=tok,
-        callbacks=[steps_cb],
         **(agents.trainer_kwargs() if agents else {}),
         peft_config=trainer_lora.peft_config(t.lora) if t.lora.enabled else None,
     )
-    gen_s: list[float] = []
-    push_s: list[float] = []
-    timed(tr.vllm_generation, "generate", gen_s, step=lambda: tr.state.global_step)
-    timed(tr.vllm_generation, "sync_weights", push_s)
+
+
+def main(config: str, model_path: str, out: str, steps: int, sets: list[str] | None = None) -> None:
+    cfg = C.load(config, [f"vllm.model={model_path}", f"trainer.max_steps={steps}", *(sets or [])])
+    t = cfg.trainer
+    check_dtype(model_path, cfg.vllm.dtype)
+    t_start = time.time()
+    model = AutoModelForCausalLM.from_pretrained(model_path, dtype=torch.float32)
+    tok = AutoTokenizer.from_pretrained(model_path)
+    steps_cb = StepTimes()
+    tr = GRPOTrainer(**trainer_kwargs(cfg, model, tok), callbacks=[steps_cb])
+    gen_s: dict[int, float] = defaultdict(float)
+    gen_tokens: dict[int, int] = defaultdict(int)
+    push_s: dict[int, float] = defaultdict(float)
+    step = lambda: tr.state.global_step  # noqa: E731
+    timed(tr.vllm_generation, "generate", gen_s, step, gen_tokens)
+    timed(tr.vllm_generation, "sync_weights", push_s, step)
     build_s = time.time() - t_start
     tr.train()
     rows = steps_cb.rows
     later = rows[1:] or rows
+    gens, pushes = [gen_s[k] for k in sorted(gen_s)], [push_s[k] for k in sorted(push_s)]
     res = {
         "what": "TRL GRPOTrainer colocate" + (f", LoRA r={t.lora.r}" if t.lora.enabled else ""),
+        "kind": t.run_kind,
         "build_s": round(build_s, 1),
         "steps": len(rows),
         "step_s_median": round(statistics.median(r["step_s"] for r in later), 3),
-        "gen_s_median": round(statistics.median(gen_s[1:] or gen_s), 3),
-        "push_s_median": round(statistics.median(push_s[1:] or push_s), 4) if push_s else None,
+        "gen_s_median": round(statistics.median(gens[1:] or gens), 3),
+        "push_s_median": round(statistics.median(pushes[1:] or pushes), 4) if pushes else None,
         "reward_first5": statistics.mean(r["reward"] for r in rows[:5]),
         "reward_last5": statistics.mean(r["reward"] for r in rows[-5:]),
         "rewards": [round(r["reward"], 4) for r in rows],
         "trainer_peak_gpu_gb": round(torch.cuda.max_memory_allocated() / 1e9, 2),
     }
     res["train_s_median"] = round(res["step_s_median"] - res["gen_s_median"] - (res["push_s_median"] or 0), 3)
-    tokens = t.per_device_train_batch_size * t.max_completion_length
-    res["gen_tokens_per_s_upper_bound"] = round(tokens / res["gen_s_median"], 1)  # completions can stop early at EOS
+    gen_steps = sorted(gen_s)[1:] or sorted(gen_s)
+    tps = [gen_tokens[k] / gen_s[k] for k in gen_steps if gen_s[k]]
+    res["gen_tokens_per_s_median"] = round(statistics.median(tps), 1) if tps else None  # the tokens generated
     print("[trl] " + json.dumps(res), flush=True)
     with open(out, "w") as f:
         json.dump(res, f, indent=1)

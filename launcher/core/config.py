@@ -445,6 +445,12 @@ class TrainerConfig:
         """Tools, an environment or a rollout_func: each rank generates on its node's server by itself."""
         return bool(self.tools or self.environment or self.rollout_func)
 
+    @property
+    def run_kind(self) -> str:
+        """What the GPU benchmarks compare like with like by (gpu/report.py, gpu/trl_colocate.py): agents, lora, dense,
+        or agents+lora."""
+        return "+".join(k for k, on in (("agents", self.multi_turn), ("lora", self.lora.enabled)) if on) or "dense"
+
 
 @dataclass(frozen=True)
 class JobSection:

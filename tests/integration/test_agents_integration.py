@@ -229,7 +229,7 @@ def test_the_gpu_report_reads_both_runs_agents_rows(run, ahead_run, tmp_path):
         (out / "versions.json").write_text("{}")  # gpu/stack.sh writes it on the device
         report.main(r.job, out)
         res = json.loads((out / "gpu_results.json").read_text())
-        assert res["run_kind"] == "agents" and res["push_s_median"] > 0 and res["agents"]["episodes_ran_ahead"] is ahead
+        assert res["kind"] == "agents" and res["push_s_median"] > 0 and res["agents"]["episodes_ran_ahead"] is ahead
         assert res["agents"]["tool_calls_median"] == 2.0 and res["train_s_median"] > 0  # rank 0: 2 episodes x 1 call
         assert (res["gen_s_median"] is None) is ahead and (res["gen_tokens_per_s_median"] is None) is ahead, res
 

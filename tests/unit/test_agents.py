@@ -304,7 +304,16 @@ def test_turns_count_the_tool_results_an_episode_read():
 # ----------------------------------------------------------------------------- the tool-calling tiny model
 
 
-def test_the_tiny_tool_model_calls_the_tool_until_done_then_answers(tmp_path):
+@pytest.fixture(scope="module")
+def one_layer_tool_model(tmp_path_factory) -> Path:
+    from trainer.agents.tiny_tool_model import make_tool_model
+
+    path = tmp_path_factory.mktemp("tool") / "m"
+    make_tool_model(path)
+    return path
+
+
+def test_the_tiny_tool_model_calls_the_tool_until_done_then_answers(one_layer_tool_model):
     """The hand-set weights through transformers, and TRL's own parser of the Qwen2.5 response: the model calls
     countdown after the prompt and after AGAIN, answers after DONE, each by a wide logit margin."""
     import torch
@@ -312,11 +321,10 @@ def test_the_tiny_tool_model_calls_the_tool_until_done_then_answers(tmp_path):
     from trl.chat_template_utils import add_response_schema, parse_response
 
     from trainer.agents.countdown import Countdown
-    from trainer.agents.tiny_tool_model import CALL, make_tool_model
+    from trainer.agents.tiny_tool_model import CALL
 
-    make_tool_model(tmp_path / "m")
-    tok = add_response_schema(AutoTokenizer.from_pretrained(tmp_path / "m"))
-    model = AutoModelForCausalLM.from_pretrained(tmp_path / "m")
+    tok = add_response_schema(AutoTokenizer.from_pretrained(one_layer_tool_model))
+    model = AutoModelForCausalLM.from_pretrained(one_layer_tool_model)
     tools = [Countdown().countdown]
     user = [{"role": "user", "content": "count down, please"}]
     call = {
@@ -340,3 +348,89 @@ def test_the_tiny_tool_model_calls_the_tool_until_done_then_answers(tmp_path):
     again = [*user, call, {"role": "tool", "name": "countdown", "content": "AGAIN"}]
     _, out, margin = answer([*again, call, {"role": "tool", "name": "countdown", "content": "DONE"}])
     assert tok.decode(out) == "ok<|im_end|>" and margin > 10
+
+
+TOOL_CONVERSATIONS: tuple[list[dict[str, str]], ...] = (
+    [],
+    [{"role": "tool", "name": "countdown", "content": "AGAIN"}],
+    [{"role": "tool", "name": "countdown", "content": "AGAIN"}, {"role": "tool", "name": "countdown", "content": "DONE"}],
+)
+"""Tool results read so far; the model must call, call again, then answer."""
+
+
+def tool_prompts(tok) -> list[list[int]]:
+    """The agents prompts as TRL renders them (the countdown's schema in the system turn), after 0, 1 and 2 results."""
+    from trainer.agents.countdown import Countdown
+
+    user = [{"role": "user", "content": "count down, please"}]
+    call = {
+        "role": "assistant",
+        "content": "",
+        "tool_calls": [{"type": "function", "function": {"name": "countdown", "arguments": {}}}],
+    }
+    out = []
+    for results in TOOL_CONVERSATIONS:
+        messages = [*user, *[m for r in results for m in (call, r)]]
+        out.append(
+            tok.apply_chat_template(
+                messages, tools=[Countdown().countdown], add_generation_prompt=True, tokenize=True, return_dict=False
+            )
+        )
+    return out
+
+
+def test_a_deep_tool_model_is_the_one_layer_model_with_inert_layers(one_layer_tool_model, tmp_path):
+    """Issue 37: depth, GQA width, MLP size and a padded vocabulary change nothing the model writes. Layers 1-3 compute
+    (random q/k/v/gate/up) but add exactly zero to the residual stream, so every position's logits equal the one-layer
+    model's bit for bit (the padding's ids sit at 0), greedy episodes are the same, and a loss still reaches the inert
+    layers' zero o_proj (training moves them once rewards differ)."""
+    import torch
+    from transformers import AutoModelForCausalLM, AutoTokenizer
+
+    from trainer.agents.tiny_tool_model import CALL, make_tool_model
+
+    info = make_tool_model(tmp_path / "deep", layers=4, kv_heads=2, intermediate=384, vocab=1024)
+    assert (info["layers"], info["vocab"], info["tokens"]) == (4, 1024, 308)
+    tok = AutoTokenizer.from_pretrained(tmp_path / "deep")
+    one = AutoModelForCausalLM.from_pretrained(one_layer_tool_model)
+    deep = AutoModelForCausalLM.from_pretrained(tmp_path / "deep")
+    assert (deep.config.num_hidden_layers, deep.config.num_key_value_heads, deep.config.intermediate_size) == (4, 2, 384)
+    for layer in deep.model.layers[1:]:
+        assert not layer.self_attn.o_proj.weight.any() and not layer.mlp.down_proj.weight.any()
+        assert layer.self_attn.k_proj.weight.std() > 0.01 and layer.mlp.up_proj.weight.std() > 0.01
+    want = [f"<tool_call>{CALL}</tool_call><|im_end|>"] * 2 + ["ok<|im_end|>"]
+    with torch.no_grad():
+        for ids, text in zip(tool_prompts(tok), want, strict=True):
+            out = deep.generate(torch.tensor([ids]), max_new_tokens=12, do_sample=False)[0]
+            assert tok.decode(out[len(ids) :]) == text
+            a, b = one(out[None]).logits, deep(out[None]).logits  # every position, the prompt's and the answer's
+            assert torch.equal(b[..., : a.shape[-1]], a) and not b[..., a.shape[-1] :].any()
+    x = torch.tensor([tool_prompts(tok)[1]])
+    deep(x, labels=x).loss.backward()
+    assert deep.model.layers[2].self_attn.o_proj.weight.grad.abs().sum() > 0
+
+
+def test_the_tool_model_in_a_real_agents_shape_keeps_its_chain(tmp_path):
+    """--like with overrides (a Qwen2 preset shrunk for CPU), head_dim 128 as the 1.5 B and 3 B shapes have, saved in
+    bfloat16 as the GPU run builds it: the chain holds (call, call, answer) with wide margins."""
+    import torch
+    from transformers import AutoModelForCausalLM, AutoTokenizer
+
+    from trainer.agents import tiny_tool_model as ttm
+
+    out = tmp_path / "m"
+    args = ["--like", "qwen2-1.5b", "--hidden", "256", "--layers", "3", "--intermediate", "512", "--vocab", "2048"]
+    assert ttm.main([*args, "--dtype", "bfloat16", str(out)]) == 0
+    model = AutoModelForCausalLM.from_pretrained(out)
+    tok = AutoTokenizer.from_pretrained(out)
+    c = model.config
+    assert (c.num_hidden_layers, c.head_dim, c.num_key_value_heads, c.vocab_size) == (3, 128, 2, 2048)
+    assert model.dtype == torch.bfloat16
+    want = [f"<tool_call>{ttm.CALL}</tool_call><|im_end|>"] * 2 + ["ok<|im_end|>"]
+    with torch.no_grad():
+        for ids, text in zip(tool_prompts(tok), want, strict=True):
+            x = torch.tensor([ids])
+            top2 = model(x).logits[0, -1].float().topk(2).values
+            assert top2[0] - top2[1] > 20
+            assert tok.decode(model.generate(x, max_new_tokens=12, do_sample=False)[0, len(ids) :]) == text
+    assert ttm.main(["--hidden", "192", "--head-dim", "128", str(tmp_path / "bad")]) == 2  # not a multiple
