@@ -80,6 +80,19 @@ def step_figures(later: list[StepRow]) -> dict:
     return res
 
 
+def per_hour(steps: int, step_s_median: float | None, reward_first5: float | None, reward_last5: float | None) -> dict:
+    """Steps per hour and reward gained per hour of training at the median step (issue 37: a faster step is worth what
+    it buys in reward; the same formula on both sides of a comparison with TRL)."""
+    if not step_s_median or not steps:
+        return {"steps_per_hour": None, "reward_gain_per_hour": None}
+    hours = steps * step_s_median / 3600
+    gain = (reward_last5 - reward_first5) if reward_first5 is not None and reward_last5 is not None else None
+    return {
+        "steps_per_hour": round(3600 / step_s_median, 1),
+        "reward_gain_per_hour": round(gain / hours, 2) if gain is not None else None,
+    }
+
+
 def main(job: Path, out: Path) -> None:
     jd = JobDir(job)
     rows = read_rows(jd.metrics)
@@ -127,6 +140,7 @@ def main(job: Path, out: Path) -> None:
         "startup_phases_s": startup_phases(job, 0),
         "model_loaded": next((e.to_dict() for e in read_events(jd.events(0)) if e.event == Event.MODEL_LOADED), None),
     }
+    res.update(per_hour(len(steps), res["step_s_median"], res["reward_first5"], res["reward_last5"]))
     shape = ModelShape.read(plan.config.vllm.model)
     if shape:  # the estimate dry-run prints for this run, next to what was measured
         e = memory_estimate(shape, layout(plan), options(plan))
@@ -143,6 +157,8 @@ def main(job: Path, out: Path) -> None:
     elif trl is not None and res["step_s_median"]:
         res["step_ratio_vs_trl"] = round(res["step_s_median"] / trl["step_s_median"], 3)
         res["trl_gen_tokens_per_s_median"] = trl.get("gen_tokens_per_s_median")
+        trl_hour = per_hour(trl["steps"], trl["step_s_median"], trl.get("reward_first5"), trl.get("reward_last5"))
+        res["trl_steps_per_hour"], res["trl_reward_gain_per_hour"] = trl_hour["steps_per_hour"], trl_hour["reward_gain_per_hour"]
         rows_md = ["| phase (median s, steps 2..) | slurm-grpo | TRL colocate | ratio |", "|---|---|---|---|"]
         for label, ours, theirs in (
             ("step", res["step_s_median"], trl["step_s_median"]),
@@ -155,6 +171,12 @@ def main(job: Path, out: Path) -> None:
             rows_md.append(
                 f"| {label} | {'' if ours is None else f'{ours:.3f}'} | {'' if theirs is None else f'{theirs:.3f}'} | {ratio} |"
             )
+        for label, ours, theirs in (
+            ("steps per hour", res["steps_per_hour"], res["trl_steps_per_hour"]),
+            ("reward gained per hour (last 5 - first 5)", res["reward_gain_per_hour"], res["trl_reward_gain_per_hour"]),
+        ):
+            ratio = f"{ours / theirs:.2f}x" if ours is not None and theirs else ""
+            rows_md.append(f"| {label} | {'' if ours is None else ours} | {'' if theirs is None else theirs} | {ratio} |")
         (out / "phases.md").write_text("\n".join(rows_md) + "\n")
         print("\n".join(rows_md))
     (out / "gpu_results.json").write_text(json.dumps(res, indent=1))

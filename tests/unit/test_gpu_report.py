@@ -64,3 +64,11 @@ def test_multi_turn_rows_with_episodes_run_ahead_have_no_generation_on_the_step(
     assert f["gen_s_median"] is None and f["gen_s_source"] is None and f["gen_tokens_per_s_median"] is None
     assert f["train_s_median"] == pytest.approx(0.7) and f["agents"]["episodes_ran_ahead"] is True
     assert f["agents"]["staleness"] == [1.0, 1.0]
+
+
+def test_per_hour_figures_put_reward_beside_steps_the_same_way_for_both_sides():
+    per_hour = report.per_hour
+    # 10 steps of 2 s: 1800 steps an hour; the reward rose 0.5 over 20 s of steps, 90 an hour
+    assert per_hour(10, 2.0, 0.25, 0.75) == {"steps_per_hour": 1800.0, "reward_gain_per_hour": 90.0}
+    assert per_hour(10, 4.0, 0.25, 0.75)["reward_gain_per_hour"] == 45.0  # twice the step, half the gain an hour
+    assert per_hour(0, None, None, None) == {"steps_per_hour": None, "reward_gain_per_hour": None}
