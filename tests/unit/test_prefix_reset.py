@@ -134,19 +134,23 @@ def test_same_state_with_duplicate_partial_and_moved_entries():
     assert all(b.block_hash is None for b in pools[0].blocks)
 
 
-def test_install_patches_once_and_refuses_changed_vllm_code(monkeypatch):
+def test_install_patches_once_and_keeps_vllms_reset_for_changed_vllm_code(monkeypatch, caplog):
     monkeypatch.setattr(BlockPool, "reset_prefix_cache", VLLMS_RESET)
     assert prefix_reset.changed_internals() == []
-    prefix_reset.install()
-    prefix_reset.install()
+    assert prefix_reset.install() is True
+    assert prefix_reset.install() is True
     assert BlockPool.reset_prefix_cache is prefix_reset.reset_prefix_cache
     assert BlockPool.reset_prefix_cache.__wrapped__ is VLLMS_RESET  # type: ignore[attr-defined]
 
     monkeypatch.setattr(BlockPool, "reset_prefix_cache", VLLMS_RESET)
     monkeypatch.setitem(prefix_reset.PINNED, "block_pool.BlockPool._insert_block_hash", "0" * 16)
-    with pytest.raises(RuntimeError, match=r"vllm.v1.core.block_pool.BlockPool._insert_block_hash changed"):
-        prefix_reset.install()
-    assert BlockPool.reset_prefix_cache is VLLMS_RESET
+    from vllm.v1.core import block_pool
+
+    warned: list[str] = []
+    monkeypatch.setattr(block_pool.logger, "warning", lambda msg, *a: warned.append(msg % a))
+    assert prefix_reset.install() is False
+    assert BlockPool.reset_prefix_cache is VLLMS_RESET  # the correct reset stays
+    assert len(warned) == 1 and "vllm.v1.core.block_pool.BlockPool._insert_block_hash changed" in warned[0], warned
 
 
 def test_the_digest_ignores_layout_comments_and_strings_but_not_code():

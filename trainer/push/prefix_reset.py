@@ -14,9 +14,10 @@ same order (refuse while blocks are in use, new map, reuse watchers, metrics, lo
 tests/unit/test_prefix_reset.py compares the two resets on vLLM's real classes after one history of allocations,
 prefix hits, decoding, evictions, partial-block entries and moved hashes; bench/prefix_reset.py times them.
 
-install() refuses (raises, so the vLLM server does not start) when one of the vLLM functions this reasoning reads is
-not the code it was checked against (a digest of each one's tokens, comments and layout ignored): a vLLM upgrade
-must re-read them, not silently keep a reset that may leave stale hashes behind.
+install() leaves vLLM's own reset in place, with one warning in the server's log naming what changed, when one of the
+vLLM functions this reasoning reads is not the code it was checked against (a digest of each one's tokens, comments
+and layout ignored): another vLLM keeps a correct reset (only its cost grows with the cache again) until someone
+re-reads the reasoning against it; it never runs a shortcut that may leave stale hashes behind.
 """
 
 from __future__ import annotations
@@ -117,20 +118,26 @@ def reset_prefix_cache(self: Any) -> bool:
     return True
 
 
-def install() -> None:
-    """Replace vLLM's BlockPool.reset_prefix_cache (idempotent); raise naming what changed if vLLM is not the code
-    this was checked against."""
+def install() -> bool:
+    """Replace vLLM's BlockPool.reset_prefix_cache (idempotent) and say True; if vLLM is not the code this was checked
+    against, keep vLLM's own (correct, its cost the cache's size), warn naming what changed, and say False."""
     import vllm
+    from vllm.v1.core import block_pool
     from vllm.v1.core.block_pool import BlockPool
 
     if getattr(BlockPool.reset_prefix_cache, "_slurm_grpo", False):
-        return
+        return True
     if changed := changed_internals():
-        raise RuntimeError(
-            f"slurm-grpo vLLM plugin: vLLM {vllm.__version__} is not the code trainer/push/prefix_reset.py was checked "
-            f"against ({'; '.join(changed)}): re-read its reasoning against this vLLM, then update PINNED"
+        block_pool.logger.warning(
+            "slurm-grpo vLLM plugin: vLLM %s is not the code trainer/push/prefix_reset.py was checked against (%s): "
+            "keeping vLLM's own prefix-cache reset, whose cost grows with the KV cache (re-read the reasoning, then "
+            "update PINNED)",
+            vllm.__version__,
+            "; ".join(changed),
         )
+        return False
     patched = reset_prefix_cache
     patched._slurm_grpo = True  # type: ignore[attr-defined]
     patched.__wrapped__ = BlockPool.reset_prefix_cache  # type: ignore[attr-defined]
     BlockPool.reset_prefix_cache = patched  # type: ignore[method-assign]
+    return True

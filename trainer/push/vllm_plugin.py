@@ -2,7 +2,7 @@
 process: registers the project's `gloo` (CPU) and `mapped_ipc` (one shared GPU) weight-transfer engines, on CPU servers keeps linear
 weights as plain tensors and re-prepacks MoE experts after each update so that pushed weights take effect, with LoRA pushes reads a pushed adapter once,
 and makes the push's prefix-cache reset cost the blocks that hold a cached hash, not the whole KV cache
-(trainer/push/prefix_reset.py says why that leaves the same state; it refuses a vLLM whose code it was not checked against),
+(trainer/push/prefix_reset.py says why that leaves the same state; on a vLLM whose code it was not checked against it keeps vLLM's own, with a warning),
 and keeps an orderly shutdown's expected EngineDeadError traceback out of the log (trainer/push/clean_shutdown.py).
 
 Why the second part: vLLM's CPU linear layers prepack weights into oneDNN handles and drop the weight
@@ -50,7 +50,7 @@ def register() -> None:
         reprepack_cpu_moe_on_update()
     from trainer.push import clean_shutdown, prefix_reset
 
-    prefix_reset.install()
+    fast_reset = prefix_reset.install()
     clean_shutdown.install()
     once = os.environ.get(Env.LORA_LOAD_ONCE) == "1"
     if once:
@@ -58,7 +58,7 @@ def register() -> None:
     if os.environ.get(Env.PLUGIN_QUIET) != "1":
         print(
             f"{REGISTERED_MARK} (pid {os.getpid()}, plain CPU linear: {os.environ.get(PLAIN_LINEAR_ENV) == '1'}, "
-            f"LoRA adapters read once: {once}, prefix reset over cached blocks only)",
+            f"LoRA adapters read once: {once}, prefix reset over cached blocks only: {fast_reset})",
             flush=True,
         )
 
