@@ -71,6 +71,9 @@ if [ -n "${RESTART_STEPS:-}" ]; then  # a restart of the same job: it resumes, a
   grep -hoE "init engine \(profile, create kv cache, warmup model\) took [0-9.]+ s|torch\.compile takes [0-9.]+ s[^\n]*|Compiling model again due to a load failure[^\n]*|Directly load the compiled graph[^\n]*|Available KV cache memory[^\n]*" \
     $JOB/logs/node0-vllm*.log > "$OUT/vllm_compile_lines.txt"; cat "$OUT/vllm_compile_lines.txt"
   cp $JOB/metrics.jsonl "$OUT/" 2>/dev/null
+  tar -czf "$OUT/logs.tgz" -C $JOB logs config.yaml plan.json  # again: both starts' logs
+  python3 -c "import json,sys; from launcher.vllm_log import node_starts; print(json.dumps(node_starts(__import__('pathlib').Path(sys.argv[1]))))" \
+    $JOB/logs/node0-vllm.log | tee "$OUT/vllm_start_phases.json"
 fi
 if [ "${TRL:-0}" = 1 ]; then
   log "TRL $(python3 -c 'import trl; print(trl.__version__)') GRPOTrainer, colocate mode, same work"
