@@ -25,7 +25,7 @@ from datetime import datetime
 from pathlib import Path
 
 HEADER = re.compile(r"^===== (\d{4})-(\d\d-\d\d \d\d:\d\d:\d\d) ", re.M)
-STAMP = r"\((?:{who})[^ )]* pid=\d+\) [A-Z]+ (\d\d-\d\d \d\d:\d\d:\d\d) \[[^\]]*\] "
+STAMP = r"\((?:{who})[^ )]* pid=\d+\) [A-Z]+ (\d\d-\d\d \d\d:\d\d:\d\d) \[[^\]]*\] ?"
 """vLLM's line prefix: (APIServer pid=1319) INFO 12-04 18:27:39 [api_utils.py:347] (EngineCore_DP0, Worker too)."""
 
 API_FIRST = re.compile(STAMP.format(who="APIServer"))
