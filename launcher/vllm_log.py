@@ -99,7 +99,8 @@ def phases(part: str) -> dict[str, float | str]:
         total = float(init.group(2))
         out["engine init"] = total
         spent = sum(float(out[k]) for k in ("weights", "torch.compile", "CUDA graphs") if k in out)
-        out["other init (profiling, KV cache, kernel warm-up)"] = round(max(0.0, total - spent), 2)
+        if spent:  # a CPU build names none of them: its engine init is all there is
+            out["other init (profiling, KV cache, kernel warm-up)"] = round(max(0.0, total - spent), 2)
         serving = at(SERVING)
         if serving:
             out["server up"] = (serving - _when(year, init.group(1))).total_seconds()
