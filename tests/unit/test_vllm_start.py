@@ -168,11 +168,38 @@ def test_the_user_and_the_unknowable_keep_vllms_capture(tmp_path, over, size, re
     assert capture(argv) == size and reason in why[0]
 
 
-def test_the_grid_is_vllms_so_it_never_truncates_the_top_batch():
-    grid = [1, 2, 4, *range(8, 256, 8), *range(256, 513, 16)]  # vLLM 0.32 config/vllm.py _set_cudagraph_sizes
-    for n in range(1, 513):
-        g = vllm_start.capture_grid(n)
-        assert g in grid and g >= n and not [x for x in grid if n <= x < g], n
+def vllms_capture_sizes(max_size: int | None) -> list[int]:
+    """The sizes vLLM 0.32's own rule (VllmConfig._set_cudagraph_sizes) captures for --max-cudagraph-capture-size, on
+    an H200's scheduler defaults (max_num_seqs 1024, 8192 batched tokens), run on a stand-in for the config (the CPU
+    build never gets there: it has no CUDA graphs)."""
+    import types
+
+    from vllm.config import CompilationConfig, VllmConfig
+    from vllm.config.compilation import CUDAGraphMode
+
+    cc = CompilationConfig(max_cudagraph_capture_size=max_size)
+    cc.cudagraph_mode = CUDAGraphMode.FULL_AND_PIECEWISE
+    scheduler = types.SimpleNamespace(max_num_seqs=1024, max_num_batched_tokens=8192)
+    VllmConfig._set_cudagraph_sizes(
+        types.SimpleNamespace(
+            model_config=types.SimpleNamespace(enforce_eager=False),
+            compilation_config=cc,
+            scheduler_config=scheduler,
+            uniform_decode_query_len=1,
+            speculative_config=None,
+            performance_mode="throughput",
+        )
+    )
+    return list(cc.cudagraph_capture_sizes)
+
+
+def test_vllm_captures_exactly_up_to_the_size_given_and_never_truncates_the_top_batch():
+    assert len(vllms_capture_sizes(None)) == 51, "vLLM's default on an H200: 51 sizes up to 512 (the H200 logs)"
+    assert vllms_capture_sizes(128) == [1, 2, 4, *range(8, 129, 8)], "the one-GPU config: 19 sizes"
+    assert vllms_capture_sizes(100)[-1] == 96, "off vLLM's grid, vLLM truncates: a batch of 97-100 gets no graph"
+    for n in [*range(1, 40), 100, 129, 200, 255, 256, 257, 300, 511]:
+        size = vllm_start.capture_grid(n)
+        assert vllms_capture_sizes(size)[-1] == size >= n, n
 
 
 def test_nothing_changes_on_cpu_and_each_choice_can_be_turned_back(tmp_path):
