@@ -177,11 +177,11 @@ def vllms_capture_sizes(max_size: int | None) -> list[int]:
     from vllm.config import CompilationConfig, VllmConfig
     from vllm.config.compilation import CUDAGraphMode
 
-    cc = CompilationConfig(max_cudagraph_capture_size=max_size)
+    cc = CompilationConfig(max_cudagraph_capture_size=max_size)  # type: ignore[arg-type]  # None: vLLM's default
     cc.cudagraph_mode = CUDAGraphMode.FULL_AND_PIECEWISE
     scheduler = types.SimpleNamespace(max_num_seqs=1024, max_num_batched_tokens=8192)
     VllmConfig._set_cudagraph_sizes(
-        types.SimpleNamespace(
+        types.SimpleNamespace(  # type: ignore[arg-type]  # the fields the rule reads
             model_config=types.SimpleNamespace(enforce_eager=False),
             compilation_config=cc,
             scheduler_config=scheduler,
