@@ -36,12 +36,23 @@ INIT_DONE = re.compile(
 )
 SERVING = re.compile(STAMP.format(who="APIServer") + r"Starting vLLM server on")
 WEIGHTS = re.compile(r"Model loading took [0-9.]+ GiB(?: memory)? and ([0-9.]+) seconds")
-COMPILE = re.compile(r"torch\.compile took ([0-9.]+) s in total")
+PID = r"^\(\S+ pid=(\d+)\) .*?"
+"""A figure's process: with TP or DP > 1 every worker prints its own, at the same time (summed per process, the
+slowest process counts)."""
+COMPILE = re.compile(PID + r"torch\.compile took ([0-9.]+) s in total", re.M)
 COMPILE_LOADED = re.compile(r"Directly load (?:AOT compilation|the compiled graph)")
 COMPILE_RETRIED = re.compile(r"Compiling model again due to a load failure")
-GRAPHS = re.compile(r"Graph capturing finished in ([0-9.]+) secs")
+GRAPHS = re.compile(PID + r"Graph capturing finished in ([0-9.]+) secs", re.M)
 GRAPH_SIZES = re.compile(r"Capturing CUDA graphs \(PIECEWISE\):[^|\r\n]*\|[^|\r\n]*\| *\d+/(\d+)")
 FORCED_SPAWN = re.compile(r"We must use the `spawn` multiprocessing start method[^\n]*Reasons: ([^\n]*)")
+
+
+def slowest(rx: re.Pattern[str], part: str) -> float | None:
+    """A figure vLLM prints once per compiled piece or capture pass, summed per process; the slowest process's sum."""
+    per: dict[str, float] = {}
+    for pid, x in rx.findall(part):
+        per[pid] = per.get(pid, 0.0) + float(x)
+    return round(max(per.values()), 2) if per else None
 
 
 def starts(text: str) -> list[str]:
@@ -79,19 +90,19 @@ def phases(part: str) -> dict[str, float | str]:
     if forced:
         out["engine core spawned"] = forced.group(1).strip()[:120]
     init = INIT_DONE.search(part)
-    weights, compiled, graphs = WEIGHTS.search(part), COMPILE.findall(part), GRAPHS.findall(part)
+    weights, compiled, graphs = WEIGHTS.search(part), slowest(COMPILE, part), slowest(GRAPHS, part)
     if weights:
         out["weights"] = float(weights.group(1))
-    if compiled:
-        out["torch.compile"] = round(sum(float(x) for x in compiled), 2)
+    if compiled is not None:
+        out["torch.compile"] = compiled
     if COMPILE_LOADED.search(part) and not COMPILE_RETRIED.search(part):
         out["compile cache"] = "loaded"
     elif COMPILE_RETRIED.search(part):
         out["compile cache"] = "load failed, compiled again"
-    elif compiled:
+    elif compiled is not None:
         out["compile cache"] = "compiled"
-    if graphs:
-        out["CUDA graphs"] = sum(float(x) for x in graphs)
+    if graphs is not None:
+        out["CUDA graphs"] = graphs
         sizes = [int(x) for x in GRAPH_SIZES.findall(part)]
         if sizes:
             out["graph sizes"] = max(sizes)

@@ -79,6 +79,20 @@ def test_a_restart_in_the_same_log_is_its_own_start_and_says_it_loaded_its_compi
     assert "weights" not in again, "a line that is missing leaves its phase out"
 
 
+def test_with_several_workers_the_slowest_counts_not_the_sum():
+    """TP 2: each worker compiles and captures its own shard at the same time."""
+    lines = "".join(
+        f"(Worker_TP{w} pid={pid}) INFO 12-04 18:28:44 [monitor.py:62] [backbone] torch.compile took {c} s in total\n"
+        f"(Worker_TP{w} pid={pid}) INFO 12-04 18:28:50 [model_runner.py:1127] Graph capturing finished in 3 secs, took 0.2 GiB\n"
+        f"(Worker_TP{w} pid={pid}) INFO 12-04 18:29:07 [model_runner.py:1127] Graph capturing finished in {g} secs, took 0.1 GiB\n"
+        for w, pid, c, g in ((0, 11, 10.5, 4), (1, 12, 12.25, 5))
+    )
+    ph = phases(
+        FIRST.replace("(EngineCore pid=1691) INFO 12-04 18:28:44 [monitor.py:62]", "x", 1).replace("Graph capturing", "-") + lines
+    )
+    assert ph["torch.compile"] == 12.25 and ph["CUDA graphs"] == 8
+
+
 def test_a_start_still_running_shows_how_far_it_came():
     cut = FIRST[: FIRST.index("(EngineCore pid=1691) INFO 12-04 18:28:22")]
     assert list(phases(cut)) == ["imports", "model inspection"]
