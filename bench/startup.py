@@ -27,6 +27,7 @@ from pathlib import Path
 from bench.run import write_results
 from launcher.core.jobdir import JobDir
 from launcher.status import startup_phases
+from launcher.vllm_log import node_starts
 
 REPO = Path(__file__).resolve().parent.parent
 COMPILE_LINES = (
@@ -96,6 +97,7 @@ def start(code: Path, config: str, job: Path, steps: int, sets: list[str]) -> di
         "wall_s": round(wall, 1),
         "phases_s": startup_phases(job, 0),
         "compile": compile_notes(JobDir(job).log(0, "vllm")),
+        "vllm_phases_s": (node_starts(JobDir(job).log(0, "vllm")) or [{}])[-1],  # this start's, from vLLM's log
     }
 
 

@@ -7,7 +7,8 @@
 # (gpu/trl_colocate.py). Results under $OUT.   Env: STEPS, RUN_TIMEOUT, MODEL_ARGS, CONFIG, TRL, TAG,
 # EXTRA (more `--set k=v` of the local run), FLOOR=0 (skip the copy-floor measurement), RESTART_STEPS=N (then resume the
 # same job folder for N more steps: the restart's start-up phases and vLLM's compile-cache lines; RESTART_EXTRA: its own
-# `--set k=v`, e.g. trainer.max_staleness=1 to time asynchronous steps on the warm restart).
+# `--set k=v`, e.g. trainer.max_staleness=1 to time asynchronous steps on the warm restart). WARM_IMPORTS=1: import vLLM's
+# API server and TRL once first (-X importtime: import_top.txt), so start-up comparisons all find warm .pyc files.
 # TRL_SETS (the same as k=v for TRL's run, e.g. trainer.lora.r=16). JOB: the job folder (default /tmp/job-$TAG; never
 # job.job_dir in EXTRA: the results are collected from $JOB). MODEL_BUILDER: a command that builds the model folder
 # given as its argument, in place of the random Qwen2 body (MODEL_ARGS), e.g. the tool model of configs/agents_1gpu.yaml.
@@ -28,6 +29,11 @@ lower them so the call fits 550 s (install and model build take the rest)" >&2
 fi
 [ "${CHECK_ONLY:-0}" = 1 ] && { echo "device.sh: run limits $budget s of ${RUNS_BUDGET_S:-500}"; exit 0; }
 . gpu/stack.sh  # the pinned stack in /tmp/site, the plugin, the environment, versions.json
+if [ "${WARM_IMPORTS:-0}" = 1 ]; then  # start-up comparisons: every run after this one finds the .pyc files and page cache
+  log "warm imports (vLLM's API server, TRL): -X importtime's slowest 25 -> import_top.txt"
+  t=$SECONDS; python3 -X importtime -c "import vllm.entrypoints.openai.api_server, trl" 2> "$OUT/importtime.txt"
+  log "imported in $((SECONDS - t)) s"; grep "import time:" "$OUT/importtime.txt" | sort -t'|' -k2 -n -r | head -25 > "$OUT/import_top.txt"
+fi
 MODEL=/tmp/model-$TAG JOB=${JOB:-/tmp/job-$TAG}
 case " ${EXTRA:-} " in *job.job_dir=*)  # the logs, metrics and report below are read from $JOB
   echo "device.sh: set JOB=/path instead of --set job.job_dir in EXTRA (the results are collected from \$JOB)" >&2; exit 2;;
@@ -71,6 +77,9 @@ if [ -n "${RESTART_STEPS:-}" ]; then  # a restart of the same job: it resumes, a
   grep -hoE "init engine \(profile, create kv cache, warmup model\) took [0-9.]+ s|torch\.compile takes [0-9.]+ s[^\n]*|Compiling model again due to a load failure[^\n]*|Directly load the compiled graph[^\n]*|Available KV cache memory[^\n]*" \
     $JOB/logs/node0-vllm*.log > "$OUT/vllm_compile_lines.txt"; cat "$OUT/vllm_compile_lines.txt"
   cp $JOB/metrics.jsonl "$OUT/" 2>/dev/null
+  tar -czf "$OUT/logs.tgz" -C $JOB logs config.yaml plan.json  # again: both starts' logs
+  python3 -c "import json,sys; from launcher.vllm_log import node_starts; print(json.dumps(node_starts(__import__('pathlib').Path(sys.argv[1]))))" \
+    $JOB/logs/node0-vllm.log | tee "$OUT/vllm_start_phases.json"
 fi
 if [ "${TRL:-0}" = 1 ]; then
   log "TRL $(python3 -c 'import trl; print(trl.__version__)') GRPOTrainer, colocate mode, same work"

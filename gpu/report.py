@@ -26,6 +26,7 @@ from launcher.core.shape import ModelShape
 from launcher.memory import estimate as memory_estimate
 from launcher.memory import layout, options
 from launcher.status import startup_phases
+from launcher.vllm_log import node_starts
 
 AGENT_GEN_S, AGENT_TOKENS, AGENT_TOOL_S = "agents/gen_s", "agents/gen_tokens", "agents/tool_s"
 """StepRow.agents keys (trainer/agents/figures.py): rank 0's generation seconds and tokens of the step, its tools' seconds."""
@@ -137,7 +138,11 @@ def main(job: Path, out: Path) -> None:
         else None,
         "staleness": [max((v for v in r.staleness.values() if v is not None), default=None) for r in steps],
         "logp_mismatch_mean": [r.logp_mismatch_mean for r in steps],
-        "startup_phases_s": startup_phases(job, 0),
+        "startup_phases_s": startup_phases(job, 0),  # the latest start (after RESTART_STEPS: the restart)
+        "startup_first_start_s": startup_phases(job, 0, 0),
+        # vLLM's own phases from its log (launcher.vllm_log): imports, inspection, engine core start, compile, graphs
+        "vllm_start_first_s": vs[0] if (vs := node_starts(jd.log(0, "vllm"))) else None,
+        "vllm_start_latest_s": vs[-1] if len(vs) > 1 else None,
         "model_loaded": next((e.to_dict() for e in read_events(jd.events(0)) if e.event == Event.MODEL_LOADED), None),
     }
     res.update(per_hour(len(steps), res["step_s_median"], res["reward_first5"], res["reward_last5"]))

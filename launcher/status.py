@@ -66,14 +66,25 @@ PHASES = (
 )
 
 
-def startup_phases(job_dir: Path, node: int) -> dict[str, float]:
-    """Seconds of each start-up phase of the node's latest attempt, from its events file (the bootstrap
-    and the node's trainer leader both append to it), plus the total from bootstrap start to step 1."""
+def attempts(job_dir: Path, node: int) -> int:
+    """How many times the node started (its bootstrap_start events: the first start, then each requeue or resume)."""
+    return sum(e.event == Event.BOOTSTRAP_START for e in read_events(JobDir(job_dir).events(node)))
+
+
+def startup_phases(job_dir: Path, node: int, attempt: int = -1) -> dict[str, float]:
+    """Seconds of each start-up phase of one of the node's attempts (default the latest; 0 = the first start), from
+    its events file (the bootstrap and the node's trainer leader both append to it), plus the total from bootstrap
+    start to step 1."""
     ev = read_events(JobDir(job_dir).events(node))
     starts = [i for i, e in enumerate(ev) if e.event == Event.BOOTSTRAP_START]
+    if starts and not -len(starts) <= attempt < len(starts):
+        return {}
     t: dict[Event | str, float] = {}
-    for e in ev[starts[-1] :] if starts else []:
-        t.setdefault(e.event, e.t)
+    if starts:
+        begin = starts[attempt]
+        end = next((i for i in starts if i > begin), len(ev))
+        for e in ev[begin:end]:
+            t.setdefault(e.event, e.t)
     out = {name: round(t[b] - t[a], 2) for name, a, b in PHASES if a in t and b in t}
     if Event.BOOTSTRAP_START in t and Event.FIRST_STEP in t:
         out["total to step 1"] = round(t[Event.FIRST_STEP] - t[Event.BOOTSTRAP_START], 2)
@@ -112,6 +123,25 @@ def startup_now(job_dir: Path, node: int, now: float | None = None) -> str | Non
     server = "healthy" if Event.VLLM_HEALTHY in t else f"starting ({now - t[Event.VLLM_START]:.0f} s)"
     trainer = next((what for event, what in STARTUP_STEPS if event in t), "not launched yet")
     return f"vLLM {server}; trainer {trainer}"
+
+
+def startup_lines(job_dir: Path, node: int) -> list[str]:
+    """The node's start-up, for `status`: the job's phases (events) and vLLM's own (its log) of the first start and,
+    after a requeue or resume, of the latest one, so the two starts can be compared."""
+    from launcher import vllm_log
+
+    n = attempts(job_dir, node)
+    servers = vllm_log.node_starts(JobDir(job_dir).log(node, "vllm"))
+    which = [(0, "first start")] + ([(-1, f"restart {n - 1}")] if n > 1 else [])
+    out = []
+    for attempt, name in which:
+        phases = startup_phases(job_dir, node, attempt)
+        if phases:
+            out.append(f"  start-up, {name}: " + ", ".join(f"{k} {v:.1f} s" for k, v in phases.items()))
+        server = servers[attempt] if servers and (attempt == 0 or len(servers) > 1) else {}
+        if server:
+            out.append(f"  vLLM start, {name}: " + vllm_log.describe(server))
+    return out
 
 
 ENDED_RESUMABLE = ("NODE_FAIL", "TIMEOUT", "FAILED", "PREEMPTED", "OUT_OF_MEMORY", "CANCELLED")
@@ -181,9 +211,7 @@ def status(job_dir: Path) -> str:
         now = startup_now(job_dir, n)
         if now:
             lines.append("  starting: " + now)
-        phases = startup_phases(job_dir, n)
-        if phases:
-            lines.append("  start-up: " + ", ".join(f"{k} {v:.1f} s" for k, v in phases.items()))
+        lines += startup_lines(job_dir, n)
     rows = read_rows(jd.metrics)
     if rows:
         lines.append("last metrics: " + json.dumps(rows[-1].to_dict()))

@@ -39,6 +39,9 @@ class Env:
     LORA_LOAD_ONCE = "SLURM_GRPO_LORA_LOAD_ONCE"
     """"1" (trainer.lora, adapter push): the vLLM plugin reads a pushed adapter from disk once, at its load, not again
     at every engine step of every request naming it (trainer.push.vllm_plugin.load_adapters_once)."""
+    INSPECT_IN_PROCESS = "SLURM_GRPO_INSPECT_IN_PROCESS"
+    """"1" (vllm.inspect_in_process): the vLLM plugin has vLLM inspect the model class in the API server's own process
+    instead of a fresh Python one (trainer.push.vllm_plugin.inspect_in_process)."""
 
 
 PLUGIN_ENV = Env.CPU_PLAIN_LINEAR

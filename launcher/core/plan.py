@@ -11,7 +11,7 @@ from dataclasses import asdict, dataclass, field, replace
 from pathlib import Path
 from typing import Any
 
-from launcher.core import emulation
+from launcher.core import emulation, vllm_start
 from launcher.core import platform as platform_mod
 from launcher.core.config import ConfigError, JobConfig, rebuild
 from launcher.core.lora import architecture, lora_push
@@ -285,7 +285,13 @@ def plan(cfg: JobConfig, job_dir: str) -> Plan:
         lora_push=lora_push(cfg, dp)[0],
         emulated=emulated,
     )
-    return replace(p, derivation=derivation(p) + platform_mod.derivation_lines(p) + emulation.derivation_lines(p))
+    return replace(
+        p,
+        derivation=derivation(p)
+        + platform_mod.derivation_lines(p)
+        + vllm_start.derivation_lines(p, generation_steps(cfg, world))
+        + emulation.derivation_lines(p),  # last: its announcement closes the plan
+    )
 
 
 def derivation(p: Plan) -> list[str]:

@@ -10,11 +10,11 @@ import json
 from dataclasses import dataclass
 from pathlib import Path
 
-from launcher.core import emulation, platform
+from launcher.core import emulation, platform, vllm_start
 from launcher.core.config import ConfigError
 from launcher.core.jobdir import PLUGIN_ENV, Env, JobDir
 from launcher.core.lora import ADAPTER, serving_rank
-from launcher.core.plan import Plan
+from launcher.core.plan import Plan, generation_steps
 
 IN_JOB = JobDir(Path())
 """The job folder's paths relative to the folder itself (a command's log is named relative to it)."""
@@ -98,6 +98,7 @@ def vllm_command(plan: Plan, node: int, python: str = "python", allocated: str |
         argv += ["--enable-expert-parallel"]
     if plan.lora_push == ADAPTER:  # the trainer pushes only its adapter, loaded at run time (trainer.push.adapter)
         argv += ["--enable-lora", "--max-lora-rank", str(serving_rank(plan.config.trainer.lora.r))]
+    argv += vllm_start.vllm_args(plan, generation_steps(plan.config, plan.world_size))  # GPU: graphs for the work's batches
     argv += emulation.vllm_args(plan)  # job.emulate_gpus only: several workers on one GPU
     argv += list(v.extra_args)
     env = {
@@ -112,6 +113,9 @@ def vllm_command(plan: Plan, node: int, python: str = "python", allocated: str |
     cache = JobDir(Path(plan.job_dir)).compile_cache(node, v.cache_dir)
     env.update({"VLLM_CACHE_ROOT": str(cache / "vllm"), "TORCHINDUCTOR_CACHE_DIR": str(cache / "inductor")})
     env["TRITON_CACHE_DIR"] = str(cache / "triton")
+    env |= vllm_start.vllm_env(plan)  # GPU: the engine core forked from the API server (launcher.core.vllm_start)
+    if v.inspect_in_process:  # the model class inspected in the API server, not in a fresh Python (vllm_plugin)
+        env[Env.INSPECT_IN_PROCESS] = "1"
     env |= platform.process_env(plan, "vllm")
     if plan.emulated:  # job.emulate_gpus only: its own NCCL host id, loopback sockets; the node index marks the
         env |= emulation.vllm_env(plan, node) | {Env.NODE: str(node)}  # server as this node's (launcher.node.stale)

@@ -146,6 +146,22 @@ def test_local_run_learns_pushes_land_and_resume_continues(tmp_path, tiny_model,
     assert last > first + 0.05, (first, last)
     assert_tracked(job, attempts=2, steps=24, evals=[0, 10, 16, 20, 24])
     assert_evaluated(job, [0, 10, 16, 20, 24])
+    assert_both_starts(job)
+
+
+def assert_both_starts(job: Path) -> None:
+    """`slurm-grpo status` shows the first start and the restart, the job's phases and vLLM's own (launcher.vllm_log);
+    vLLM inspected the model class in its API server (vllm.inspect_in_process: a fresh Python process took 7-16 s
+    here) and wrote its cache of it into the job folder, where the restart found it."""
+    from launcher.status import status
+    from launcher.vllm_log import node_starts
+
+    st = status(job)
+    for name in ("first start", "restart 1"):
+        assert f"start-up, {name}: server start" in st and f"vLLM start, {name}: imports" in st, st
+    first, again = node_starts(job / "logs" / "node0-vllm.log")
+    assert float(first["model inspection"]) <= 3 and float(again["model inspection"]) <= 3, (first, again)
+    assert list((job / "cache" / "node0" / "vllm" / "modelinfos").glob("*Qwen2ForCausalLM.json"))
 
 
 def assert_evaluated(job: Path, steps: list[int]) -> None:

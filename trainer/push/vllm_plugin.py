@@ -1,9 +1,10 @@
 """vLLM plugin (entry point group `vllm.general_plugins`, see pyproject.toml), loaded in every vLLM
 process: registers the project's `gloo` (CPU) and `mapped_ipc` (one shared GPU) weight-transfer engines, on CPU servers keeps linear
 weights as plain tensors and re-prepacks MoE experts after each update so that pushed weights take effect, with LoRA pushes reads a pushed adapter once,
-and makes the push's prefix-cache reset cost the blocks that hold a cached hash, not the whole KV cache
+makes the push's prefix-cache reset cost the blocks that hold a cached hash, not the whole KV cache
 (trainer/push/prefix_reset.py says why that leaves the same state; on a vLLM whose code it was not checked against it keeps vLLM's own, with a warning),
-and keeps an orderly shutdown's expected EngineDeadError traceback out of the log (trainer/push/clean_shutdown.py).
+keeps an orderly shutdown's expected EngineDeadError traceback out of the log (trainer/push/clean_shutdown.py), and with
+vllm.inspect_in_process has vLLM inspect the model class in the API server's own process.
 
 Why the second part: vLLM's CPU linear layers prepack weights into oneDNN handles and drop the weight
 tensor (`dispatch_cpu_unquantized_gemm(layer, remove_weight=True)`); a weight reload then writes
@@ -55,6 +56,8 @@ def register() -> None:
     once = os.environ.get(Env.LORA_LOAD_ONCE) == "1"
     if once:
         load_adapters_once()
+    if os.environ.get(Env.INSPECT_IN_PROCESS) == "1":
+        inspect_in_process()
     if os.environ.get(Env.PLUGIN_QUIET) != "1":
         print(
             f"{REGISTERED_MARK} (pid {os.getpid()}, plain CPU linear: {os.environ.get(PLAIN_LINEAR_ENV) == '1'}, "
@@ -116,3 +119,24 @@ def load_adapters_once() -> None:
     _apply_adapters._slurm_grpo = True  # type: ignore[attr-defined]
     lru._apply_adapters = _apply_adapters  # type: ignore[method-assign]
     wm.WorkerLoRAManager._load_adapter = _load_adapter  # type: ignore[method-assign]
+
+
+def inspect_in_process() -> None:
+    """Patch vLLM's model registry (idempotent): the model-class inspection it runs in a fresh Python process when its
+    cache (VLLM_CACHE_ROOT/modelinfos) has no entry runs in this process instead; vLLM still writes the cache.
+
+    Why: that process imports vLLM and the model module again, 20-30 s on the H200 (gpu/results/2026-12-04-round2-0.36b:
+    "non-default args" to "Resolved architecture"), 8 s on 2 CPU cores, on every job folder's first start (the caches
+    live in the job folder). vLLM isolates it so that an import initialising CUDA cannot force its engine core to be
+    spawned rather than forked; the launcher forks it on CUDA (vllm.engine_start), and vLLM itself still falls back to
+    spawn, with a warning, if CUDA was initialised. The engine core imports the same module anyway: forked, it inherits it."""
+    from vllm.model_executor.models import registry
+
+    if getattr(registry._run_in_subprocess, "_slurm_grpo", False):
+        return
+
+    def run_here(fn):
+        return fn()
+
+    run_here._slurm_grpo = True  # type: ignore[attr-defined]
+    registry._run_in_subprocess = run_here

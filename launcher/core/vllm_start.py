@@ -1,0 +1,134 @@
+"""The server's start, sized to the run: what the launcher adds to each node's vLLM command so that a start costs less
+and generation does not get slower, with the reason of each choice (dry-run prints `derivation_lines`).
+
+Where a start went on the H200 (gpu/results/2026-12-04-round2-0.36b, 0.36 B body, healthy after 114.7 s): 25 s the API
+server's imports, 21 s the model-class inspection (vLLM imports the model in a fresh Python process when its cache in
+VLLM_CACHE_ROOT is cold: every job folder's first start), 22 s the engine core's start (`vllm serve` spawns it: a fresh
+interpreter imports vLLM again), then 40 s of engine init: 3 s weights, 15.5 s torch.compile, about 11 s of Triton
+kernels compiled at the warm-up, 5-7 s capturing CUDA graphs twice (memory profiling, then for real) over vLLM's 51
+default sizes. A restart (same job folder) skipped the compile and the inspection (the caches are in the job folder)
+but paid the imports and the spawn again: 63.6 s.
+
+  engine_start  fork: the engine core is a copy of the API server with vLLM already imported (vllm.engine_start: fork;
+                auto keeps vLLM's spawn until the fork has run on a GPU: the first start of gpu/RESULTS.md's queue)
+  inspection    in the API server's own process, through the vLLM plugin (vllm.inspect_in_process)
+  CUDA graphs   captured up to 2 x the sequences in flight per server, vLLM's own rule for max_num_seqs applied to
+                the run's real concurrency rather than to max_num_seqs' default of 1024 (vllm.cudagraph_max_size):
+                a decode batch never exceeds the sequences in flight, so every one that ran on a graph still does
+
+None of it reaches a CPU build: it captures no graphs and always spawns (vLLM's CPU platform forces it).
+"""
+
+from __future__ import annotations
+
+from typing import TYPE_CHECKING
+
+if TYPE_CHECKING:
+    from launcher.core.plan import Plan
+
+VLLM_MAX_CAPTURE = 512
+"""vLLM 0.32's largest default capture size (1024 on Blackwell data-center GPUs): at or above it, vLLM's default stays."""
+
+USER_GRAPH_ARGS = ("cudagraph", "--enforce-eager")
+"""vllm.extra_args that already decide the capture (any spelling naming cudagraph sizes or mode, or no graphs at all):
+then the launcher adds none of its own (vLLM refuses the flag and the compilation config's field together)."""
+
+
+def in_flight(p: Plan, steps: int) -> tuple[int | None, str]:
+    """The most sequences one node's server has at once, and the sum behind it; None where the launcher cannot know
+    (a rollout_func of the user's, or an eval over a whole file). steps: optimizer steps per generation
+    (launcher.core.plan.generation_steps, which imports this module)."""
+    t = p.config.trainer
+    if t.rollout_func:
+        return None, "trainer.rollout_func sends requests of its own"
+    batch = p.ranks_per_node * t.per_device_train_batch_size * steps
+    train = batch * (t.max_staleness + 1)
+    why = (
+        f"ranks per node x per_device_train_batch_size x steps per generation x (max_staleness + 1) = "
+        f"{p.ranks_per_node} x {t.per_device_train_batch_size} x {steps} x {t.max_staleness + 1} = {train}"
+    )
+    if not t.eval.enabled:
+        return train, why
+    if not t.eval.max_prompts:
+        return None, "trainer.eval asks for every prompt of its file at once (set trainer.eval.max_prompts to bound it)"
+    evals = t.eval.max_prompts * t.eval.samples_per_prompt
+    if evals > train:
+        return evals, f"eval: max_prompts x samples_per_prompt = {t.eval.max_prompts} x {t.eval.samples_per_prompt} = {evals}"
+    return train, why
+
+
+def capture_grid(n: int) -> int:
+    """The smallest of vLLM's default capture sizes (1, 2, 4, then multiples of 8 below 256 and of 16 from 256) that
+    is >= n: vLLM truncates a maximum off its grid down to the grid, which would leave the top batch without a graph."""
+    if n <= 4:
+        return 1 if n <= 1 else 2 if n == 2 else 4
+    step = 8 if n < 256 else 16
+    return -(-n // step) * step
+
+
+def user_decides_graphs(extra_args: list[str]) -> bool:
+    return any(any(k in a for k in USER_GRAPH_ARGS) for a in extra_args)
+
+
+def capture_size(p: Plan, steps: int) -> tuple[int | None, str]:
+    """--max-cudagraph-capture-size for the node's server (None: vLLM's default), and why."""
+    v = p.config.vllm
+    if p.device == "cpu":
+        return None, "CPU build: no CUDA graphs"
+    if user_decides_graphs(v.extra_args):
+        return None, "vllm.extra_args decide the CUDA graphs"
+    if v.cudagraph_max_size == -1:
+        return None, "vllm.cudagraph_max_size -1: vLLM's default"
+    if v.cudagraph_max_size > 0:
+        size = capture_grid(v.cudagraph_max_size)
+        return size, f"vllm.cudagraph_max_size {v.cudagraph_max_size}" + (
+            f" on vLLM's grid: {size}" if size != v.cudagraph_max_size else ""
+        )
+    n, why = in_flight(p, steps)
+    if n is None:
+        return None, f"vLLM's default: {why}"
+    size = capture_grid(2 * n)
+    if size >= VLLM_MAX_CAPTURE:
+        return None, f"vLLM's default: 2 x {n} sequences in flight reach its {VLLM_MAX_CAPTURE} ({why})"
+    return size, f"2 x {n} sequences in flight per server, on vLLM's grid ({why})"
+
+
+def engine_method(p: Plan) -> str | None:
+    """VLLM_WORKER_MULTIPROC_METHOD for the server, None to leave vLLM's choice (spawn under `vllm serve`)."""
+    how = p.config.vllm.engine_start
+    return None if how == "auto" else how  # auto: vLLM's own until the fork has run on a GPU (gpu/RESULTS.md queue)
+
+
+def vllm_args(p: Plan, steps: int) -> list[str]:
+    size, _ = capture_size(p, steps)
+    return [] if size is None else ["--max-cudagraph-capture-size", str(size)]
+
+
+def vllm_env(p: Plan) -> dict[str, str]:
+    """The engine core's start method; the in-process inspection's switch is launcher.core.jobdir's Env (set by the
+    command, launcher.node.commands: jobdir imports the plan, which imports this module)."""
+    method = engine_method(p)
+    return {"VLLM_WORKER_MULTIPROC_METHOD": method} if method else {}
+
+
+def derivation_lines(p: Plan, steps: int) -> list[str]:
+    """The start's choices, one line each with its reason (dry-run prints them under the plan)."""
+    v = p.config.vllm
+    size, why = capture_size(p, steps)
+    graphs = f"vLLM CUDA graphs up to batch {size}: {why}" if size else f"vLLM CUDA graphs: {why}"
+    method = engine_method(p)
+    how = "vllm.engine_start " + v.engine_start
+    if method == "fork":
+        start = f"vLLM engine core forked from the API server, vLLM already imported ({how})"
+    elif method == "spawn":
+        start = f"vLLM engine core spawned, a fresh interpreter ({how})"
+    elif p.device == "cpu" or p.platform != "cuda":
+        start = f"vLLM engine core as vLLM starts it ({how}: {'its CPU build spawns' if p.device == 'cpu' else 'spawn on ROCm'})"
+    else:
+        start = f"vLLM engine core as vLLM starts it, spawned ({how}; fork, about 20 s sooner, is opt-in until measured on a GPU)"
+    inspect = (
+        "vLLM inspects the model class in its API server process (vllm.inspect_in_process; a restart reads vLLM's cache)"
+        if v.inspect_in_process
+        else "vLLM inspects the model class in a fresh Python process on a cold cache (vllm.inspect_in_process false)"
+    )
+    return [graphs, start, inspect]
