@@ -100,7 +100,7 @@ class RoutingReplay:
         family = getattr(text, "model_type", "")
         if family not in ROUTERS:
             raise ValueError(f"trainer.routing_replay: no router override for model_type {family!r}; known: {', '.join(ROUTERS)}")
-        self.layers = int(text.num_hidden_layers)
+        self.layers = int(getattr(text, "num_hidden_layers", 0))
         self.routers = 0
         for name, module in model.named_modules():
             if type(module).__name__ == ROUTERS[family]:

@@ -1389,7 +1389,9 @@ def check_job(cfg: JobConfig) -> None:
         raise ConfigError(
             "trainer.routing_replay needs vLLM's Model Runner V2, GPU only (its Triton kernels); remove it with job.device cpu"
         )
-    if t.routing_replay and any(a.lstrip("-").partition("=")[0].replace("_", "-") == "no-enable-prefix-caching" for a in v.extra_args):
+    if t.routing_replay and any(
+        a.lstrip("-").partition("=")[0].replace("_", "-") == "no-enable-prefix-caching" for a in v.extra_args
+    ):
         raise ConfigError(
             "trainer.routing_replay needs vLLM's prefix caching (vLLM refuses routed experts without it); "
             "remove --no-enable-prefix-caching from vllm.extra_args"

@@ -190,7 +190,7 @@ def check_routing_replay(model: str) -> None:
     arch = architecture(model)
     if arch is not None and arch not in ROUTING_REPLAY_FAMILIES.values():
         raise ConfigError(
-            f"trainer.routing_replay: {arch} ({model}) is not an MoE family it replays "
+            f"trainer.routing_replay: {arch} is not an MoE family it replays "
             f"({', '.join(ROUTING_REPLAY_FAMILIES)}); remove trainer.routing_replay"
         )
 

@@ -25,7 +25,7 @@ FAMILIES = ["qwen3_moe", "mixtral", "qwen2_moe", "olmoe"]
 assert set(FAMILIES) == set(MOE)
 
 
-def tiny(family: str, layers: int = 2, seed: int = 0) -> torch.nn.Module:
+def tiny(family: str, layers: int = 2, seed: int = 0) -> Any:
     """A random tiny body of `family` from its config (trainer.tiny_families' shapes), float32, dropout-free."""
     from transformers import AutoConfig, AutoModelForCausalLM
 
@@ -245,3 +245,11 @@ def test_an_armed_forward_replays_the_tables_routes_as_a_forward_given_them():
 def test_a_family_without_a_router_override_is_refused():
     with pytest.raises(ValueError, match="no router override for model_type 'qwen2'"):
         RoutingReplay(tiny("qwen2"))
+
+
+def test_the_gpu_bench_skips_without_cuda(tmp_path, capsys, monkeypatch):
+    from bench import routing_replay_gpu
+
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: False)
+    assert routing_replay_gpu.main(["--out", str(tmp_path)]) == 0
+    assert "skipped, no CUDA" in capsys.readouterr().out and not list(tmp_path.iterdir())

@@ -30,6 +30,7 @@ from __future__ import annotations
 
 import dataclasses
 import hashlib
+import logging
 import time
 from collections.abc import Callable
 from dataclasses import dataclass
@@ -47,6 +48,8 @@ from trainer.rollout.ahead import AheadQueue, Completions, timed_complete
 from trainer.rollout.parity import ParityChecker
 from trainer.rollout.server import RoutedCompletion, ServerError, VllmServer
 from trainer.routing_replay import RouteTable
+
+log = logging.getLogger(__name__)
 
 PARITY_PROBE = "the quick brown fox jumps over a lazy dog and a cat sat on a mat"
 
@@ -329,6 +332,14 @@ class TrlAdapter:
         if self.rollout.routes is not None:  # RoutedCompletion: (ids, logprobs, routes)
             routed = cast(list[RoutedCompletion], mine)
             self.rollout.routes.replace((p, c.ids, c.routes) for p, c in zip(prompts, routed, strict=True))
+            if self.rollout.routes.without_routes:  # those rows keep the trainer's own routing
+                log.warning(
+                    "trainer.routing_replay: %d of %d completions came back without routed experts (node %d, step %d)",
+                    self.rollout.routes.without_routes,
+                    len(routed),
+                    self.rollout.par.node,
+                    self.rollout.step,
+                )
         return prompts, completion_ids, logprobs, None
 
     def sync_weights(self) -> None:
