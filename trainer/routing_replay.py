@@ -77,7 +77,8 @@ class Replay:
     """What the routers replay for the current forward's rows."""
 
     indices: torch.Tensor
-    """(rows, num_hidden_layers, top_k) int64 expert ids; rows = batch x positions."""
+    """(rows, num_hidden_layers, top_k) expert ids, rows = batch x positions; int16 from the table (a quarter of
+    int64's memory: the whole batch's ids sit on the device through forward and backward), widened per layer."""
     mask: torch.Tensor
     """(rows,) bool: the rows that replay; the others keep the router's own choice."""
 
@@ -122,7 +123,7 @@ class RoutingReplay:
             if replay is None:
                 return logits, weights, indices
             assert replay.indices.shape[0] == logits.shape[0], (replay.indices.shape, logits.shape)
-            chosen = replay.indices[:, layer]
+            chosen = replay.indices[:, layer].long()
             probs = torch.softmax(logits.float(), dim=-1)  # as the family's router: softmax in fp32
             replayed = probs.gather(-1, chosen)
             if renormalize:
@@ -140,7 +141,7 @@ class RoutingReplay:
             return
         rows = indices.shape[0]
         m = torch.ones(rows, dtype=torch.bool, device=indices.device) if mask is None else mask.reshape(rows).bool()
-        self.given = self.current = Replay(indices.long(), m)
+        self.given = self.current = Replay(indices, m)
 
     @contextmanager
     def armed(self) -> Iterator[None]:
@@ -178,7 +179,7 @@ class RoutingReplay:
                 )
             self.rows_replayed += 1
             if indices is None:
-                indices = np.zeros((batch, length, self.layers, routes.rows.shape[2]), dtype=np.int64)
+                indices = np.zeros((batch, length, self.layers, routes.rows.shape[2]), dtype=np.int16)
             at = positions[routes.prompt_start : routes.prompt_start + len(routes.rows)]
             indices[b, at] = routes.rows
             mask[b, at] = True

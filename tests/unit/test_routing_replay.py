@@ -15,8 +15,12 @@ from typing import Any
 import numpy as np
 import pytest
 import torch
+from transformers import AutoTokenizer
 
+from tests.unit.test_rollout import load, par  # noqa: F401 (a fixture: a world-1 gloo group)
 from tests.unit.test_server_client import client_of, fake_vllm  # noqa: F401 (a fixture)
+from trainer.push.pusher import PushSettings
+from trainer.rollout.node import GenerationSettings, NodeRollout, TrlAdapter
 from trainer.rollout.server import RoutedExperts, decode_routed_experts
 from trainer.routing_replay import RouteTable, RoutingReplay
 from trainer.tiny_families import MOE, config_fields
@@ -253,3 +257,31 @@ def test_the_gpu_bench_skips_without_cuda(tmp_path, capsys, monkeypatch):
     monkeypatch.setattr(torch.cuda, "is_available", lambda: False)
     assert routing_replay_gpu.main(["--out", str(tmp_path)]) == 0
     assert "skipped, no CUDA" in capsys.readouterr().out and not list(tmp_path.iterdir())
+
+
+def test_each_completions_routes_travel_with_it_to_its_rank_and_into_the_table(tiny_model, par, fake_vllm):  # noqa: F811
+    """NodeRollout and TrlAdapter as TRL drives them, against a recorded server answer: the request asks for nothing
+    new (the server returns routes when it runs with --enable-return-routed-experts), each completion's routes arrive
+    through the node's gather/scatter and land in the rank's table under its prompt + completion."""
+    prompts = [[100, 5, 6], [100, 7]]
+    rows = [np.full((len(p) + 3 - 1, 2, 2), i, dtype=np.uint8) for i, p in enumerate(prompts)]
+    choices = [
+        {"index": i, "token_ids": [1, 2, 3], "logprobs": {"token_logprobs": [-1.0] * 3}, "routed_experts": vllm_payload(r)}
+        for i, r in enumerate(rows)
+    ]
+    srv: Any = fake_vllm
+    srv.answer = lambda path: (200, {"choices": choices})
+    push = PushSettings(backend="gloo", transfer_port=0, server_world=1, timeout_s=10, dtype=torch.float32, bucket_bytes=1 << 16)
+    settings = GenerationSettings(
+        server_url=client_of(srv).base_url, model="m", node=0, request_timeout_s=10, push=push, parity_tolerance=0.0,
+        parity_action="fail", routing_replay=True,
+    )  # fmt: skip
+    rollout = NodeRollout(load(Path(tiny_model)), AutoTokenizer.from_pretrained(tiny_model), par, settings)
+    adapter = TrlAdapter(rollout, max_completion_length=3, temperature=1.0)
+    _, ids, logprobs, _ = adapter.generate(prompts, None, num_generations=2)
+    assert ids == [[1, 2, 3]] * 2 and logprobs == [[[-1.0]] * 3] * 2
+    assert [p for p, _, _ in srv.seen] == ["/v1/completions"]
+    assert rollout.routes is not None
+    for p, r in zip(prompts, rows, strict=True):
+        got = rollout.routes.lookup(tuple(p + [1, 2, 3]))
+        assert got is not None and got.rows.dtype == np.uint8 and np.array_equal(got.rows, r)
