@@ -31,6 +31,7 @@ from trainer.evaluation.evaluator import Evaluator, load_rows
 from trainer.metrics import MetricsWriter, write_summary_and_plot
 from trainer.parallel import Parallel
 from trainer.rollout.node import GenerationSettings, NodeRollout, TrlAdapter
+from trainer.routing_replay import RoutingReplay
 
 
 class Outcome(enum.Enum):
@@ -218,6 +219,8 @@ def build(plan: Plan, par: Parallel, preemption: grpo.PreemptionFlag) -> Run:
         backend,
         agents={"rollout_func": ahead} if ahead is not None else agents.trainer_kwargs() if agents else None,
     )
+    if t.routing_replay:  # MoE: the trainer's logprob forwards route each token as vLLM did when it sampled it
+        RoutingReplay(model, rollout.routes).attach(trainer)
     if ahead is not None:
         ahead.attach(trainer, trl_glue.generation_backend(trainer))
     elif t.multi_turn:

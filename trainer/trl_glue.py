@@ -38,12 +38,15 @@ it, instead of deep in a job:
  16. trl.chat_template_utils: TRL's response schemas, training chat templates and response parser (`response_parsing`,
      `parse_response`; `qwen2_5_chat_template` for the tiny tool model): the project's episode loop parses and renders
      exactly as TRL's tool loop does.
+ 17. GRPOTrainer._get_per_token_logps_and_entropies(model, input_ids, attention_mask, logits_to_keep, ...): every
+     logprob forward of the policy (the loss's, the old logprobs' for importance sampling, the reference's); wrapped
+     on the instance (`around_logprobs`: trainer.routing_replay replays vLLM's routes in exactly these forwards).
 """
 
 from __future__ import annotations
 
 from collections.abc import Callable, Iterator
-from contextlib import contextmanager
+from contextlib import AbstractContextManager, contextmanager
 from pathlib import Path
 from typing import Any
 
@@ -244,6 +247,17 @@ def before_generate_and_score(trainer, fn: Callable[[list[dict[str, Any]]], None
         return make(inputs)
 
     trainer._generate_and_score_completions = generate_and_score
+
+
+def around_logprobs(trainer, context: Callable[[], AbstractContextManager[Any]]) -> None:
+    """(17) Each of the trainer's logprob computations (its model forwards, chunked or not) runs inside context()."""
+    make = trainer._get_per_token_logps_and_entropies
+
+    def logprobs(*args, **kwargs):
+        with context():
+            return make(*args, **kwargs)
+
+    trainer._get_per_token_logps_and_entropies = logprobs
 
 
 def response_parsing(tokenizer) -> str | None:

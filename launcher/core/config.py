@@ -214,6 +214,13 @@ LORA_TARGETS = ("q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj", 
 """The default adapted layers: every linear projection of a Llama/Qwen2/Mistral decoder layer."""
 LORA_REFUSED_TARGETS = ("embed_tokens", "lm_head", "wte", "word_embeddings")
 LORA_MAX_RANK = 512
+ROUTING_REPLAY_FAMILIES = {
+    "qwen3_moe": "Qwen3MoeForCausalLM",
+    "qwen2_moe": "Qwen2MoeForCausalLM",
+    "olmoe": "OlmoeForCausalLM",
+    "mixtral": "MixtralForCausalLM",
+}
+"""trainer.routing_replay: model_type -> architecture of the MoE families with a router override (trainer.routing_replay)."""
 
 
 @dataclass(frozen=True)
@@ -363,6 +370,8 @@ class TrainerConfig:
     """How ranks load the model: sharded builds it on the meta device, then each rank reads only its shard's rows from the safetensors files; full runs from_pretrained of the whole fp32 model on every rank, then shards (for checkpoints whose tensor names need renaming)."""
     activation_checkpointing: bool = True
     """Recompute each decoder layer's activations in the backward instead of keeping them (less memory, about a third more compute); TRL's GRPOConfig default too."""
+    routing_replay: bool = False
+    """MoE models (qwen3_moe, qwen2_moe, olmoe, mixtral): the trainer's forward and backward route each token to the experts vLLM routed it to when generating (vLLM --enable-return-routed-experts, Model Runner V2: GPU only), so its logprobs match vLLM's routing; the router still gets gradients."""
     cpu_offload: bool = False
     """Keep the sharded fp32 parameters, gradients and optimizer state in host memory (FSDP2 CPUOffloadPolicy; the optimizer step runs on the CPU): a big model on few GPUs."""
     report_to: list[Literal["wandb", "tensorboard", "none"]] = field(default_factory=list)
@@ -447,6 +456,10 @@ class TrainerConfig:
         _port("trainer.weight_transfer_port", self.weight_transfer_port)
         _check_grpo(self.grpo)
         _check_agents(self)
+        if self.routing_replay and self.multi_turn:  # the table keys one sequence per request; episodes have several
+            raise ConfigError(
+                "trainer.routing_replay replays single-turn completions only; remove it or the tools/environment/rollout_func"
+            )
         self.lora.check()
         self.eval.check(multi_turn_loop=bool(self.rollout_func))
 
@@ -1041,6 +1054,7 @@ VLLM_OWNED = {
     "dp": "vllm.data_parallel_size",
     **dict.fromkeys(("pipeline-parallel-size", "pp"), "slurm-grpo (no pipeline parallelism: TP x DP fill the server's GPUs)"),
     **dict.fromkeys(("enable-expert-parallel", "ep"), "vllm.enable_expert_parallel"),
+    "enable-return-routed-experts": "trainer.routing_replay",
     **dict.fromkeys(("nnodes", "n", "node-rank", "r", "master-addr", "master-port", "headless"), _VLLM_DP),
     **dict.fromkeys(
         ("data-parallel-" + f for f in ("rank", "start-rank", "size-local", "address", "rpc-port", "backend")), _VLLM_DP
@@ -1382,6 +1396,17 @@ def check_job(cfg: JobConfig) -> None:
             f"vllm.weight_transfer_backend {v.weight_transfer_backend} needs GPUs; with job.device cpu use gloo (or auto)"
         )
     check_platform(cfg)  # job.platform (rocm's rules), slurm.stage_env/stage_dir, slurm.gpu_cores
+    if t.routing_replay and j.device == "cpu":
+        raise ConfigError(
+            "trainer.routing_replay needs vLLM's Model Runner V2, GPU only (its Triton kernels); remove it with job.device cpu"
+        )
+    if t.routing_replay and any(
+        a.lstrip("-").partition("=")[0].replace("_", "-") == "no-enable-prefix-caching" for a in v.extra_args
+    ):
+        raise ConfigError(
+            "trainer.routing_replay needs vLLM's prefix caching (vLLM refuses routed experts without it); "
+            "remove --no-enable-prefix-caching from vllm.extra_args"
+        )
     if j.device == "cpu" and t.dtype != "float32":
         raise ConfigError(
             "trainer.dtype must be float32 with job.device cpu (vLLM's CPU build and gloo run float32 here); set trainer.dtype: float32"

@@ -13,7 +13,7 @@ from typing import Any
 
 from launcher.core import emulation, vllm_start
 from launcher.core import platform as platform_mod
-from launcher.core.config import ConfigError, JobConfig, rebuild
+from launcher.core.config import ROUTING_REPLAY_FAMILIES, ConfigError, JobConfig, rebuild
 from launcher.core.lora import architecture, lora_push
 from launcher.core.shape import ModelShape
 
@@ -179,6 +179,20 @@ def check_layout(cfg: JobConfig, shared: bool) -> None:
                 f"vllm.enable_expert_parallel: {cfg.vllm.model} is not a mixture of experts (no experts in its "
                 "config.json); remove it"
             )
+
+    if cfg.trainer.routing_replay:
+        check_routing_replay(cfg.vllm.model)
+
+
+def check_routing_replay(model: str) -> None:
+    """trainer.routing_replay: the model is one of the MoE families the trainer has a router override for (its
+    config.json's architecture; a model folder not readable here is checked by the trainer when it loads it)."""
+    arch = architecture(model)
+    if arch is not None and arch not in ROUTING_REPLAY_FAMILIES.values():
+        raise ConfigError(
+            f"trainer.routing_replay: {arch} is not an MoE family it replays "
+            f"({', '.join(ROUTING_REPLAY_FAMILIES)}); remove trainer.routing_replay"
+        )
 
 
 UNPUSHABLE = {

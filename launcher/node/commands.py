@@ -96,6 +96,8 @@ def vllm_command(plan: Plan, node: int, python: str = "python", allocated: str |
         argv += ["--max-model-len", str(v.max_model_len)]
     if v.enable_expert_parallel:  # checked against the model and the server's GPUs by the plan
         argv += ["--enable-expert-parallel"]
+    if plan.config.trainer.routing_replay:  # each completion's expert ids (needs prefix caching on: vLLM's default)
+        argv += ["--enable-return-routed-experts"]
     if plan.lora_push == ADAPTER:  # the trainer pushes only its adapter, loaded at run time (trainer.push.adapter)
         argv += ["--enable-lora", "--max-lora-rank", str(serving_rank(plan.config.trainer.lora.r))]
     argv += vllm_start.vllm_args(plan, generation_steps(plan.config, plan.world_size))  # GPU: graphs for the work's batches
@@ -122,6 +124,8 @@ def vllm_command(plan: Plan, node: int, python: str = "python", allocated: str |
     if plan.lora_push == ADAPTER:
         env["VLLM_ALLOW_RUNTIME_LORA_UPDATING"] = "1"  # opens /v1/load_lora_adapter (the server listens on 127.0.0.1 only)
         env[Env.LORA_LOAD_ONCE] = "1"  # else each engine step re-reads the adapter from disk (vllm_plugin.load_adapters_once)
+    if plan.config.trainer.routing_replay:  # vLLM returns routed experts from Model Runner V2 only
+        env["VLLM_USE_V2_MODEL_RUNNER"] = "1"
     if plan.device == "cpu":
         env.update({"VLLM_CPU_KVCACHE_SPACE": str(v.cpu_kvcache_gib), PLUGIN_ENV: "1", "CUDA_VISIBLE_DEVICES": ""})
     argv = platform.bind_prefix(plan.config, n.vllm_gpus) + argv

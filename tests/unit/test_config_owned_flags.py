@@ -23,6 +23,7 @@ DENSE = {"architectures": ["Qwen2ForCausalLM"], "num_attention_heads": 4, "num_k
 PLANS: dict[str, tuple[dict, dict]] = {
     "plain split, vLLM DP": (DENSE, {"vllm": {"data_parallel_size": 2, "max_model_len": 512}}),
     "MoE, expert parallel": (MOE, {"vllm": {"tensor_parallel_size": 2, "enable_expert_parallel": True}}),
+    "MoE, routing replay": (MOE, {"trainer": {"routing_replay": True}}),
     "LoRA adapter": (DENSE, {"trainer": {"lora": {"r": 8}}}),
     "emulated TP2": (DENSE, {"job": {"emulate_gpus": True}, "vllm": {"tensor_parallel_size": 2}}),
 }
@@ -74,6 +75,7 @@ def test_every_flag_the_launcher_passes_to_vllm_is_refused_in_every_spelling(tmp
     flags = rendered_vllm_flags(tmp_path)
     # the plans above do render what they are meant to (else this test would check less than it says)
     assert {"--enable-expert-parallel", "--enable-lora", "--max-lora-rank", "--worker-cls", "--data-parallel-size"} <= flags
+    assert "--enable-return-routed-experts" in flags
     aliases = vllm_aliases()
     for flag in sorted(flags):
         name = flag.removeprefix("--")

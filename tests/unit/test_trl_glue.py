@@ -4,6 +4,8 @@ installed versions: an upgrade that moves one fails here, naming it and the glue
 from __future__ import annotations
 
 import inspect
+from contextlib import contextmanager
+from types import SimpleNamespace
 
 import pytest
 import torch
@@ -229,3 +231,20 @@ def test_16_trls_response_parsing_and_templates(tiny_model):
     ids = tok.encode('<tool_call>\n{"name": "countdown", "arguments": {}}\n</tool_call><|im_end|>')
     msg = trl_glue.parse_response(tok, ids, list(prefix), [countdown])
     assert msg["role"] == "assistant" and [c["function"]["name"] for c in msg["tool_calls"]] == ["countdown"], msg
+
+
+def test_17_the_logprob_computation_takes_the_batch_and_runs_the_forwards():
+    params = list(inspect.signature(_grpo("_get_per_token_logps_and_entropies")).parameters)
+    assert params[:5] == ["self", "model", "input_ids", "attention_mask", "logits_to_keep"], params
+    seen: list[str] = []
+
+    @contextmanager
+    def ctx():
+        seen.append("in")
+        yield
+        seen.append("out")
+
+    obj = SimpleNamespace(_get_per_token_logps_and_entropies=lambda *a, **k: seen.append("call") or (a, k))
+    trl_glue.around_logprobs(obj, ctx)
+    assert obj._get_per_token_logps_and_entropies(1, 2, batch_size=3) == ((1, 2), {"batch_size": 3})
+    assert seen == ["in", "call", "out"]

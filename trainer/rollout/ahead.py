@@ -18,10 +18,10 @@ import time
 from dataclasses import dataclass
 from typing import Any
 
-from trainer.rollout.server import VllmServer
+from trainer.rollout.server import RoutedCompletion, VllmServer
 
-Completions = list[tuple[list[int], list[float]]]
-"""One (token ids, logprob of each) per prompt entry, in order."""
+Completions = list[tuple[list[int], list[float]]] | list[RoutedCompletion]
+"""One (token ids, logprob of each) per prompt entry, in order; with trainer.routing_replay (ids, logprobs, routes)."""
 
 
 def timed_complete(

@@ -30,10 +30,11 @@ from __future__ import annotations
 
 import dataclasses
 import hashlib
+import logging
 import time
 from collections.abc import Callable
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, cast
 
 import torch
 import torch.distributed as dist
@@ -45,7 +46,10 @@ from trainer.push.adapter import LoraPush, make_pusher, push_bytes
 from trainer.push.pusher import PushSettings
 from trainer.rollout.ahead import AheadQueue, Completions, timed_complete
 from trainer.rollout.parity import ParityChecker
-from trainer.rollout.server import ServerError, VllmServer
+from trainer.rollout.server import RoutedCompletion, ServerError, VllmServer
+from trainer.routing_replay import RouteTable
+
+log = logging.getLogger(__name__)
 
 PARITY_PROBE = "the quick brown fox jumps over a lazy dog and a cat sat on a mat"
 
@@ -75,6 +79,8 @@ class GenerationSettings:
     waits for its /health, up to this long (vllm.health_timeout_s), before its first request or step; 0 = it is up."""
     lora: LoraPush | None = None
     """trainer.lora: how the push moves the adapter (trainer.push.adapter); model is then the adapter's name."""
+    routing_replay: bool = False
+    """trainer.routing_replay: every completion comes back with the experts vLLM routed it to (rollout.routes)."""
 
     @staticmethod
     def from_plan(plan: Plan, node: int, dtype: torch.dtype) -> GenerationSettings:
@@ -103,6 +109,7 @@ class GenerationSettings:
             parity_every=t.parity_every,
             server_start_timeout_s=float(plan.config.vllm.health_timeout_s) if t.start_with_server else 0.0,
             lora=lora,
+            routing_replay=t.routing_replay,
         )
 
 
@@ -123,7 +130,7 @@ def node_generate(par: Parallel, prompts: list[list[int]], ask_server: Callable[
             for rank_prompts in gathered:
                 out.append(comps[i : i + len(rank_prompts)])
                 i += len(rank_prompts)
-            tokens = sum(len(c) for c, _ in comps)
+            tokens = sum(len(c[0]) for c in comps)  # (ids, logprobs[, routes])
         except Exception as e:  # hand the error to every rank of the node, so none waits forever
             out = [RuntimeError(f"generation of {len(flat)} completions on node {par.node} failed: {e}")] * len(par.node_ranks)
     mine: list[Any] = [None]
@@ -160,6 +167,8 @@ class NodeRollout:
             self.client = VllmServer(s.server_url, s.model, par.node, s.request_timeout_s, start)
             if s.max_staleness:  # its own client: the main thread's is busy with pushes and parity
                 self.ahead = AheadQueue(VllmServer(s.server_url, s.model, par.node, s.request_timeout_s), s.request_timeout_s)
+        self.routes = RouteTable() if s.routing_replay else None
+        """trainer.routing_replay: this rank's routes of its latest generation (TrlAdapter fills it)."""
         self.server_start = (
             (self.client or VllmServer(s.server_url, s.model, par.node, s.request_timeout_s, start)) if start else None
         )
@@ -196,6 +205,8 @@ class NodeRollout:
         t0 = time.time()
         step = self.step
         client = self.client
+        if self.routes is not None:  # the ahead queue's requests too: the same sampling reaches them
+            sampling = {**sampling, "routed_experts": True}
 
         def ask_server(flat: list[list[int]]) -> Completions:
             assert client is not None  # node_generate asks on the leader only
@@ -316,8 +327,19 @@ class TrlAdapter:
         if images is not None and any(i is not None for i in images):
             raise NotImplementedError("node-local generation serves text prompts only")
         mine = self.rollout.generate(prompts, self.sampling)
-        completion_ids = [c for c, _ in mine]
-        logprobs = [[[lp] for lp in lps] for _, lps in mine]
+        completion_ids = [c[0] for c in mine]
+        logprobs = [[[lp] for lp in c[1]] for c in mine]
+        if self.rollout.routes is not None:  # RoutedCompletion: (ids, logprobs, routes)
+            routed = cast(list[RoutedCompletion], mine)
+            self.rollout.routes.replace((p, c.ids, c.routes) for p, c in zip(prompts, routed, strict=True))
+            if self.rollout.routes.without_routes:  # those rows keep the trainer's own routing
+                log.warning(
+                    "trainer.routing_replay: %d of %d completions came back without routed experts (node %d, step %d)",
+                    self.rollout.routes.without_routes,
+                    len(routed),
+                    self.rollout.par.node,
+                    self.rollout.step,
+                )
         return prompts, completion_ids, logprobs, None
 
     def sync_weights(self) -> None:

@@ -2,7 +2,8 @@
 one method per route. Every request has a deadline (trainer.request_timeout_s unless the call gives its own), and
 every failure raises ServerError naming the node, the URL, the route and the training step: no silent hang.
 
-  complete             POST /v1/completions (sampling)
+  complete             POST /v1/completions (sampling; routed_experts=True: with each completion's expert routes,
+                       trainer.routing_replay, decoded by `decode_routed_experts`)
   prompt_logprobs      POST /v1/completions (prompt_logprobs of a fixed sequence; engine= picks a DP engine)
   pause_keep, resume   POST /pause?mode=keep, POST /resume
   reset_prefix_cache   POST /reset_prefix_cache[?reset_running_requests=true]
@@ -14,11 +15,15 @@ every failure raises ServerError naming the node, the URL, the route and the tra
 
 from __future__ import annotations
 
+import base64
+import io
 import json
 import time
+from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import Any, Literal, NamedTuple, overload
 
+import numpy as np
 import requests
 import urllib3
 
@@ -27,6 +32,40 @@ from launcher.core.jobdir import JobDir
 
 class ServerError(RuntimeError):
     pass
+
+
+@dataclass(frozen=True)
+class RoutedExperts:
+    """The experts vLLM routed one sequence's tokens to (trainer.routing_replay): rows[t, layer] holds the top-k expert
+    ids of input position prompt_start + t, for t < len(rows). vLLM covers positions prompt_start .. N-2 of a sequence
+    of N tokens (prompt + completion): the last sampled token was never fed through the model. Kept as vLLM sends it
+    (uint8 up to 256 experts, else uint16): a few bytes per token and layer."""
+
+    rows: np.ndarray
+    """(tokens, num_hidden_layers, num_experts_per_tok); a dense layer's rows carry nothing (zeros)."""
+    prompt_start: int = 0
+    """The first input position the rows cover (the request's routed_experts_prompt_start)."""
+
+
+def decode_routed_experts(payload: str, prompt_start: int = 0) -> RoutedExperts:
+    """A choice's `routed_experts`: base64 of a .npy (vLLM 0.32 `numpy2base64`, vllm/utils/serial_utils.py:67-71)."""
+    rows = np.load(io.BytesIO(base64.b64decode(payload)), allow_pickle=False)
+    if rows.ndim != 3 or rows.dtype not in (np.uint8, np.uint16, np.int32):
+        raise ValueError(
+            f"routed_experts of shape {rows.shape} and dtype {rows.dtype}: expected (tokens, layers, top_k) of uint8/uint16"
+        )
+    if rows.dtype == np.int32:  # vLLM's device buffer dtype; narrowed as its own snapshots are
+        rows = rows.astype(np.uint8 if rows.max(initial=0) < 256 else np.uint16)
+    return RoutedExperts(rows=rows, prompt_start=prompt_start)
+
+
+class RoutedCompletion(NamedTuple):
+    """One completion with its expert routes (complete(routed_experts=True))."""
+
+    ids: list[int]
+    logprobs: list[float]
+    routes: RoutedExperts | None
+    """None when the server returned none (a request aborted before its first forward)."""
 
 
 def server_log(node: int) -> str:
@@ -186,7 +225,24 @@ class VllmServer:
         """What TRL's trainer asks of its client (`["model_config"]["logprobs_mode"]`); we start servers with it."""
         return {"model_config": {"logprobs_mode": "processed_logprobs"}}
 
+    @overload
     def complete(
+        self, prompts: list[list[int]], *, routed_experts: Literal[False] = False, **sampling: Any
+    ) -> list[tuple[list[int], list[float]]]: ...
+
+    @overload
+    def complete(self, prompts: list[list[int]], *, routed_experts: Literal[True], **sampling: Any) -> list[RoutedCompletion]: ...
+
+    def complete(self, prompts: list[list[int]], *, routed_experts: bool = False, **sampling: Any) -> list:
+        """One completion per prompt entry (n=1, no dedup: identical prompts get their own samples), in order: (token
+        ids, logprobs) pairs; routed_experts: RoutedCompletion triples, with the experts the server routed each token
+        to (it runs with --enable-return-routed-experts: trainer.routing_replay)."""
+        pairs = self._complete(prompts, **sampling)
+        if not routed_experts:
+            return [(ids, lps) for ids, lps, _ in pairs]
+        return [RoutedCompletion(ids, lps, None if r is None else decode_routed_experts(r)) for ids, lps, r in pairs]
+
+    def _complete(
         self,
         prompts: list[list[int]],
         *,
@@ -199,8 +255,7 @@ class VllmServer:
         seed: int | None = None,
         extra: dict | None = None,
         step: int = 0,
-    ) -> list[tuple[list[int], list[float]]]:
-        """One completion per prompt entry (n=1, no dedup: identical prompts get their own samples), in order."""
+    ) -> list[tuple[list[int], list[float], str | None]]:
         if not prompts:
             return []
         body: dict[str, Any] = {
@@ -223,10 +278,12 @@ class VllmServer:
         choices = sorted(out["choices"], key=lambda c: c["index"])
         if len(choices) != len(prompts):
             raise self._fail(self.COMPLETIONS, f"asked for {len(prompts)} completions, got {len(choices)}", step)
-        out_pairs = [(list(c["token_ids"]), [float(x) for x in c["logprobs"]["token_logprobs"]]) for c in choices]
-        if any(len(ids) != len(lps) for ids, lps in out_pairs):  # e.g. a token lost or repeated across a paused push
+        got = [
+            (list(c["token_ids"]), [float(x) for x in c["logprobs"]["token_logprobs"]], c.get("routed_experts")) for c in choices
+        ]
+        if any(len(ids) != len(lps) for ids, lps, _ in got):  # e.g. a token lost or repeated across a paused push
             raise self._fail(self.COMPLETIONS, "a completion's token ids and logprobs differ in length", step)
-        return out_pairs
+        return got
 
     def prompt_logprobs(self, ids: list[int], step: int = 0, engine: int | None = None) -> list[float]:
         """The logprob of each token of `ids` after the first, as the server's weights give it (no sampling)."""

@@ -1,0 +1,109 @@
+"""Routing replay's effect on the vLLM-vs-trainer logprob mismatch (trainer.routing_replay), CUDA only: a random MoE
+body (Qwen3-MoE by default, built from a config: no download) trained by `slurm-grpo local` on one GPU
+(configs/gpu_1gpu.yaml: vLLM and the FSDP2 rank share it), the same steps without and with replay; prints each step's
+logp_mismatch_mean (TRL's |vLLM logprob - trainer logprob| over completion tokens) side by side and writes
+$OUT/routing_replay.json. vLLM returns routed experts only from Model Runner V2 (Triton), hence GPU only.
+
+On the device after the carry calls of gpu/carry.sh (the pinned stack in /tmp/parts):
+    log() { echo "$*"; }; . gpu/stack.sh && python3 -m bench.routing_replay_gpu --out $OUT
+Without CUDA it says so and exits 0 (skipped)."""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+SHAPE = {"hidden": 1024, "layers": 8, "vocab": 4096, "kv_heads": 2, "intermediate": 2048, "head_dim": 128}
+EXPERTS = {"num_experts": 64, "num_experts_per_tok": 8, "moe_intermediate_size": 256}
+"""Qwen3-30B-A3B's routing (128 experts, top 8) at a tenth of the width: many near ties, so routing flips show."""
+
+
+def build_model(path: Path, family: str, device: str = "cuda") -> None:
+    """A random bf16 MoE body with the project's tokenizer: trainer.tiny_model's, then its experts widened."""
+    import torch
+    from transformers import AutoConfig, AutoModelForCausalLM
+
+    from trainer.tiny_model import make_tiny_model
+
+    make_tiny_model(path, dtype="bfloat16", family=family, device=device, **SHAPE)  # type: ignore[arg-type]
+    cfg = AutoConfig.from_pretrained(path)
+    experts = dict(EXPERTS) if family != "mixtral" else {"num_local_experts": 64, "num_experts_per_tok": 8}
+    for k, v in experts.items():
+        setattr(cfg, k, v)
+    torch.manual_seed(0)
+    with torch.device(device):
+        model = AutoModelForCausalLM.from_config(cfg).to(torch.bfloat16)
+    model.save_pretrained(path)
+
+
+def run_job(model: Path, job: Path, steps: int, replay: bool, timeout_s: int, config: str) -> list[dict]:
+    """One `slurm-grpo local` run; its step rows (metrics.jsonl)."""
+    sets = [
+        f"job.job_dir={job}",
+        f"vllm.model={model}",
+        f"trainer.max_steps={steps}",
+        f"trainer.routing_replay={str(replay).lower()}",
+    ]
+    cmd = [sys.executable, "-m", "launcher", "local", config] + [a for s in sets for a in ("--set", s)]
+    t0 = time.time()
+    p = subprocess.run(cmd, capture_output=True, text=True, timeout=timeout_s)
+    print(f"[replay={replay}] exit {p.returncode} after {time.time() - t0:.0f} s", flush=True)
+    if p.returncode:
+        print(p.stdout[-3000:], p.stderr[-3000:], sep="\n")
+    missing = [
+        line
+        for f in sorted((job / "logs").glob("*"))
+        for line in f.read_text(errors="replace").splitlines()
+        if "without routed experts" in line
+    ]
+    if replay:  # TrlAdapter warns when completions came back without routes (they keep the trainer's own routing)
+        print(f"[replay=True] generations with completions lacking routes: {len(missing)}", *missing[:3], sep="\n", flush=True)
+    rows = job / "metrics.jsonl"
+    return [r for r in map(json.loads, rows.read_text().splitlines()) if r.get("kind") == "step"] if rows.exists() else []
+
+
+def main(argv: list[str] | None = None) -> int:
+    ap = argparse.ArgumentParser(prog="python -m bench.routing_replay_gpu", description=__doc__.split("\n\n")[0])
+    ap.add_argument("--out", default=os.environ.get("OUT", "/tmp/out"))
+    ap.add_argument("--family", default="qwen3_moe", choices=["qwen3_moe", "qwen2_moe", "olmoe", "mixtral"])
+    ap.add_argument("--steps", type=int, default=5)
+    ap.add_argument("--timeout-s", type=int, default=230, help="per run (two runs; a device call has 600 s)")
+    ap.add_argument("--config", default="configs/gpu_1gpu.yaml")
+    a = ap.parse_args(argv)
+    import torch
+
+    if not torch.cuda.is_available():
+        print("bench.routing_replay_gpu: skipped, no CUDA (vLLM's routed experts need Model Runner V2: GPU only)")
+        return 0
+    out, model = Path(a.out), Path(f"/tmp/model-replay-{a.family}")
+    out.mkdir(parents=True, exist_ok=True)
+    if not (model / "config.json").exists():
+        build_model(model, a.family)
+    runs = {
+        replay: run_job(model, Path(f"/tmp/job-replay-{replay}"), a.steps, replay, a.timeout_s, a.config)
+        for replay in (False, True)
+    }
+    by_step = {r: {row["step"]: row.get("logp_mismatch_mean") for row in rows} for r, rows in runs.items()}
+    print(f"{'step':>4}  {'logp_mismatch_mean, no replay':>30}  {'with routing replay':>20}")
+    for step in sorted(set(by_step[False]) | set(by_step[True])):
+        print(f"{step:>4}  {by_step[False].get(step)!s:>30}  {by_step[True].get(step)!s:>20}")
+    means = {
+        r: (sum(v) / len(v) if (v := [x for x in steps.values() if x is not None]) else None) for r, steps in by_step.items()
+    }
+    print(f"mean  {means[False]!s:>30}  {means[True]!s:>20}")
+    result = {"family": a.family, "shape": SHAPE, "experts": EXPERTS, "steps": a.steps, "by_step": by_step, "mean": means}
+    (out / "routing_replay.json").write_text(json.dumps({**result, "by_step": {str(k): v for k, v in by_step.items()}}, indent=1))
+    for replay in (False, True):  # each run's trainer and vLLM logs, for what failed
+        subprocess.run(
+            ["tar", "-czf", str(out / f"logs-replay-{replay}.tgz"), "-C", f"/tmp/job-replay-{replay}", "logs"], check=False
+        )
+    return 0 if all(runs.values()) else 1
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
