@@ -218,6 +218,8 @@ class LoraConfig:
     """Linear layers that get adapters, by module name (peft's target_modules); the embedding and the LM head are refused (vLLM 0.32 serves adapters on linear projections)."""
     push: Literal["auto", "adapter", "merged"] = "auto"
     """How a push reaches the servers: adapter = only the adapter (peft format, loaded at run time, generation names it); merged = the base with the adapter merged in, through vllm.weight_transfer_backend; auto = adapter where vLLM can serve it (dry-run says which and why)."""
+    adapter_transport: Literal["engine", "disk"] = "engine"
+    """How an adapter push (push adapter) reaches vLLM: engine = its tensors through the push's weight-transfer engine (vllm.weight_transfer_backend), from which each vLLM worker builds the LoRA model in memory, no file; disk = a peft folder per push on node-local disk, loaded by /v1/load_lora_adapter (for a vLLM whose LoRA manager the project's plugin cannot reach: the server says so at the first push)."""
     save_merged: bool = False
     """Also write the merged model (base + adapter, safetensors, from_pretrained-loadable) into the job folder at the end; the adapter itself is always written (peft format)."""
 
