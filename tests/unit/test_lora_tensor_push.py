@@ -197,12 +197,15 @@ def test_the_receiver_needs_a_server_started_with_lora():
         AdapterReceiver({"name": "a"}, stand_in_engine(8))
 
 
-def test_an_engine_push_sends_the_adapter_through_the_weight_routes_and_writes_no_folder(tiny, tmp_path):
+def test_an_engine_push_sends_the_adapter_through_the_weight_routes_and_writes_no_folder(tiny, tmp_path, capsys):
     """AdapterPusher (the node leader) against a fake vLLM at the HTTP boundary that joins the trainer's gloo group as
     the gloo engine does: the zero adapter is loaded from a folder once (the name's first load), then each push is the
     weight-transfer protocol carrying the adapter (the init info names it and its peft config), and no folder is
-    written per push. The disk transport on the same fake: a folder and a load per push, no weight route."""
+    written per push. The disk transport on the same fake: a folder and a load per push, no weight route. The pusher's
+    line per push is what bench/lora_push.py reads the send seconds from."""
     import threading
+
+    from bench.lora_push import send_seconds
 
     import torch.distributed as dist
 
@@ -261,6 +264,7 @@ def test_an_engine_push_sends_the_adapter_through_the_weight_routes_and_writes_n
                         p.add_(0.01)
                 sent.append({n: t.clone() for n, t in gather_adapter(model, torch.float32, keep=True).items()})
                 pusher.push(step)
+                assert len(send_seconds(capsys.readouterr().out)) == 1, transport
                 assert pusher.bytes_last == sum(t.numel() * 4 for t in sent[-1].values())
             load, routes = "/v1/load_lora_adapter", ["/start_weight_update", "/update_weights", "/finish_weight_update"]
             if transport == "disk":
