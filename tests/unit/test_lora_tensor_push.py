@@ -6,6 +6,7 @@ an explicit load from a folder wins over it. The server itself runs in tests/int
 from __future__ import annotations
 
 from types import SimpleNamespace
+from typing import Literal
 
 import pytest
 import torch
@@ -80,7 +81,7 @@ class Manager:
         return True
 
 
-def stand_in_engine(lora_rank: int) -> SimpleNamespace:
+def stand_in_engine(lora_rank: Literal[8, 16]) -> SimpleNamespace:
     """What an engine gives its AdapterReceiver: vLLM's LoRA config (lora_dtype as the server resolves it), the model
     (with its lora_manager), the model config, the device."""
     from vllm.config.lora import LoRAConfig
@@ -205,10 +206,9 @@ def test_an_engine_push_sends_the_adapter_through_the_weight_routes_and_writes_n
     line per push is what bench/lora_push.py reads the send seconds from."""
     import threading
 
-    from bench.lora_push import send_seconds
-
     import torch.distributed as dist
 
+    from bench.lora_push import send_seconds
     from launcher.core.lora import ADAPTER, ADAPTER_NAME
     from tests.support.fakes import JsonHandler, LocalHttpServer, join_weight_group
     from tests.support.ranks import free_port
@@ -225,6 +225,7 @@ def test_an_engine_push_sends_the_adapter_through_the_weight_routes_and_writes_n
             self.init_info: dict = {}
             self.received: list[dict[str, torch.Tensor]] = []
             self.group: dist.ProcessGroupGloo | None = None
+            self.bucket = 0
             self.lock = threading.Lock()
             self.start()
 

@@ -132,12 +132,13 @@ class AdapterReceiver:
                 "a LoRA adapter push needs vLLM started with --enable-lora (the launcher adds it with trainer.lora.push "
                 "adapter); set trainer.lora.adapter_transport: disk or check vllm.extra_args"
             )
-        self.manager = getattr(engine.model, "lora_manager", None)
-        if self.manager is None:
+        manager = getattr(engine.model, "lora_manager", None)
+        if manager is None:
             raise ValueError(
                 "this vLLM's model has no lora_manager (vLLM 0.32 sets model.lora_manager): the adapter cannot be built "
                 "from pushed tensors here; set trainer.lora.adapter_transport: disk"
             )
+        self.manager: Any = manager
 
     def start(self) -> None:
         self.tensors = {}
