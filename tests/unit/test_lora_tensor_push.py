@@ -285,3 +285,35 @@ def test_an_engine_push_sends_the_adapter_through_the_weight_routes_and_writes_n
                 assert all(torch.equal(got[n], want[n]) for n in want)  # bit for bit, each push's own tensors
     finally:
         fake.close()
+
+
+def test_every_engine_reads_the_init_info_the_trainer_sends_for_an_adapter(tiny):
+    """The init info of an adapter push (the senders' fields + adapter_target) parses into each engine's init info
+    class with the adapter's target on it: gloo, nccl_adapter (registered by the plugin) and mapped_ipc."""
+    from vllm.distributed.weight_transfer.factory import WeightTransferEngineFactory
+
+    from trainer.push.adapter import adapter_target
+    from trainer.push.gloo_engine import GlooWeightTransferInitInfo
+    from trainer.push.ipc_engine import MappedIpcInitInfo
+    from trainer.push.nccl_adapter_engine import NcclAdapterInitInfo, NcclAdapterWeightTransferEngine
+    from trainer.push.vllm_plugin import register
+
+    register()
+    assert "nccl_adapter" in WeightTransferEngineFactory._registry
+    target = adapter_target(LoraConfig(r=4), tiny)
+    broadcast = {  # trainer.push.senders.BroadcastSender's init info
+        "master_address": "127.0.0.1",
+        "master_port": 1,
+        "rank_offset": 1,
+        "world_size": 2,
+        "packed": True,
+        "packed_buffer_size_bytes": 1 << 20,
+        "packed_num_buffers": 2,
+    }
+    gloo = GlooWeightTransferInitInfo(**broadcast, timeout_s=30.0, **target)
+    nccl = NcclAdapterInitInfo(**broadcast, **target)
+    ipc = MappedIpcInitInfo(handles={}, buffer_bytes=8, names=["a"], dtype_names=["float32"], shapes=[[2]], **target)
+    for info in (gloo, nccl, ipc):
+        assert info.lora_adapter == target["lora_adapter"], type(info).__name__
+    assert NcclAdapterInitInfo(**broadcast).lora_adapter is None  # without it: vLLM's nccl engine, weights
+    assert NcclAdapterWeightTransferEngine.init_info_cls is NcclAdapterInitInfo
