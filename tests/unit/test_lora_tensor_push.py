@@ -97,7 +97,19 @@ def stand_in_engine(lora_rank: Literal[8, 16]) -> SimpleNamespace:
     )
 
 
-def test_the_pushed_tensors_build_the_lora_model_vllm_builds_from_the_adapter_folder(tiny, tmp_path):
+@pytest.fixture
+def patched(monkeypatch):
+    """The plugin's patch of vLLM's LoRA worker manager (vllm_plugin.load_adapters_once), undone after the test."""
+    from vllm.lora import worker_manager as wm
+
+    from trainer.push.vllm_plugin import load_adapters_once
+
+    for cls, attr in ((wm.LRUCacheWorkerLoRAManager, "_apply_adapters"), (wm.WorkerLoRAManager, "_load_adapter")):
+        monkeypatch.setattr(cls, attr, getattr(cls, attr))
+    load_adapters_once()
+
+
+def test_the_pushed_tensors_build_the_lora_model_vllm_builds_from_the_adapter_folder(tiny, tmp_path, patched):
     from vllm.lora.lora_model import LoRAModel
     from vllm.lora.peft_helper import PEFTHelper
 
@@ -187,9 +199,14 @@ def test_an_adapter_for_modules_vllm_does_not_adapt_is_refused():
         check_modules(["base_model.model.lm_head.lora_B.weight"], expected)
 
 
-def test_the_receiver_needs_a_server_started_with_lora():
+def test_the_receiver_needs_a_server_started_with_lora_and_the_plugins_patch(monkeypatch):
+    from vllm.lora import worker_manager as wm
+
     from trainer.push.adapter_receiver import AdapterReceiver
 
+    monkeypatch.setattr(wm.LRUCacheWorkerLoRAManager, "_apply_adapters", lambda self, requests: None)  # unpatched
+    with pytest.raises(ValueError, match="SLURM_GRPO_LORA_LOAD_ONCE"):  # vLLM as shipped: the folder would be read
+        AdapterReceiver({"name": "a", "peft_config": {}}, stand_in_engine(8))
     engine = stand_in_engine(8)
     engine.vllm_config.lora_config = None
     with pytest.raises(ValueError, match="--enable-lora"):

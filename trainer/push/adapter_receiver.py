@@ -139,6 +139,14 @@ class AdapterReceiver:
                 "from pushed tensors here; set trainer.lora.adapter_transport: disk"
             )
         self.manager: Any = manager
+        from vllm.lora import worker_manager as wm
+
+        if not getattr(wm.LRUCacheWorkerLoRAManager._apply_adapters, "_slurm_grpo", False):
+            # without the plugin's patch the per-step re-add would read the name's folder: the zero adapter, silently
+            raise ValueError(
+                "the adapter push through the engine needs the plugin's LoRA patch (SLURM_GRPO_LORA_LOAD_ONCE=1, set by "
+                "the launcher with trainer.lora.push adapter) in every vLLM process; set trainer.lora.adapter_transport: disk"
+            )
 
     def start(self) -> None:
         self.tensors = {}
