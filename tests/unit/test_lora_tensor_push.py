@@ -160,9 +160,19 @@ def test_the_pushed_tensors_build_the_lora_model_vllm_builds_from_the_adapter_fo
 
 
 def test_the_per_step_path_serves_the_pushed_adapter_and_a_load_from_a_folder_wins(tmp_path):
+    import inspect
+
+    from vllm.lora import worker_manager as wm
+    from vllm.lora.model_manager import LoRAModelManager
     from vllm.lora.request import LoRARequest
 
     from trainer.push import adapter_receiver as rx
+
+    # the vLLM 0.32 code the engine path rests on: the engine finds the manager on its model, and the per-step path
+    # re-adds an adapter it does not hold through _load_adapter (where the plugin serves the pushed one)
+    assert "self.model.lora_manager = self" in inspect.getsource(LoRAModelManager.__init__)
+    add = inspect.getsource(wm.LRUCacheWorkerLoRAManager.add_adapter)
+    assert "not in self.list_adapters()" in add and "self._load_adapter(lora_request)" in add
 
     rx.PUSHED.clear(), rx.IDS.clear()
     reads: list[str] = []
