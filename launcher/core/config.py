@@ -551,6 +551,9 @@ MENUS = {
     "trainer.report_to": Menu(example="[wandb, tensorboard]"),
     "trainer.wandb_mode": Menu(notes={"offline": "then `slurm-grpo sync JOB`"}),
     "trainer.lora.push": Menu(notes={"adapter": "only the adapter moves", "merged": "base + adapter, full weights"}),
+    "trainer.lora.adapter_transport": Menu(
+        notes={"engine": "the weight-transfer engine, no file", "disk": "a peft folder per push"}
+    ),
 }
 """The error's wording of a choice field, where it says more than "KEY 'x' must be a, b or c"."""
 
