@@ -26,9 +26,10 @@ common model shapes. An estimate with stated terms, not a measurement (gpu/RESUL
                  gathered: the base units in the compute dtype, the adapters too, and one layer's adapter gradient;
                  activations: as without (the base's input gradients still flow) plus the rank-r intermediates,
                  2 T r bytes per adapted projection and layer; at load the base shards are bP/S;
-                 push: the adapter push stages no weights; the merged push (trainer.lora.push: merged, or where vLLM
-                 cannot serve the adapter) sends the whole model, so the ipc push keeps its staging buffer as without
-                 LoRA; the merge's fp32 temporaries (about 12 bytes x the largest projection) live only during the
+                 push: the adapter push stages no weights, but the adapter itself (through the ipc engine,
+                 trainer.lora.adapter_transport engine: a buffer of bA); the merged push (trainer.lora.push: merged, or
+                 where vLLM cannot serve the adapter) sends the whole model, so the ipc push keeps its staging buffer as
+                 without LoRA; the merge's fp32 temporaries (about 12 bytes x the largest projection) live only during the
                  push, when the step's activations and logits are freed, so they add nothing to the peak
 """
 
@@ -38,7 +39,7 @@ import math
 import re
 from dataclasses import dataclass
 
-from launcher.core.lora import MERGED
+from launcher.core.lora import ADAPTER, ENGINE, MERGED
 from launcher.core.plan import Plan
 from launcher.core.shape import ModelShape
 
@@ -113,6 +114,9 @@ class Options:
     lora_merged: bool = False
     """LoRA pushed merged (the plan's lora_push): the push sends the whole model, so an ipc push keeps its staging
     buffer as without LoRA (the adapter push stages nothing)."""
+    lora_adapter_staged: bool = False
+    """The adapter pushed through the weight-transfer engine (trainer.lora.adapter_transport engine): an ipc push keeps
+    a staging buffer of the adapter's size (through disk it stages nothing)."""
 
     def settings(self) -> list[str]:
         """The trainer.* settings that make these options."""
@@ -197,6 +201,8 @@ def estimate(shape: ModelShape, lay: Layout, opt: Options) -> Estimate:
     reference = 4 * p if opt.reference_model else 0
     staged = not opt.lora_r or opt.lora_merged  # an adapter push stages no full weights; a merged one does
     push_buffer = min(2 * p, lay.push_buffer_bytes) if staged else 0
+    if not staged and opt.lora_adapter_staged:
+        push_buffer = min(b * a, lay.push_buffer_bytes)
     on_gpu_state = 0 if opt.cpu_offload else state
     gpu = (on_gpu_state + gathered + acts + logits + reference + push_buffer) / GB + OVERHEAD_GB
     master = (b * p + 4 * a) if opt.lora_r else 4 * p  # the parameters as loaded: the base in the compute dtype with LoRA
@@ -365,6 +371,7 @@ def options(p: Plan) -> Options:
         lora_r=t.lora.r,
         lora_targets=tuple(t.lora.target_modules),
         lora_merged=p.lora_push == MERGED,
+        lora_adapter_staged=p.lora_push == ADAPTER and t.lora.adapter_transport == ENGINE,
     )
 
 

@@ -235,6 +235,8 @@ class LoraConfig:
     """Linear layers that get adapters, by module name (peft's target_modules); the embedding and the LM head are refused (vLLM 0.32 serves adapters on linear projections)."""
     push: Literal["auto", "adapter", "merged"] = "auto"
     """How a push reaches the servers: adapter = only the adapter (peft format, loaded at run time, generation names it); merged = the base with the adapter merged in, through vllm.weight_transfer_backend; auto = adapter where vLLM can serve it (dry-run says which and why)."""
+    adapter_transport: Literal["engine", "disk"] = "engine"
+    """How an adapter push (push adapter) reaches vLLM: engine = its tensors through the push's weight-transfer engine (vllm.weight_transfer_backend), from which each vLLM worker builds the LoRA model in memory, no file; disk = a peft folder per push on node-local disk, loaded by /v1/load_lora_adapter (for a vLLM whose LoRA manager the project's plugin cannot reach: the server says so at the first push)."""
     save_merged: bool = False
     """Also write the merged model (base + adapter, safetensors, from_pretrained-loadable) into the job folder at the end; the adapter itself is always written (peft format)."""
 
@@ -578,6 +580,9 @@ MENUS = {
     "trainer.report_to": Menu(example="[wandb, tensorboard]"),
     "trainer.wandb_mode": Menu(notes={"offline": "then `slurm-grpo sync JOB`"}),
     "trainer.lora.push": Menu(notes={"adapter": "only the adapter moves", "merged": "base + adapter, full weights"}),
+    "trainer.lora.adapter_transport": Menu(
+        notes={"engine": "the weight-transfer engine, no file", "disk": "a peft folder per push"}
+    ),
 }
 """The error's wording of a choice field, where it says more than "KEY 'x' must be a, b or c"."""
 

@@ -45,6 +45,9 @@ ADAPTER_NAME = "slurm-grpo-policy"
 
 ADAPTER, MERGED = "adapter", "merged"
 
+ENGINE, DISK = "engine", "disk"
+"""trainer.lora.adapter_transport: how an adapter push reaches vLLM (trainer.push.adapter)."""
+
 
 def serving_rank(r: int) -> int:
     """The smallest --max-lora-rank vLLM accepts that holds rank r."""
@@ -81,7 +84,20 @@ def lora_push(cfg: JobConfig, data_parallel_size: int | None = None) -> tuple[st
         )
     if why_not:
         return MERGED, why_not + "; merged weights are pushed instead"
-    return ADAPTER, f"only the adapter moves (vLLM --enable-lora --max-lora-rank {serving_rank(lora.r)}, loaded at run time)"
+    return ADAPTER, f"only the adapter moves (vLLM --enable-lora --max-lora-rank {serving_rank(lora.r)}), {transport_why(cfg)}"
+
+
+def transport_why(cfg: JobConfig) -> str:
+    """How the adapter reaches vLLM, in words (dry-run's LoRA line)."""
+    if cfg.trainer.lora.adapter_transport == DISK:
+        return (
+            "written to node-local disk as a peft folder and loaded by /v1/load_lora_adapter at each push "
+            "(trainer.lora.adapter_transport: disk)"
+        )
+    return (
+        "its tensors through the weight-transfer engine, from which each vLLM worker builds the LoRA model in memory, "
+        "no file per push (trainer.lora.adapter_transport: engine; disk writes and loads a peft folder instead)"
+    )
 
 
 def check_moe_targets(cfg: JobConfig) -> None:

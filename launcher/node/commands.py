@@ -13,7 +13,7 @@ from pathlib import Path
 from launcher.core import emulation, platform, vllm_start
 from launcher.core.config import ConfigError
 from launcher.core.jobdir import PLUGIN_ENV, Env, JobDir
-from launcher.core.lora import ADAPTER, serving_rank
+from launcher.core.lora import ADAPTER, ENGINE, serving_rank
 from launcher.core.plan import Plan, generation_steps
 
 IN_JOB = JobDir(Path())
@@ -26,6 +26,16 @@ OFFLINE_ENV = {"HF_HUB_OFFLINE": "1", "HF_DATASETS_OFFLINE": "1"}
 SERVER_ENGINE = {"ipc": "mapped_ipc"}
 """The server's weight-transfer engine per push backend where it is the project's own (trainer.push.vllm_plugin registers
 it): ipc is trainer.push.ipc_engine (one mapping for the run, the whole model per request); gloo keeps its name."""
+
+
+def server_engine(plan: Plan) -> str:
+    """The server's weight-transfer engine: SERVER_ENGINE's, and with nccl the project's nccl_adapter where the LoRA
+    adapter moves through the engine (trainer.push.nccl_adapter_engine: vLLM's nccl engine that can take an adapter;
+    gloo and mapped_ipc take one as they are)."""
+    b = plan.weight_transfer_backend
+    if b == "nccl" and plan.lora_push == ADAPTER and plan.config.trainer.lora.adapter_transport == ENGINE:
+        return "nccl_adapter"
+    return SERVER_ENGINE.get(b, b)
 
 
 @dataclass(frozen=True)
@@ -86,7 +96,7 @@ def vllm_command(plan: Plan, node: int, python: str = "python", allocated: str |
         "--logprobs-mode",
         "processed_logprobs",
         "--weight-transfer-config",
-        json.dumps({"backend": SERVER_ENGINE.get(plan.weight_transfer_backend, plan.weight_transfer_backend)}),
+        json.dumps({"backend": server_engine(plan)}),
         "--seed",
         str(plan.config.trainer.seed),
     ]

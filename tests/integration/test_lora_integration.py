@@ -1,8 +1,12 @@
 """LoRA (trainer.lora) end to end on the real vLLM CPU build: two short local runs (the second resumes the first)
 carry every assertion, since a server takes a minute to start on 2 cores.
 
-  - each push moves only the adapter (push_bytes = the adapter's bytes; the server never sees a weight update) and
-    changes what vLLM returns (parity before the push stale, after it equal to the trainer's forward);
+  - each push moves only the adapter (push_bytes = the adapter's bytes) and changes what vLLM returns (parity before
+    the push stale, after it equal to the trainer's forward);
+  - run 1 pushes it through the weight-transfer engine (trainer.lora.adapter_transport engine, the default): one
+    /update_weights per push, the worker installs the adapter from the tensors (the plugin's line, once per push) and
+    reads no folder after the zero adapter's; run 2 (the resume) through disk (adapter_transport disk): one folder
+    written and one /v1/load_lora_adapter per push, no /update_weights;
   - the base in vLLM is unchanged: asked under the base model's name, mid-run, the server gives the base's logprobs;
   - resume continues the adapter (checkpoints hold only the adapter and its AdamW state, whose step count goes on;
     the resumed run's first push brings the fresh server from the zero adapter to the checkpoint's);
@@ -41,6 +45,12 @@ def adapter_bytes(model: str) -> int:
     return 4 * shape.layers * adapter_layer_params(shape, R, LORA_TARGETS)
 
 
+def route_counts(vllm_log: str) -> dict[str, int]:
+    """POSTs per route, from the server's access log."""
+    routes = ("/v1/load_lora_adapter", "/update_weights", "/init_weight_transfer_engine", "/v1/completions")
+    return {route: vllm_log.count(f'"POST {route} ') for route in routes}
+
+
 def hf_logprobs(model, ids: list[int]) -> list[float]:
     import torch
 
@@ -57,6 +67,7 @@ def test_lora_pushes_only_the_adapter_keeps_the_base_resumes_and_writes_a_peft_a
 
     from launcher.core.jobdir import JobDir
     from launcher.core.lora import ADAPTER_NAME
+    from trainer.push.adapter_receiver import TENSORS_MARK
     from trainer.push.vllm_plugin import ADAPTER_READ_MARK
     from trainer.rollout.server import VllmServer
 
@@ -97,25 +108,30 @@ def test_lora_pushes_only_the_adapter_keeps_the_base_resumes_and_writes_a_peft_a
     assert len(after) == 9 and max(after) <= 1e-4, after  # parity through the adapter after every push (8 + final)
     assert min(stale) > 1e-5, stale  # every push changed what the server returns
     rows = [r for r in read(metrics) if "reward" in r]
+    assert len(rows) == 8 and all(math.isfinite(r["reward"]) and math.isfinite(r["loss"]) for r in rows), rows[-1]
     expected = adapter_bytes(tiny_model)
     assert {r["push_bytes"]["0"] for r in rows} == {expected}, rows[0]["push_bytes"]  # only the adapter's bytes move
     model_bytes = 4 * sum(p.numel() for p in base.parameters())
     print(f"adapter push {expected} bytes vs full push {model_bytes} bytes ({model_bytes / expected:.0f}x)")
     vllm_log = (job / "logs" / "node0-vllm.log").read_text()
-    # loads counted in uvicorn's access log (which test_integration's pause/resume counts rely on too), not by vLLM's
-    # own INFO line: one CI run found no "Loaded new LoRA adapter" line in this log although parity through the
-    # adapter held after every push. 10 = the zero adapter, then one per push
-    posts = ("/v1/load_lora_adapter", "/update_weights", "/init_weight_transfer_engine", "/v1/completions")
-    seen = {route: vllm_log.count(f'"POST {route} ') for route in posts}  # the server's access log
-    assert seen["/v1/completions"] > 0 and seen["/v1/load_lora_adapter"] == 10, seen
-    assert seen["/update_weights"] == 0 and seen["/init_weight_transfer_engine"] == 0, seen  # no weight ever sent
-    # the worker read the adapter from disk once per load (the plugin's line), not at every engine step of every
-    # request naming it (vLLM 0.32's per-step reload of a load_inplace adapter: 8x slower generation on the H200)
-    reads = vllm_log.count(ADAPTER_READ_MARK)
-    assert reads == 10, f"{reads} adapter reads from disk for 10 loads"
+    # requests counted in uvicorn's access log (which test_integration's pause/resume counts rely on too), not by
+    # vLLM's own INFO lines: one CI run found no "Loaded new LoRA adapter" line in this log although parity through
+    # the adapter held after every push. 9 pushes (8 steps + final), each through the engine: one /update_weights
+    seen = route_counts(vllm_log)
+    assert seen["/v1/completions"] > 0 and seen["/v1/load_lora_adapter"] == 1, seen  # the zero adapter's, from a folder
+    assert seen["/init_weight_transfer_engine"] == 1 and seen["/update_weights"] == 9, seen
+    # the worker read a folder once (the zero adapter: the name's first load), then built the adapter from the pushed
+    # tensors once per push (the plugin's lines), never at every engine step of every request naming it (vLLM 0.32's
+    # per-step reload of a load_inplace adapter: 8x slower generation on the H200)
+    assert vllm_log.count(ADAPTER_READ_MARK) == 1 and vllm_log.count(TENSORS_MARK) == 9, (
+        vllm_log.count(ADAPTER_READ_MARK),
+        vllm_log.count(TENSORS_MARK),
+    )
     pushed = JobDir(job).adapter_pushes(0)
-    assert f"{pushed}/step-" in vllm_log, vllm_log[-2000:]  # the adapters were written there (the plugin's read lines)
+    assert f"{pushed}/initial" in vllm_log and f"{pushed}/step-" not in vllm_log, vllm_log[-2000:]  # no folder per push
     assert not pushed.exists()  # ... and the folder is gone at the end
+    trainer_log = (job / "logs" / "node0-trainer.log").read_text()
+    assert trainer_log.count("adapter (engine)") == 9, trainer_log[-2000:]  # the pusher's line per push
 
     # the final adapter: peft's format, loadable, equal to the merged model, not the base
     peft_model = PeftModel.from_pretrained(base, str(job / "adapter"))
@@ -132,8 +148,16 @@ def test_lora_pushes_only_the_adapter_keeps_the_base_resumes_and_writes_a_peft_a
     dcp_to_torch_save(str(ck), str(tmp_path / "ck8.pt"))
     state = torch.load(tmp_path / "ck8.pt", weights_only=False)
     assert state["model"] and all(".lora_" in k for k in state["model"]), sorted(state["model"])[:3]
-    r = local(job, tiny_model, ports, "trainer.max_steps=11", "trainer.save_steps=4", *LORA)
+    # ... through disk this time: the fallback's own counts, on the same server start
+    r = local(
+        job, tiny_model, ports, "trainer.max_steps=11", "trainer.save_steps=4", *LORA, "trainer.lora.adapter_transport=disk"
+    )
     assert r.returncode == 0, r.stdout[-3000:] + r.stderr[-3000:]
+    log2 = (job / "logs" / "node0-vllm.log").read_text()[len(vllm_log) :]  # the log is appended to
+    seen = route_counts(log2)  # 4 pushes (steps 9-11 + final) + the zero adapter, each a folder read by the worker
+    assert seen["/v1/load_lora_adapter"] == 5 and seen["/update_weights"] == 0, seen
+    assert log2.count(ADAPTER_READ_MARK) == 5 and log2.count(TENSORS_MARK) == 0, log2[-2000:]
+    assert f"{pushed}/step-" in log2, log2[-2000:]
     rows = read(metrics)
     resumed = [x for x in rows if x.get("event") == "resumed"]
     assert resumed and resumed[-1]["from_step"] == 8, resumed

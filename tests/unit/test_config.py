@@ -162,6 +162,8 @@ CHOICE_ERRORS = [
     ("job", {"platform": "metal"}, "job.platform 'metal' must be cuda or rocm"),
     ("trainer", {"lora": {"r": 8, "push": "fast"}},
      "trainer.lora.push 'fast' must be auto, adapter (only the adapter moves) or merged (base + adapter, full weights)"),
+    ("trainer", {"lora": {"r": 8, "adapter_transport": "http"}},
+     "trainer.lora.adapter_transport 'http' must be engine (the weight-transfer engine, no file) or disk (a peft folder per push)"),
     ("trainer", {"dtype": 16}, "trainer.dtype '16' must be bfloat16 or float32"),
 ]  # fmt: skip
 

@@ -84,6 +84,9 @@ def test_a_merged_lora_push_keeps_the_ipc_staging_buffer_an_adapter_push_does_no
     full = estimate(shape, lay, Options(activation_checkpointing=True))
     assert adapter.push_buffer_gb == 0 and merged.push_buffer_gb == full.push_buffer_gb == 2048 * 2**20 / 1e9
     assert abs(merged.gpu_gb - adapter.gpu_gb - merged.push_buffer_gb) < 1e-9
+    # through the engine (trainer.lora.adapter_transport engine) the ipc push stages the adapter: bf16, 40.4 M parameters
+    engine = estimate(shape, lay, Options(**lora, lora_adapter_staged=True))  # type: ignore[arg-type]
+    assert abs(engine.push_buffer_gb - 2 * 40.37e6 / 1e9) < 0.001, engine.push_buffer_gb
     # the plan's choice reaches the estimate: dry-run of the one-GPU (ipc) config with trainer.lora.push merged
     model = tmp_path / "qwen7b"
     model.mkdir()

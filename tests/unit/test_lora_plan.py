@@ -11,7 +11,7 @@ from launcher.core import config as C
 from launcher.core.jobdir import Env
 from launcher.core.lora import ADAPTER, MERGED, SUPPORTED, lora_push, serving_rank
 from launcher.core.plan import plan
-from launcher.node.commands import vllm_command
+from launcher.node.commands import server_engine, vllm_command
 
 
 def cfg(tmp_path, arch: str = "Qwen2ForCausalLM", vllm: dict | None = None, **lora):
@@ -56,6 +56,26 @@ def test_the_adapter_path_starts_vllm_with_lora_and_a_rounded_rank_limit(tmp_pat
     assert "--enable-lora" in cmd.argv and cmd.argv[i + 1] == "16" == str(serving_rank(12))
     assert cmd.env["VLLM_ALLOW_RUNTIME_LORA_UPDATING"] == "1"
     assert cmd.env[Env.LORA_LOAD_ONCE] == "1"  # the plugin stops the per-step re-read of the adapter
+
+
+@pytest.mark.parametrize(
+    "backend,lora,engine",
+    [
+        ("nccl", {"r": 8}, "nccl_adapter"),  # the adapter's tensors through vLLM's nccl engine, which takes one here
+        ("nccl", {"r": 8, "adapter_transport": "disk"}, "nccl"),
+        ("nccl", {"r": 8, "push": "merged"}, "nccl"),
+        ("nccl", {}, "nccl"),
+        ("gloo", {"r": 8}, "gloo"),  # the project's own engines (gloo, mapped_ipc) take an adapter as they are
+    ],
+)
+def test_the_server_engine_takes_the_adapter_where_it_moves_through_the_engine(tmp_path, backend, lora, engine):
+    p = plan(cfg(tmp_path, vllm={"weight_transfer_backend": backend}, **lora), "/jobs/x")
+    assert server_engine(p) == engine
+    assert f'{{"backend": "{engine}"}}' in vllm_command(p, 0).argv
+    if lora.get("r") and not lora.get("push"):
+        how = lora.get("adapter_transport", "engine")
+        line = next(x for x in p.derivation if x.startswith("LoRA push = adapter"))
+        assert f"trainer.lora.adapter_transport: {how}" in line, line
 
 
 @pytest.mark.parametrize(

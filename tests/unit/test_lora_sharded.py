@@ -116,7 +116,7 @@ def train_and_save(rank: int, world: int, _port: int, model_dir: str, root: str)
         opt.step()
         opt.zero_grad()
     path = checkpoint.save(Path(root), model, opt, None, CheckpointMeta(step=2, world_size=dist.get_world_size()))
-    return {"adapters": {n: whole(p) for n, p in adapter_params(model)}, "path": str(path)}
+    return {"adapters": {n: whole(p) for n, p in adapter_params(model)}, "path": str(path), **pushed(model)}
 
 
 def load_elsewhere(rank: int, world: int, _port: int, model_dir: str, path: str) -> dict[str, Any]:
@@ -135,6 +135,22 @@ def load_elsewhere(rank: int, world: int, _port: int, model_dir: str, path: str)
         "step": step,
         "adapters": {n: whole(p) for n, p in adapter_params(model)},
         "adam_steps": sorted({float(s["step"]) for s in opt.state.values()}),
+        **pushed(model),
+    }
+
+
+def pushed(model) -> dict[str, Any]:
+    """What an adapter push gathers (trainer.push.adapter.gather_adapter, every rank): whole tensors under peft's names,
+    from all-gathers when the adapters are sharded, from each rank's local tensor when a shard group is one rank."""
+    import torch
+
+    from trainer.lora import adapter_params, peft_file_name
+    from trainer.push.adapter import gather_adapter, whole_locally
+
+    got = gather_adapter(model, torch.float32, keep=True, cpu=False)
+    return {
+        "push_whole_locally": all(whole_locally(p) for _, p in adapter_params(model)),
+        "push_equal": all(torch.equal(got[peft_file_name(n)], torch.as_tensor(whole(p))) for n, p in adapter_params(model)),
     }
 
 
@@ -151,6 +167,9 @@ def test_a_lora_checkpoint_holds_only_the_adapters_and_resumes_on_another_rank_c
     assert keys and all(".lora_" in k for k in keys), keys[:4]  # the frozen base is the model folder's, not saved
     got = run_ranks(1, functools.partial(load_elsewhere, model_dir=model_dir, path=path), timeout_s=240)[0]
     assert got["step"] == 2 and got["adam_steps"] == [2.0]
+    # the adapter push's gather: all-gathers on 2 ranks, the local tensors on 1 (no collective), whole either way
+    assert [saved[r]["push_whole_locally"] for r in (0, 1)] == [False, False] and got["push_whole_locally"]
+    assert saved[0]["push_equal"] and saved[1]["push_equal"] and got["push_equal"]
     want = saved[0]["adapters"]
     assert sorted(got["adapters"]) == sorted(want)
     assert all((got["adapters"][n] == want[n]).all() for n in want)  # resharded 2 -> 1 ranks, exact

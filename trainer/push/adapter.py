@@ -1,12 +1,17 @@
 """The weight push of a LoRA run (trainer.lora), two ways, as the plan decided (launcher.core.lora):
 
   adapter  every rank takes part in gathering the adapter's parameters (a few MB; the frozen base never moves); the
-           node leader writes them in peft's format (adapter_model.safetensors + adapter_config.json) into a new
-           node-local folder (JobDir.adapter_push) and asks its own server to load it under one name
-           (/v1/load_lora_adapter, load_inplace), then resets the prefix cache; generation and parity requests name
-           the adapter (GenerationSettings.model). Before the first push the leader loads a zero adapter (B = 0:
-           exactly the base), so the server answers requests naming it from the start (the parity check before a
-           resumed run's first push).
+           node leader sends them to its own server, then resets the prefix cache; generation and parity requests name
+           the adapter (GenerationSettings.model). Two transports (trainer.lora.adapter_transport):
+             engine  through the push's weight-transfer engine (gloo, nccl or mapped_ipc, the full push's senders and
+                     chunks), its init info naming the adapter and its peft config; each vLLM worker builds the LoRA
+                     model from the tensors and installs it under the same name and id (trainer.push.adapter_receiver).
+                     No file per push.
+             disk    in peft's format (adapter_model.safetensors + adapter_config.json) into a new node-local folder
+                     (JobDir.adapter_push), loaded by its server under one name (/v1/load_lora_adapter, load_inplace).
+           Before the first push the leader loads a zero adapter (B = 0: exactly the base) from a folder, either way:
+           the server then knows the name (and gives it its id) and answers requests naming it from the start (the
+           parity check before a resumed run's first push).
   merged   where vLLM cannot serve the adapter: the base with the adapter merged in (W + alpha/r B A, computed in fp32
            per layer, sent in the serving dtype) under the base's names, through the ordinary senders.
 
@@ -26,11 +31,11 @@ from torch.distributed.tensor import DTensor
 
 from launcher.core.config import LoraConfig
 from launcher.core.jobdir import JobDir
-from launcher.core.lora import ADAPTER, ADAPTER_NAME, MERGED
+from launcher.core.lora import ADAPTER, ADAPTER_NAME, ENGINE, MERGED
 from launcher.core.plan import Plan
 from trainer import lora as trainer_lora
-from trainer.push.gather import iter_unsharded_params
-from trainer.push.pusher import NodePusher, PushSettings, with_requests_paused
+from trainer.push.gather import _live_cuda, hand_over, iter_unsharded_params
+from trainer.push.pusher import NodePusher, PushSettings, make_sender, with_requests_paused
 from trainer.push.wire import ParamMeta
 from trainer.rollout.server import VllmServer
 
@@ -57,6 +62,11 @@ class LoraPush:
         return LoraPush(plan.lora_push, plan.config.trainer.lora, plan.config.vllm.model, str(folder))
 
     @property
+    def via_engine(self) -> bool:
+        """The adapter's tensors go through the weight-transfer engine (trainer.lora.adapter_transport engine)."""
+        return self.mode == ADAPTER and self.lora.adapter_transport == ENGINE
+
+    @property
     def served_name(self) -> str | None:
         """The model name generation and parity requests give: the adapter's on the adapter path."""
         return ADAPTER_NAME if self.mode == ADAPTER else None
@@ -68,7 +78,7 @@ def make_pusher(model, client: VllmServer | None, push: PushSettings, lora: Lora
         return NodePusher(model, client, push, device)
     if lora.mode == MERGED:
         return MergedPusher(model, client, push, device, lora.lora)
-    return AdapterPusher(model, client, push, lora)
+    return AdapterPusher(model, client, push, lora, device)
 
 
 def push_bytes(pusher: Any) -> int:
@@ -90,27 +100,68 @@ def write_adapter(folder: Path, tensors: dict[str, torch.Tensor], lora: LoraConf
     return sum(t.numel() * t.element_size() for t in tensors.values())
 
 
-def gather_adapter(model: torch.nn.Module, dtype: torch.dtype, keep: bool) -> dict[str, torch.Tensor]:
+def gather_adapter(model: torch.nn.Module, dtype: torch.dtype, keep: bool, cpu: bool = True) -> dict[str, torch.Tensor]:
     """Every adapter parameter whole, in `dtype`, under peft's file names. Collective over the model's mesh (every
-    rank calls it; each full_tensor is an all-gather); keep: this rank keeps the tensors (the node leader)."""
+    rank calls it; each full_tensor is an all-gather); keep: this rank keeps the tensors (the node leader); cpu: moved
+    to host memory (for a file), else left where they were gathered (for the weight-transfer engine)."""
     out: dict[str, torch.Tensor] = {}
+    params = trainer_lora.adapter_params(model)
+    whole = all(whole_locally(p) for _, p in params)
     with torch.no_grad():
-        for name, p in trainer_lora.adapter_params(model):
-            t = p.detach().to(dtype)
-            full = t.full_tensor() if isinstance(t, DTensor) else t
+        for name, p in params:
+            if whole:  # no collective and no DTensor dispatch (about 0.1 ms a parameter, hundreds of them at 7B)
+                full = (p.to_local() if isinstance(p, DTensor) else p).detach().to(dtype)
+            else:
+                t = p.detach().to(dtype)
+                full = t.full_tensor() if isinstance(t, DTensor) else t
             if keep:
-                out[trainer_lora.peft_file_name(name)] = full.contiguous().cpu()
+                out[trainer_lora.peft_file_name(name)] = full.contiguous().cpu() if cpu else full.contiguous()
     return out
+
+
+def whole_locally(p: torch.Tensor) -> bool:
+    """Every rank's local tensor of p is the whole parameter: p is no DTensor, or it is sharded only over mesh
+    dimensions of size 1 (one rank per shard group: one GPU per node). Decided from the mesh, never from this rank's
+    shard (with uneven sharding one rank may hold all the rows and another none), so every rank takes the same path."""
+    if not isinstance(p, DTensor):
+        return True
+    return all(p.device_mesh.size(i) == 1 for i, pl in enumerate(p.placements) if pl.is_shard())
+
+
+def adapter_config(lora: LoraConfig, base_model: str) -> dict:
+    """adapter_config.json's content (what peft's save_pretrained writes, sets as sorted lists): the receiving engine
+    builds vLLM's PEFTHelper from it, as vLLM does from the file."""
+    import json
+
+    d = trainer_lora.peft_config(lora, base_model).to_dict()
+    return json.loads(json.dumps(d, default=lambda o: sorted(o) if isinstance(o, set) else str(o)))
+
+
+def adapter_target(lora: LoraConfig, base_model: str) -> dict:
+    """The server engine's init info for an adapter push (trainer.push.adapter_receiver.AdapterReceiver reads it)."""
+    return {"lora_adapter": {"name": ADAPTER_NAME, "peft_config": adapter_config(lora, base_model)}}
 
 
 class AdapterPusher:
     """Pushes only the adapter (see the module docstring). Runs on every rank; the node leader talks to the server."""
 
-    def __init__(self, model: torch.nn.Module, client: VllmServer | None, settings: PushSettings, lora: LoraPush):
+    def __init__(
+        self,
+        model: torch.nn.Module,
+        client: VllmServer | None,
+        settings: PushSettings,
+        lora: LoraPush,
+        device: torch.device | None = None,
+    ):
         self.model, self.client, self.settings, self.lora = model, client, settings, lora
+        self.device = device or torch.device("cpu")
         self.folder = Path(lora.folder)
         self.pushes = 0
         self.bytes_last = 0
+        self.sender: Any = None
+        """adapter_transport engine: the leader's sender, built at the first push (its init names the adapter)."""
+        self.phases: dict[str, float] = {}
+        """The last push's seconds by part (gather, send, reset_prefix_cache): the trainer log prints them."""
         self.meta = [
             ParamMeta(trainer_lora.peft_file_name(n), str(settings.dtype).removeprefix("torch."), list(p.shape))
             for n, p in trainer_lora.adapter_params(model)
@@ -135,21 +186,44 @@ class AdapterPusher:
             shutil.rmtree(old, ignore_errors=True)
         return written
 
+    def _send(self, tensors: dict[str, torch.Tensor], step: int) -> int:
+        """adapter_transport engine: the adapter through the weight-transfer engine, in self.meta's order."""
+        assert self.client is not None
+        if self.sender is None:
+            target = adapter_target(self.lora.lora, self.lora.base_model)
+            self.sender = make_sender(self.settings, self.client, self.meta, self.device, target)
+        home = torch.cuda.current_stream() if _live_cuda() else None  # where the gathers ran
+        # each tensor handed over to the stream it is pulled under (vLLM's nccl producer packs on its side streams)
+        self.sender.push(((m.name, hand_over(tensors[m.name], home)) for m in self.meta), self.meta, step)
+        return sum(m.nbytes for m in self.meta)
+
     def push(self, step: int, keep_in_flight: bool = False) -> float:
         """As NodePusher.push: collective over the model's mesh; seconds on the leader, 0.0 elsewhere."""
         t0 = time.time()
-        tensors = gather_adapter(self.model, self.settings.dtype, keep=self.client is not None)
+        engine = self.lora.via_engine
+        tensors = gather_adapter(self.model, self.settings.dtype, keep=self.client is not None, cpu=not engine)
         if self.client is None:
             return 0.0
         client = self.client
+        t_gathered = time.time()
 
         def send() -> None:
-            self.bytes_last = self._load(tensors, step)
+            self.bytes_last = self._send(tensors, step) if engine else self._load(tensors, step)
+            t_sent = time.time()
             client.reset_prefix_cache(step, running=keep_in_flight)  # KV cached under the old adapter
+            self.phases = {
+                "gather_s": t_gathered - t0,
+                "send_s": t_sent - t_gathered,
+                "reset_prefix_cache_s": time.time() - t_sent,
+            }
 
         with_requests_paused(client, step, keep_in_flight, send)
         self.pushes += 1
-        return time.time() - t0
+        took = time.time() - t0
+        parts = ", ".join(f"{k.removesuffix('_s')} {v * 1e3:.1f}" for k, v in self.phases.items())
+        how = "engine" if engine else "disk"
+        print(f"[push node {client.node} step {step}] adapter ({how}) {took * 1e3:.1f} ms: {parts} (ms)", flush=True)
+        return took
 
 
 class MergedPusher(NodePusher):

@@ -8,6 +8,10 @@ tests run the packing the GPU path uses. Both sides bind 127.0.0.1: the push nev
 Test-only fault points (tests/integration/test_integration.py), set in the server's environment: SLURM_GRPO_TEST_PUSH_FAULT=stop@N
 stops the server's whole process group (SIGSTOP) as the N-th push's chunks are due, as a hung server would;
 skip@N receives the N-th push but loads none of it, as a push that did not land.
+
+With `lora_adapter` in the init info (trainer.lora, adapter_transport engine) every push of the run is the adapter's:
+the chunks go to trainer.push.adapter_receiver (a LoRAModel for vLLM's LoRA manager) instead of the model's
+load_weights, and start/finish skip the layerwise reload (the base does not change).
 """
 
 from __future__ import annotations
@@ -23,6 +27,7 @@ import torch.distributed as dist
 from vllm.distributed.weight_transfer.nccl_engine import NCCLWeightTransferEngine, NCCLWeightTransferInitInfo
 from vllm.distributed.weight_transfer.packed_tensor import unpack_tensor
 
+from trainer.push.adapter_receiver import AdapterReceiver, receiver
 from trainer.push.wire import ParamMeta, chunk_metas, loopback_gloo_group
 
 
@@ -30,6 +35,8 @@ from trainer.push.wire import ParamMeta, chunk_metas, loopback_gloo_group
 class GlooWeightTransferInitInfo(NCCLWeightTransferInitInfo):
     timeout_s: float = 300.0
     """The trainer's push deadline: the worker's side of the group waits exactly as long."""
+    lora_adapter: dict | None = None
+    """trainer.push.adapter_receiver's target ({name, peft_config}): the pushes are a LoRA adapter's; None = weights."""
 
 
 PUSH_FAULT_ENV = "SLURM_GRPO_TEST_PUSH_FAULT"
@@ -49,8 +56,10 @@ def push_fault() -> tuple[str, int] | None:
 class GlooWeightTransferEngine(NCCLWeightTransferEngine):
     init_info_cls = GlooWeightTransferInitInfo  # type: ignore[assignment]
     pushes_received = 0
+    adapter: AdapterReceiver | None = None
 
     def init_transfer_engine(self, init_info: GlooWeightTransferInitInfo) -> None:  # type: ignore[override]
+        self.adapter = receiver(init_info, self)
         pc = self.parallel_config
         rank = pc.data_parallel_index * pc.world_size + pc.rank + init_info.rank_offset
         timeout = timedelta(seconds=init_info.timeout_s)
@@ -60,6 +69,18 @@ class GlooWeightTransferEngine(NCCLWeightTransferEngine):
             str(init_info.master_address), int(init_info.master_port or 0), init_info.world_size, is_master=False, timeout=timeout
         )
         self.model_update_group = loopback_gloo_group(store, rank, init_info.world_size, timeout)  # type: ignore[assignment]
+
+    def start_weight_update(self) -> None:
+        if self.adapter is not None:
+            self.adapter.start()
+        else:
+            super().start_weight_update()
+
+    def finish_weight_update(self) -> None:
+        if self.adapter is not None:
+            self.adapter.finish()
+        else:
+            super().finish_weight_update()
 
     def update_weights(self, update_info) -> None:
         # the base class would call torch.accelerator.synchronize(), which has no CPU device to sync
@@ -77,9 +98,10 @@ class GlooWeightTransferEngine(NCCLWeightTransferEngine):
         action = fault[0] if fault is not None and fault[1] == self.pushes_received else None
         if action == "stop":  # the API server and every engine process of this server with it
             os.killpg(os.getpgrp(), signal.SIGSTOP)
+        load = self.adapter.collect if self.adapter is not None else self.model.load_weights
         for weights in receive_packed(self.model_update_group, meta, self.packed_buffer_size_bytes):  # type: ignore[arg-type]
             if action != "skip":  # skip: every chunk is received (the sender must finish), none is loaded
-                self.model.load_weights(weights)  # type: ignore[operator]
+                load(weights)  # type: ignore[operator]
 
     def shutdown(self) -> None:
         self.model_update_group = None

@@ -15,6 +15,10 @@ This engine does the part of that work a bf16/fp16/fp32 model needs, once:
   start / finish   no-ops for unquantized models (nothing to re-process after loading). A quantized model takes vLLM's
            layerwise reload around the update, as vLLM's own engine does.
 
+With `lora_adapter` in the init info (trainer.lora, adapter_transport engine) the layout is the adapter's and each
+window goes to trainer.push.adapter_receiver (copied out of the buffer, then a LoRAModel for vLLM's LoRA manager at
+finish) instead of the model's load_weights.
+
 The trainer side is trainer.push.senders.MappedIpcSender. The parity check after every push (trainer.rollout.parity) is
 the proof that the weights landed.
 """
@@ -27,6 +31,7 @@ import torch
 from torch.multiprocessing.reductions import rebuild_cuda_tensor
 from vllm.distributed.weight_transfer.base import WeightTransferEngine, WeightTransferInitInfo, WeightTransferUpdateInfo
 
+from trainer.push.adapter_receiver import AdapterReceiver, receiver
 from trainer.push.wire import ParamMeta, buffer_windows, decode_cuda_handle, window_views
 
 
@@ -39,6 +44,8 @@ class MappedIpcInitInfo(WeightTransferInitInfo):
     names: list[str] = field(default_factory=list)
     dtype_names: list[str] = field(default_factory=list)
     shapes: list[list[int]] = field(default_factory=list)
+    lora_adapter: dict | None = None
+    """trainer.push.adapter_receiver's target ({name, peft_config}): the pushes are a LoRA adapter's; None = weights."""
 
 
 @dataclass
@@ -53,8 +60,10 @@ class MappedIpcWeightTransferEngine(WeightTransferEngine[MappedIpcInitInfo, Mapp
     init_info_cls = MappedIpcInitInfo
     update_info_cls = MappedIpcUpdateInfo
     supports_draft_weight_update = False
+    adapter: AdapterReceiver | None = None
 
     def init_transfer_engine(self, init_info: MappedIpcInitInfo) -> None:
+        self.adapter = receiver(init_info, self)
         handles = init_info.handles
         uuid = str(torch.cuda.get_device_properties(self.device.index).uuid)
         if uuid not in handles:
@@ -78,7 +87,9 @@ class MappedIpcWeightTransferEngine(WeightTransferEngine[MappedIpcInitInfo, Mapp
         self.layerwise = getattr(self.model_config, "quantization", None) is not None
 
     def start_weight_update(self) -> None:
-        if self.layerwise:
+        if self.adapter is not None:
+            self.adapter.start()
+        elif self.layerwise:
             from vllm.model_executor.model_loader.reload import initialize_layerwise_reload
 
             initialize_layerwise_reload(self.model)
@@ -90,12 +101,17 @@ class MappedIpcWeightTransferEngine(WeightTransferEngine[MappedIpcInitInfo, Mapp
                 f"{len(self.windows)} windows from the init info (trainer and server disagree on the layout)"
             )
         window = self.windows[update_info.window]
+        if self.adapter is not None:  # copied out: the trainer overwrites the buffer with the next window or push
+            self.adapter.collect(window)
+            return
         if self.layerwise:  # vLLM's reload holds the loaded tensors until a layer is whole: the next window would overwrite views
             window = [(name, view.clone()) for name, view in window]
         self.model.load_weights(window)  # type: ignore[operator]
 
     def finish_weight_update(self) -> None:
-        if self.layerwise:
+        if self.adapter is not None:
+            self.adapter.finish()
+        elif self.layerwise:
             from vllm.model_executor.model_loader.reload import finalize_layerwise_reload
 
             finalize_layerwise_reload(self.model, self.model_config)

@@ -34,13 +34,16 @@ class PushSettings:
     """ipc only: the staging buffer the server maps once (trainer.ipc_buffer_mb)."""
 
 
-def make_sender(s: PushSettings, client: VllmServer, meta: list[ParamMeta], device: torch.device) -> Sender:
+def make_sender(
+    s: PushSettings, client: VllmServer, meta: list[ParamMeta], device: torch.device, init_extra: dict | None = None
+) -> Sender:
+    """init_extra: more of the server engine's init info (trainer.push.adapter's lora_adapter: the pushes are an adapter's)."""
     if s.backend == "gloo":
-        return GlooSender(client, s.transfer_port, s.server_world, s.timeout_s, s.bucket_bytes)
+        return GlooSender(client, s.transfer_port, s.server_world, s.timeout_s, s.bucket_bytes, init_extra)
     if s.backend == "nccl":
-        return NcclSender(client, s.transfer_port, s.server_world, s.timeout_s, s.bucket_bytes, device)
+        return NcclSender(client, s.transfer_port, s.server_world, s.timeout_s, s.bucket_bytes, device, init_extra)
     if s.backend == "ipc":
-        return MappedIpcSender(client, s.timeout_s, s.ipc_buffer_bytes, meta)
+        return MappedIpcSender(client, s.timeout_s, s.ipc_buffer_bytes, meta, init_extra)
     raise ValueError(f"unknown weight transfer backend {s.backend!r}")
 
 

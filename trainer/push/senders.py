@@ -109,7 +109,15 @@ class BroadcastSender:
     backend = ""
     device: torch.device | None = None
 
-    def __init__(self, client: VllmServer, port: int, server_world: int, timeout_s: float, bucket_bytes: int):
+    def __init__(
+        self,
+        client: VllmServer,
+        port: int,
+        server_world: int,
+        timeout_s: float,
+        bucket_bytes: int,
+        init_extra: dict | None = None,
+    ):
         self.client, self.timeout_s, self.bucket_bytes = client, timeout_s, bucket_bytes
         world = 1 + server_world
         init_info = {
@@ -121,6 +129,7 @@ class BroadcastSender:
             "packed_buffer_size_bytes": bucket_bytes,
             "packed_num_buffers": 2,
             **self.extra_init_info(),
+            **(init_extra or {}),  # trainer.push.adapter: the adapter's target (lora_adapter)
         }
         call_while(
             client,
@@ -239,10 +248,17 @@ class NcclSender(BroadcastSender):
     backend = "nccl"
 
     def __init__(
-        self, client: VllmServer, port: int, server_world: int, timeout_s: float, bucket_bytes: int, device: torch.device
+        self,
+        client: VllmServer,
+        port: int,
+        server_world: int,
+        timeout_s: float,
+        bucket_bytes: int,
+        device: torch.device,
+        init_extra: dict | None = None,
     ):
         self.device = device
-        super().__init__(client, port, server_world, timeout_s, bucket_bytes)
+        super().__init__(client, port, server_world, timeout_s, bucket_bytes, init_extra)
 
     def join(self, port: int, world: int) -> None:
         from vllm.distributed.device_communicators.pynccl import PyNcclCommunicator
@@ -294,7 +310,9 @@ class MappedIpcSender:
     returning means the server has copied the window out (it syncs its device), so the next window may overwrite it.
     `phases`: the last push's seconds by part (copies, the window requests, start + finish), for the trainer's log."""
 
-    def __init__(self, client: VllmServer, timeout_s: float, buffer_bytes: int, meta: list[ParamMeta]):
+    def __init__(
+        self, client: VllmServer, timeout_s: float, buffer_bytes: int, meta: list[ParamMeta], init_extra: dict | None = None
+    ):
         from torch.multiprocessing.reductions import reduce_tensor
 
         self.client, self.timeout_s = client, timeout_s
@@ -306,7 +324,12 @@ class MappedIpcSender:
         self.views = [window_views(self.buffer, w) for w in self.windows]  # made once: a push only copies into them
         _, handle_args = reduce_tensor(self.buffer)  # exported once: the server keeps the mapping open
         client.init_weight_transfer(
-            {"handles": {uuid: encode_cuda_handle(handle_args)}, "buffer_bytes": self.buffer_bytes, **update_info(meta)},
+            {
+                "handles": {uuid: encode_cuda_handle(handle_args)},
+                "buffer_bytes": self.buffer_bytes,
+                **update_info(meta),
+                **(init_extra or {}),  # trainer.push.adapter: the adapter's target (lora_adapter)
+            },
             timeout_s=timeout_s,
         )
         self.phases: dict[str, float] = {}

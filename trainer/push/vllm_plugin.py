@@ -1,6 +1,8 @@
 """vLLM plugin (entry point group `vllm.general_plugins`, see pyproject.toml), loaded in every vLLM
-process: registers the project's `gloo` (CPU) and `mapped_ipc` (one shared GPU) weight-transfer engines, on CPU servers keeps linear
-weights as plain tensors and re-prepacks MoE experts after each update so that pushed weights take effect, with LoRA pushes reads a pushed adapter once,
+process: registers the project's `gloo` (CPU), `mapped_ipc` (one shared GPU) and `nccl_adapter` (vLLM's nccl, able to
+take a LoRA adapter) weight-transfer engines, on CPU servers keeps linear
+weights as plain tensors and re-prepacks MoE experts after each update so that pushed weights take effect, with LoRA pushes serves a pushed adapter
+(from tensors or read once from its folder),
 makes the push's prefix-cache reset cost the blocks that hold a cached hash, not the whole KV cache
 (trainer/push/prefix_reset.py says why that leaves the same state; on a vLLM whose code it was not checked against it keeps vLLM's own, with a warning),
 keeps an orderly shutdown's expected EngineDeadError traceback out of the log (trainer/push/clean_shutdown.py), and with
@@ -18,6 +20,8 @@ load_inplace, so every engine step of every request read the adapter from disk a
 its slot: generation through the adapter took 8x the base's on the H200 (gpu/RESULTS.md; /tmp/sg/lora_slow's report).
 Only the push, the explicit add_lora (worker add_lora -> add_adapter), needs the reload; the per-step path gets the
 requests with the flag off. Same id, same slot: requests in flight go on under the newly pushed weights, as before.
+The same patch serves an adapter pushed as tensors through the weight-transfer engine (trainer.push.adapter_receiver):
+the per-step re-add after such a push takes the LoRAModel built from the tensors instead of reading a folder.
 """
 
 from __future__ import annotations
@@ -28,7 +32,7 @@ from launcher.core.jobdir import Env
 
 PLAIN_LINEAR_ENV = Env.CPU_PLAIN_LINEAR
 
-REGISTERED_MARK = "slurm-grpo vLLM plugin: registered gloo and mapped_ipc weight-transfer engines"
+REGISTERED_MARK = "slurm-grpo vLLM plugin: registered gloo, mapped_ipc and nccl_adapter weight-transfer engines"
 ADAPTER_READ_MARK = "slurm-grpo vLLM plugin: LoRA adapter read from disk"
 """Printed (with name, id and path) each time a worker reads an adapter, with Env.LORA_LOAD_ONCE: one per push."""
 
@@ -40,6 +44,10 @@ def register() -> None:
         WeightTransferEngineFactory.register_engine("gloo", "trainer.push.gloo_engine", "GlooWeightTransferEngine")
     if "mapped_ipc" not in WeightTransferEngineFactory._registry:
         WeightTransferEngineFactory.register_engine("mapped_ipc", "trainer.push.ipc_engine", "MappedIpcWeightTransferEngine")
+    if "nccl_adapter" not in WeightTransferEngineFactory._registry:
+        WeightTransferEngineFactory.register_engine(
+            "nccl_adapter", "trainer.push.nccl_adapter_engine", "NcclAdapterWeightTransferEngine"
+        )
     if os.environ.get(PLAIN_LINEAR_ENV) == "1":
         import torch
         import vllm.model_executor.layers.utils as layer_utils
@@ -94,9 +102,12 @@ def reprepack_cpu_moe_on_update() -> None:
 def load_adapters_once() -> None:
     """Patch vLLM's LoRA worker manager (idempotent): the per-step path (_apply_adapters) sees every request with
     load_inplace off, so only an explicit add_lora (a push) reads the adapter again; each read prints
-    ADAPTER_READ_MARK (the integration test counts them against the pushes)."""
+    ADAPTER_READ_MARK (the integration test counts them against the pushes). The per-step re-add of an adapter pushed
+    as tensors takes them (trainer.push.adapter_receiver.load_adapter) instead of a folder."""
     import msgspec
     from vllm.lora import worker_manager as wm
+
+    from trainer.push.adapter_receiver import load_adapter
 
     lru = wm.LRUCacheWorkerLoRAManager
     if getattr(lru._apply_adapters, "_slurm_grpo", False):
@@ -107,7 +118,7 @@ def load_adapters_once() -> None:
         plain = {msgspec.structs.replace(r, load_inplace=False) if r is not None and r.load_inplace else r for r in lora_requests}
         return apply(self, plain)
 
-    def _load_adapter(self, lora_request):
+    def read_folder(self, lora_request):
         out = read(self, lora_request)
         print(
             f"{ADAPTER_READ_MARK}: {lora_request.lora_name} id {lora_request.lora_int_id} {lora_request.lora_path} "
@@ -115,6 +126,9 @@ def load_adapters_once() -> None:
             flush=True,
         )
         return out
+
+    def _load_adapter(self, lora_request):
+        return load_adapter(self, lora_request, read_folder)
 
     _apply_adapters._slurm_grpo = True  # type: ignore[attr-defined]
     lru._apply_adapters = _apply_adapters  # type: ignore[method-assign]
