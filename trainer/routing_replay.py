@@ -51,21 +51,22 @@ class RouteTable:
     def __init__(self) -> None:
         self.routes: dict[tuple[int, ...], RoutedExperts] = {}
         self.without_routes = 0
+        self.misfit = 0
+        """Completions whose routes do not cover their tokens (e.g. a request recomputed after a push): they keep the
+        trainer's own routing, like a completion without routes, and are counted and warned about."""
         """Samples of the latest generation that came back without routes (aborted before their first forward)."""
 
     def replace(self, samples: Iterable[tuple[list[int], list[int], RoutedExperts | None]]) -> None:
         """(prompt ids, completion ids, routes) of a new generation; the previous one's are dropped (memory)."""
-        self.routes, self.without_routes = {}, 0
+        self.routes, self.without_routes, self.misfit = {}, 0, 0
         for prompt, completion, routes in samples:
             if routes is None:
                 self.without_routes += 1
                 continue
             n = len(prompt) + len(completion)
             if routes.prompt_start + len(routes.rows) != n - 1:  # vLLM's rows cover positions prompt_start .. N-2
-                raise ValueError(
-                    f"routed_experts has {len(routes.rows)} rows from position {routes.prompt_start} for a sequence of "
-                    f"{n} tokens (expected {n - 1 - routes.prompt_start}); the server's routes do not fit its sample"
-                )
+                self.misfit += 1
+                continue
             self.routes[tuple(prompt) + tuple(completion)] = routes
 
     def lookup(self, tokens: tuple[int, ...]) -> RoutedExperts | None:
@@ -175,7 +176,8 @@ class RoutingReplay:
                 continue
             if routes.rows.shape[1] != self.layers:
                 raise ValueError(
-                    f"routed_experts has {routes.rows.shape[1]} layers, the model {self.layers}: another model served it"
+                    f"routed_experts has {routes.rows.shape[1]} layers, the model {self.layers}: the server serves another "
+                    "model than the trainer's; point vllm.model at the trainer's model, or set trainer.routing_replay: false"
                 )
             self.rows_replayed += 1
             if indices is None:

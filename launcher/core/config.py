@@ -174,10 +174,10 @@ class VllmConfig:
     """MoE models: vLLM's expert parallelism (--enable-expert-parallel): the experts are split over the server's TP x DP GPUs instead of each expert being sliced by TP; needs TP x DP >= 2 and an MoE model; more of vLLM's expert options (--expert-placement-strategy, --enable-eplb) go in extra_args."""
     cache_dir: str = ""
     """Where each node's server keeps its compile caches (vLLM's torch.compile, Inductor, Triton; a folder per node), so a restart skips the compile; empty = the job folder's cache/ (a requeue or resume finds it); a shared folder lets other jobs of the same model reuse it."""
-    cudagraph_max_size: int = 0
-    """GPU only: the largest batch (tokens of one engine step) vLLM captures a CUDA graph for (--max-cudagraph-capture-size); fewer graphs, a shorter start. 0 = auto: vLLM's own rule (2 x max_num_seqs, at most 512) on the sequences the run has in flight per server (dry-run shows the sum); -1 = vLLM's default (51 sizes up to 512)."""
+    cudagraph_max_size: int = -1
+    """GPU only: the largest batch (tokens of one engine step) vLLM captures a CUDA graph for (--max-cudagraph-capture-size); fewer graphs, a shorter start. 0 = sized to the work: vLLM's own rule (2 x max_num_seqs, at most 512) on the sequences the run has in flight per server (dry-run shows the sum; decode batches keep their graphs, a mixed prefill step above the size runs without); -1 = vLLM's default (51 sizes up to 512), the default until 0 has been measured on a GPU (gpu/RESULTS.md queue)."""
     engine_start: Literal["auto", "fork", "spawn"] = "auto"
-    """How vLLM's API server starts its engine core (VLLM_WORKER_MULTIPROC_METHOD): fork copies the server with vLLM already imported (20 s sooner on the H200), spawn starts a fresh interpreter (vLLM's CLI default); auto = vLLM's own (spawn) until the fork has run on a GPU (gpu/RESULTS.md queues that measurement; vLLM's CPU and ROCm builds spawn anyway)."""
+    """How vLLM's API server starts its engine core (VLLM_WORKER_MULTIPROC_METHOD): fork copies the server with vLLM already imported (expected about 20 s sooner: the spawn's cost measured on the H200), spawn starts a fresh interpreter (vLLM's CLI default); auto = vLLM's own (spawn) until the fork has run on a GPU (gpu/RESULTS.md queues that measurement; vLLM's CPU and ROCm builds spawn anyway)."""
     inspect_in_process: bool = True
     """vLLM inspects the model class in the API server itself instead of in a fresh Python process (20-30 s on a job's first start on the H200, 8 s on CPU; a restart reads vLLM's cache of it in the job folder); false = vLLM's subprocess."""
 

@@ -12,9 +12,10 @@ but paid the imports and the spawn again: 63.6 s.
   engine_start  fork: the engine core is a copy of the API server with vLLM already imported (vllm.engine_start: fork;
                 auto keeps vLLM's spawn until the fork has run on a GPU: the first start of gpu/RESULTS.md's queue)
   inspection    in the API server's own process, through the vLLM plugin (vllm.inspect_in_process)
-  CUDA graphs   captured up to 2 x the sequences in flight per server, vLLM's own rule for max_num_seqs applied to
-                the run's real concurrency rather than to max_num_seqs' default of 1024 (vllm.cudagraph_max_size):
-                a decode batch never exceeds the sequences in flight, so every one that ran on a graph still does
+  CUDA graphs   with vllm.cudagraph_max_size 0: captured up to 2 x the sequences in flight per server, vLLM's own
+                rule for max_num_seqs applied to the run's real concurrency rather than to max_num_seqs' default of
+                1024: a decode batch never exceeds the sequences in flight, so every decode batch keeps its graph (a
+                mixed prefill step of more tokens than the size runs without one); opt-in until measured on a GPU
 
 None of it reaches a CPU build: it captures no graphs and always spawns (vLLM's CPU platform forces it).
 """
@@ -29,9 +30,11 @@ if TYPE_CHECKING:
 VLLM_MAX_CAPTURE = 512
 """vLLM 0.32's largest default capture size (1024 on Blackwell data-center GPUs): at or above it, vLLM's default stays."""
 
-USER_GRAPH_ARGS = ("cudagraph", "--enforce-eager")
+USER_GRAPH_ARGS = ("cudagraph", "--enforce-eager", "speculative")
 """vllm.extra_args that already decide the capture (any spelling naming cudagraph sizes or mode, or no graphs at all):
-then the launcher adds none of its own (vLLM refuses the flag and the compilation config's field together)."""
+then the launcher adds none of its own (vLLM refuses the flag and the compilation config's field together); a
+speculative decoding config too: its decode steps are sequences x (draft tokens + 1) tokens, which the size below does
+not count."""
 
 
 def in_flight(p: Plan, steps: int) -> tuple[int | None, str]:
@@ -78,7 +81,7 @@ def capture_size(p: Plan, steps: int) -> tuple[int | None, str]:
     if user_decides_graphs(v.extra_args):
         return None, "vllm.extra_args decide the CUDA graphs"
     if v.cudagraph_max_size == -1:
-        return None, "vllm.cudagraph_max_size -1: vLLM's default"
+        return None, "vllm.cudagraph_max_size -1: vLLM's default (0 sizes them to the work: opt-in until measured on a GPU)"
     if v.cudagraph_max_size > 0:
         size = capture_grid(v.cudagraph_max_size)
         return size, f"vllm.cudagraph_max_size {v.cudagraph_max_size}" + (

@@ -20,7 +20,8 @@ from launcher.status import startup_lines
 from launcher.vllm_log import describe, node_starts, phases, starts
 
 # gpu/results/2026-12-04-round2-0.36b (a job folder's first start: cold caches) and 2026-12-03-staleness-0.36b/k2 (the
-# compile cache warm), lines verbatim, long ones cut; the progress bars as vLLM writes them (\r between updates)
+# compile cache warm), lines verbatim, long ones cut, except the restart's "We must use the `spawn`" warning: vLLM's
+# own text (system_utils.py), written in by hand to test the parser's naming of a forced spawn, not seen in those logs; the progress bars as vLLM writes them (\r between updates)
 FIRST = """\
 ===== 2026-12-04 18:27:14 node 0 vllm: /opt/torch/.venv/bin/python3 -m vllm.entrypoints.openai.api_server --model /tmp/model-q05
 slurm-grpo vLLM plugin: registered gloo and mapped_ipc weight-transfer engines (pid 1319, plain CPU linear: False)
@@ -130,7 +131,7 @@ def test_status_shows_the_first_start_and_the_restart_side_by_side(tmp_path):
 def job(tmp_path: Path, **over: dict) -> C.JobConfig:
     (tmp_path / "config.json").write_text(json.dumps({"architectures": ["Qwen2ForCausalLM"], "num_attention_heads": 4}))
     d: dict = {
-        "vllm": {"model": str(tmp_path)},
+        "vllm": {"model": str(tmp_path), "cudagraph_max_size": 0},  # sized to the work (the default is vLLM's own)
         "slurm": {"gpus_per_node": 1},
         "trainer": {"per_device_train_batch_size": 64},
         "job": {"job_dir": str(tmp_path / "j")},
@@ -172,6 +173,7 @@ def test_a_gpu_server_captures_graphs_for_its_work_forks_its_engine_and_inspects
     ("over", "size", "reason"),
     [
         ({"vllm": {"cudagraph_max_size": -1}}, None, "vLLM's default"),
+        ({"vllm": {"extra_args": ["--speculative-config", '{"num_speculative_tokens": 3}']}}, None, "vllm.extra_args decide"),
         ({"vllm": {"cudagraph_max_size": 100}}, 104, "on vLLM's grid: 104"),
         ({"vllm": {"extra_args": ["--enforce-eager"]}}, None, "vllm.extra_args decide"),
         ({"vllm": {"extra_args": ["-cc", '{"cudagraph_capture_sizes": [1, 8]}']}}, None, "vllm.extra_args decide"),

@@ -79,7 +79,10 @@ def check_modules(names: list[str], expected: set[str], mapper: Any = None) -> N
 
     bad = sorted({m for n in names if (m := parse_fine_tuned_lora_name(n, mapper)[0]).rsplit(".", 1)[-1] not in expected})
     if bad:
-        raise ValueError(f"pushed LoRA adapter: modules {bad[:4]} are not among those vLLM adapts here {sorted(expected)}")
+        raise ValueError(
+            f"pushed LoRA adapter: modules {bad[:4]} are not among those vLLM adapts here {sorted(expected)}; narrow "
+            "trainer.lora.target_modules to those, or set trainer.lora.adapter_transport: disk"
+        )
 
 
 def build_lora_model(

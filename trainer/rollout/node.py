@@ -332,11 +332,14 @@ class TrlAdapter:
         if self.rollout.routes is not None:  # RoutedCompletion: (ids, logprobs, routes)
             routed = cast(list[RoutedCompletion], mine)
             self.rollout.routes.replace((p, c.ids, c.routes) for p, c in zip(prompts, routed, strict=True))
-            if self.rollout.routes.without_routes:  # those rows keep the trainer's own routing
+            table = self.rollout.routes
+            if table.without_routes or table.misfit:  # those rows keep the trainer's own routing
                 log.warning(
-                    "trainer.routing_replay: %d of %d completions came back without routed experts (node %d, step %d)",
-                    self.rollout.routes.without_routes,
+                    "trainer.routing_replay: of %d completions %d came back without routed experts and %d with routes "
+                    "that do not cover their tokens; they keep the trainer's routing (node %d, step %d)",
                     len(routed),
+                    table.without_routes,
+                    table.misfit,
                     self.rollout.par.node,
                     self.rollout.step,
                 )
