@@ -73,3 +73,26 @@ def config_fields(
         "torch_dtype": dtype,
         **FAMILIES[family],
     }
+
+
+EXPERT_WIDTH_IS_INTERMEDIATE = ("olmoe", "mixtral")
+"""MoE families whose experts take `intermediate_size` as their width (no moe_intermediate_size field)."""
+
+
+def moe_fields(family: str, *, experts: int = 0, experts_per_token: int = 0, expert_intermediate: int = 0) -> dict[str, Any]:
+    """The config fields that resize a MoE family's experts (0 keeps the tiny default), in the family's own names:
+    make-tiny-model's --experts / --top-k / --moe-intermediate, so a GPU-sized MoE body is built in one pass."""
+    if not (experts or experts_per_token or expert_intermediate):
+        return {}
+    if family not in MOE:
+        raise ValueError(f"--experts/--top-k/--moe-intermediate need an MoE family ({', '.join(MOE)}), not {family!r}")
+    count = "num_local_experts" if family == "mixtral" else "num_experts"
+    e = experts or MOE[family][count]
+    k = experts_per_token or MOE[family]["num_experts_per_tok"]
+    if not 1 <= k <= e:
+        raise ValueError(f"--top-k ({k}) must be between 1 and --experts ({e})")
+    out: dict[str, Any] = {count: e, "num_experts_per_tok": k}
+    if expert_intermediate:
+        width = "intermediate_size" if family in EXPERT_WIDTH_IS_INTERMEDIATE else "moe_intermediate_size"
+        out[width] = expert_intermediate
+    return out

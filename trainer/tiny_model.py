@@ -37,20 +37,27 @@ def make_tiny_model(
     device: str = "cpu",
     head_dim: int = 64,
     family: str = "qwen2",
+    experts: int = 0,
+    experts_per_token: int = 0,
+    expert_intermediate: int = 0,
 ) -> dict:
     """Random weights of `family` (trainer.tiny_families: qwen2, llama, gemma2, qwen3_moe, ...) from a config (never
     the hub). The defaults make the CPU test model; the
         transformer body of Qwen2-0.5B is hidden 896, 24 layers, kv_heads 2, intermediate 4864 (the
         vocabulary stays this tokenizer's: a random model samples every id of its vocabulary). tie=False gives a
-    separate lm_head (as 7B+ models have); max_shard_size (e.g. "50MB") writes several safetensors files and an index."""
+    separate lm_head (as 7B+ models have); max_shard_size (e.g. "50MB") writes several safetensors files and an index.
+    experts, experts_per_token, expert_intermediate: an MoE family's routed experts, top-k and expert width (0 keeps
+    the tiny default of trainer.tiny_families.MOE)."""
     import torch
     from tokenizers import Tokenizer, decoders, models, pre_tokenizers, trainers
     from transformers import AutoConfig, AutoModelForCausalLM, PreTrainedTokenizerFast
 
-    from trainer.tiny_families import config_fields
+    from launcher.core.shape import ModelShape
+    from trainer.tiny_families import config_fields, moe_fields
 
     if hidden % head_dim:
         raise ValueError(f"hidden ({hidden}) must be a multiple of head_dim ({head_dim}; vLLM's CPU attention needs 64)")
+    resize = moe_fields(family, experts=experts, experts_per_token=experts_per_token, expert_intermediate=expert_intermediate)
     path = Path(out)
     path.mkdir(parents=True, exist_ok=True)
     tok = Tokenizer(models.BPE(unk_token=None))
@@ -81,20 +88,23 @@ def make_tiny_model(
         token_id=hf.eos_token_id,
         dtype=dtype,
     )
-    cfg = AutoConfig.for_model(family, **fields)
+    cfg = AutoConfig.for_model(family, **{**fields, **resize})
     torch.manual_seed(seed)
     with torch.device(device):  # cuda: a 7B body is initialised in seconds instead of minutes
         model = AutoModelForCausalLM.from_config(cfg).to(getattr(torch, dtype))
     model.save_pretrained(path, **({"max_shard_size": max_shard_size} if max_shard_size else {}))
+    shape = ModelShape.read(str(path))  # the launcher's own count (dry-run's memory estimate), next to the model's
     return {
         "vocab": len(hf),
         "params": sum(p.numel() for p in model.parameters()),
+        "params_active": shape.active_params if shape else None,
         "hidden": hidden,
         "layers": layers,
         "kv_heads": kv_heads,
         "intermediate": cfg.intermediate_size,
         "dtype": dtype,
         "family": family,
+        **({"experts": shape.experts, "experts_per_token": shape.experts_per_token} if shape and shape.experts else {}),
     }
 
 
@@ -103,7 +113,9 @@ def main(argv: list[str] | None = None) -> int:
         prog="slurm-grpo make-tiny-model",
         description=(
             "Build a random Qwen2 (head_dim 64) and a locally trained tokenizer, no hub. "
-            "E.g. --hidden 896 --layers 24 --kv-heads 2 --intermediate 4864 --dtype bfloat16 for a 0.5B-class body."
+            "E.g. --hidden 896 --layers 24 --kv-heads 2 --intermediate 4864 --dtype bfloat16 for a 0.5B-class body; "
+            "--family qwen3_moe --hidden 2048 --layers 24 --head-dim 128 --kv-heads 4 --experts 64 --top-k 8 "
+            "--moe-intermediate 256 --dtype bfloat16 --device cuda for an MoE of 2.7B parameters, 0.6B active."
         ),
     )
     ap.add_argument("dir", help="output folder")
@@ -116,6 +128,15 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--dtype", default="float32", choices=["float32", "bfloat16"], help="saved weights (default float32)")
     ap.add_argument("--head-dim", type=int, default=64, help="attention head size (default 64, what vLLM's CPU build needs)")
     ap.add_argument("--family", default="qwen2", help="model_type of the body (trainer.tiny_families; default qwen2)")
+    moe = "; MoE families only (trainer.tiny_families.MOE), 0 keeps the tiny default"
+    ap.add_argument("--experts", type=int, default=0, help=f"routed experts per MoE layer{moe} (3)")
+    ap.add_argument("--top-k", type=int, default=0, help=f"experts each token runs through{moe} (2)")
+    ap.add_argument(
+        "--moe-intermediate",
+        type=int,
+        default=0,
+        help=f"each expert's MLP width (mixtral, olmoe: their intermediate_size){moe}",
+    )
     ap.add_argument("--device", default="cpu", help="where to initialise the weights (cuda is much faster for big bodies)")
     ap.add_argument("--untied", action="store_true", help="a separate lm_head instead of the tied embedding")
     ap.add_argument("--max-shard-size", default=None, help="split the weights into safetensors files of this size, e.g. 2GB")
@@ -135,6 +156,9 @@ def main(argv: list[str] | None = None) -> int:
             device=a.device,
             head_dim=a.head_dim,
             family=a.family,
+            experts=a.experts,
+            experts_per_token=a.top_k,
+            expert_intermediate=a.moe_intermediate,
         )
     except ValueError as e:
         print(f"slurm-grpo make-tiny-model: error: {e}", file=sys.stderr)

@@ -1,0 +1,100 @@
+"""make-tiny-model's MoE flags (--experts, --top-k, --moe-intermediate): the body they build has those experts in the
+family's own config fields, the launcher's parameter count (what dry-run's memory estimate and gpu/report.py use)
+matches the built model's, and the GPU body queued for issue 35 (gpu/RESULTS.md) fits the push buffer and the budget."""
+
+from __future__ import annotations
+
+import math
+
+import pytest
+
+from launcher.core.shape import ModelShape
+from trainer.tiny_families import MOE, moe_fields
+
+GPU_MOE = dict(hidden=2048, layers=24, head_dim=128, kv_heads=4, experts=64, experts_per_token=8, expert_intermediate=256)
+"""The Qwen3-MoE body of gpu/RESULTS.md's "Issue 35's calls, queued" (its make-tiny-model flags)."""
+
+
+def gpu_moe_shape() -> ModelShape:
+    g = GPU_MOE
+    h, hd = g["hidden"], g["head_dim"]
+    return ModelShape(
+        hidden=h,
+        layers=g["layers"],
+        intermediate=2 * h,
+        vocab=544,  # the tokenizer make-tiny-model trains (--vocab 4096 asks for more than its corpus holds)
+        heads=h // hd,
+        kv_heads=g["kv_heads"],
+        head_dim=hd,
+        tied=True,
+        experts=g["experts"],
+        experts_per_token=g["experts_per_token"],
+        expert_intermediate=g["expert_intermediate"],
+        moe_layers=g["layers"],
+    )
+
+
+def test_the_moe_flags_build_those_experts_and_the_launcher_counts_the_built_model(tmp_path):
+    from safetensors import safe_open
+    from transformers import AutoConfig
+
+    from trainer.tiny_model import main
+
+    assert main([str(tmp_path), "--family", "qwen3_moe", "--experts", "6", "--top-k", "3", "--moe-intermediate", "64"]) == 0
+    cfg = AutoConfig.from_pretrained(tmp_path)
+    assert (cfg.num_experts, cfg.num_experts_per_tok, cfg.moe_intermediate_size) == (6, 3, 64)
+    with safe_open(str(tmp_path / "model.safetensors"), "pt") as f:  # per-expert on disk, as the hub's checkpoints
+        names = list(f.keys())
+        built = sum(math.prod(f.get_slice(n).get_shape()) for n in names)
+    assert sum(".mlp.experts." in n and n.endswith(".gate_proj.weight") for n in names) == 2 * 6
+    shape = ModelShape.read(str(tmp_path))
+    assert shape is not None and (shape.experts, shape.experts_per_token, shape.expert_intermediate) == (6, 3, 64)
+    # the estimate's attention term counts q/k/v biases where Qwen3 has q/k norms: within 0.1 % of the real count
+    assert shape.params == pytest.approx(built, rel=1e-3)
+    per_expert = 3 * 128 * 64
+    assert shape.params - shape.active_params == 2 * (6 - 3) * per_expert  # two MoE layers, 3 experts idle per token
+
+
+def test_the_moe_flags_use_each_familys_field_names_and_refuse_what_cannot_be_built():
+    assert moe_fields("qwen3_moe") == {}  # no flag: the tiny defaults stand
+    assert moe_fields("mixtral", experts=8, expert_intermediate=96) == {
+        "num_local_experts": 8,
+        "num_experts_per_tok": MOE["mixtral"]["num_experts_per_tok"],
+        "intermediate_size": 96,  # mixtral's experts are intermediate_size wide
+    }
+    assert moe_fields("olmoe", experts_per_token=1) == {"num_experts": 3, "num_experts_per_tok": 1}
+    with pytest.raises(ValueError, match="need an MoE family"):
+        moe_fields("qwen2", experts=8)
+    with pytest.raises(ValueError, match=r"--top-k \(9\) must be between 1 and --experts \(8\)"):
+        moe_fields("qwen3_moe", experts=8, experts_per_token=9)
+
+
+def test_the_queued_gpu_moe_body_is_a_few_billion_fits_the_ipc_buffer_and_an_h100_beside_vllm_at_a_quarter():
+    from launcher.core import config as C
+    from launcher.memory import Layout, Options, estimate
+    from tests.conftest import REPO
+
+    s = gpu_moe_shape()
+    assert 2.5e9 < s.params < 3e9 and 0.5e9 < s.active_params < 0.7e9
+    t = C.load(REPO / "configs/gpu_1gpu.yaml").trainer
+    fused = s.experts * 2 * s.expert_intermediate * s.hidden * 2  # one layer's gate_up_proj in bf16, the push's largest
+    assert s.largest_tensor * 2 == fused < t.ipc_buffer_mb * 2**20
+
+    def fits(vllm_fraction: float) -> bool | None:
+        lay = Layout(
+            nodes=1,
+            ranks_per_node=1,
+            tensor_parallel_size=1,
+            shard_ranks=1,
+            shared_gpu=True,
+            gpu_gb=80.0,  # an H100
+            vllm_fraction=vllm_fraction,
+            compute_bytes=2,
+            completions_per_rank=t.per_device_train_batch_size,
+            completion_tokens=t.max_completion_length,
+            push_buffer_bytes=t.ipc_buffer_mb * 2**20,
+        )
+        return estimate(s, lay, Options(activation_checkpointing=t.activation_checkpointing)).fits
+
+    # the config's vLLM share (0.35) leaves the one FSDP2 rank too little: the queued call gives vLLM 0.25, no offload
+    assert (fits(0.35), fits(0.25)) == (False, True)
