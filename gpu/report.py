@@ -49,6 +49,19 @@ def gen_tokens_per_s(row: StepRow) -> float | None:
     return round(tokens / seconds, 1) if seconds and tokens is not None else None
 
 
+def model_figures(shape: ModelShape) -> dict:
+    """The body's size as dry-run's estimate counts it: every parameter (an MoE's every expert: what the state, the push
+    and vLLM's weights scale with) and those one token runs through (experts_per_token of them: what compute scales
+    with; = the total for a dense body)."""
+    res: dict[str, Any] = {
+        "model_params_b": round(shape.params / 1e9, 3),
+        "model_params_active_b": round(shape.active_params / 1e9, 3),
+    }
+    if shape.experts:
+        res["model_experts"] = f"{shape.experts_per_token} of {shape.experts} per token, {shape.moe_layers} MoE layers"
+    return res
+
+
 def step_figures(later: list[StepRow]) -> dict:
     """Medians over the steps after the first of each phase of node 0's step, single-turn or multi-turn rows alike.
     train_s: the step minus its generation, push and parity probe (a multi-turn step's tool calls stay in it, as in
@@ -149,7 +162,7 @@ def main(job: Path, out: Path) -> None:
     shape = ModelShape.read(plan.config.vllm.model)
     if shape:  # the estimate dry-run prints for this run, next to what was measured
         e = memory_estimate(shape, layout(plan), options(plan))
-        res["model_params_b"] = round(shape.params / 1e9, 3)
+        res.update(model_figures(shape))
         res["options"] = options(plan).describe()
         res["estimate_gpu_gb_per_rank"] = round(e.gpu_gb, 1)
         res["estimate_host_gb_offloaded"] = round(e.host_gb_per_node, 1)

@@ -72,3 +72,14 @@ def test_per_hour_figures_put_reward_beside_steps_the_same_way_for_both_sides():
     assert per_hour(10, 2.0, 0.25, 0.75) == {"steps_per_hour": 1800.0, "reward_gain_per_hour": 90.0}
     assert per_hour(10, 4.0, 0.25, 0.75)["reward_gain_per_hour"] == 45.0  # twice the step, half the gain an hour
     assert per_hour(0, None, None, None) == {"steps_per_hour": None, "reward_gain_per_hour": None}
+
+
+def test_the_report_names_an_moes_total_and_active_parameters_and_a_dense_bodys_as_equal():
+    from launcher.memory import common_shape
+
+    moe = report.model_figures(common_shape("Qwen3-30B-A3B"))
+    assert moe["model_params_b"] == pytest.approx(30.53, abs=0.01)  # the published 30.53B total, 3.35B active
+    assert moe["model_params_active_b"] == pytest.approx(3.35, abs=0.01)
+    assert moe["model_experts"] == "8 of 128 per token, 48 MoE layers"
+    dense = report.model_figures(common_shape("Qwen2.5-7B"))
+    assert dense["model_params_b"] == dense["model_params_active_b"] and "model_experts" not in dense
