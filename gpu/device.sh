@@ -12,6 +12,8 @@
 # TRL_SETS (the same as k=v for TRL's run, e.g. trainer.lora.r=16). JOB: the job folder (default /tmp/job-$TAG; never
 # job.job_dir in EXTRA: the results are collected from $JOB). MODEL_BUILDER: a command that builds the model folder
 # given as its argument, in place of the random Qwen2 body (MODEL_ARGS), e.g. the tool model of configs/agents_1gpu.yaml.
+# LOCAL=0 (with TRL=1): skip the local run, TRL's alone in this call, the report over the job folder and OUT that an
+# earlier call on the same warm machine left (same TAG/JOB and OUT=/tmp/...): a big body whose two runs do not fit one call.
 set -uo pipefail
 OUT=${OUT:-/tmp/out}
 STEPS=${STEPS:-30}
@@ -21,7 +23,7 @@ log() { echo "[device $(date +%T)] $*"; }
 # G9 (../shared/GPU-AUDIT.md turn 4): one device call gets at most 600 s; the runs' own limits must leave the install
 # (about 30 s), the model build and the report inside 550 s, or a slow first run silently eats the next one's time.
 RUN_TIMEOUT=${RUN_TIMEOUT:-250} TRL_TIMEOUT=${TRL_TIMEOUT:-250} RESTART_TIMEOUT=${RESTART_TIMEOUT:-200}
-budget=$((RUN_TIMEOUT + (${TRL:-0} == 1 ? TRL_TIMEOUT : 0) + (${RESTART_STEPS:-0} > 0 ? RESTART_TIMEOUT : 0)))
+budget=$(((${LOCAL:-1} == 0 ? 0 : RUN_TIMEOUT) + (${TRL:-0} == 1 ? TRL_TIMEOUT : 0) + (${RESTART_STEPS:-0} > 0 ? RESTART_TIMEOUT : 0)))
 if [ "$budget" -gt "${RUNS_BUDGET_S:-500}" ]; then
   echo "device.sh: RUN_TIMEOUT + TRL_TIMEOUT (TRL=1) + RESTART_TIMEOUT (RESTART_STEPS) = $budget s > ${RUNS_BUDGET_S:-500} s: \
 lower them so the call fits 550 s (install and model build take the rest)" >&2
@@ -50,37 +52,40 @@ if [ "${FLOOR:-1}" = 1 ]; then
   log "copy bandwidth, GPU 0 -> GPU 0"
   python3 gpu/copy_bandwidth.py $MODEL cuda:0 > "$OUT/d2d.json"; cat "$OUT/d2d.json"
 fi
-nvidia-smi --query-gpu=memory.used --format=csv,noheader,nounits -lms 500 > "$OUT/gpu_mem_used_mib.txt" 2>/dev/null &
-smi=$!
-(while sleep 1; do free -m | awk '/^Mem:/ {print $3}'; done) > "$OUT/host_mem_used_mib.txt" &
-hostmem=$!
-nvidia-smi --query-gpu=utilization.gpu --format=csv,noheader,nounits -lms 500 > "$OUT/gpu_busy_pct.txt" 2>/dev/null &
-busy=$!
-log "slurm-grpo local $CONFIG ($STEPS steps)"
-rm -rf $JOB
-timeout "$RUN_TIMEOUT" python3 -m launcher local $CONFIG --set job.job_dir=$JOB --set vllm.model=$MODEL \
-  --set "trainer.max_steps=$STEPS" ${EXTRA:-} 2>&1 | grep -v "^\[\#" | tail -25
-rc=${PIPESTATUS[0]}
-kill $smi $hostmem $busy 2>/dev/null
-log "local run exit $rc"
-cp $JOB/metrics.jsonl $JOB/summary.json "$OUT/" 2>/dev/null
-tar -czf "$OUT/logs.tgz" -C $JOB logs config.yaml plan.json || log "logs.tgz: tar failed (see above)"
-cp -r $JOB/profile "$OUT/" 2>/dev/null  # trainer.profile_steps' tables, when asked for
-python3 gpu/report.py $JOB "$OUT" > /dev/null || true
-if [ -n "${RESTART_STEPS:-}" ]; then  # a restart of the same job: it resumes, and vLLM finds its compile cache in the job folder
-  log "restart: the same job folder, $RESTART_STEPS more steps"
-  cp "$OUT/gpu_results.json" "$OUT/gpu_results.first.json"
-  timeout "$RESTART_TIMEOUT" python3 -m launcher local $CONFIG --set job.job_dir=$JOB --set vllm.model=$MODEL \
-    --set "trainer.max_steps=$((STEPS + RESTART_STEPS))" ${EXTRA:-} ${RESTART_EXTRA:-} 2>&1 | grep -v "^\[\#" | tail -6
-  python3 -c "import json,sys; from launcher.status import startup_phases; print(json.dumps(startup_phases(sys.argv[1], 0)))" $JOB \
-    | tee "$OUT/restart_phases.json"
-  grep -hoE "init engine \(profile, create kv cache, warmup model\) took [0-9.]+ s|torch\.compile takes [0-9.]+ s[^\n]*|Compiling model again due to a load failure[^\n]*|Directly load the compiled graph[^\n]*|Available KV cache memory[^\n]*" \
-    $JOB/logs/node0-vllm*.log > "$OUT/vllm_compile_lines.txt"; cat "$OUT/vllm_compile_lines.txt"
-  cp $JOB/metrics.jsonl "$OUT/" 2>/dev/null
-  tar -czf "$OUT/logs.tgz" -C $JOB logs config.yaml plan.json  # again: both starts' logs
-  python3 -c "import json,sys; from launcher.vllm_log import node_starts; print(json.dumps(node_starts(__import__('pathlib').Path(sys.argv[1]))))" \
-    $JOB/logs/node0-vllm.log | tee "$OUT/vllm_start_phases.json"
-fi
+rc=0
+if [ "${LOCAL:-1}" != 0 ]; then
+  nvidia-smi --query-gpu=memory.used --format=csv,noheader,nounits -lms 500 > "$OUT/gpu_mem_used_mib.txt" 2>/dev/null &
+  smi=$!
+  (while sleep 1; do free -m | awk '/^Mem:/ {print $3}'; done) > "$OUT/host_mem_used_mib.txt" &
+  hostmem=$!
+  nvidia-smi --query-gpu=utilization.gpu --format=csv,noheader,nounits -lms 500 > "$OUT/gpu_busy_pct.txt" 2>/dev/null &
+  busy=$!
+  log "slurm-grpo local $CONFIG ($STEPS steps)"
+  rm -rf $JOB
+  timeout "$RUN_TIMEOUT" python3 -m launcher local $CONFIG --set job.job_dir=$JOB --set vllm.model=$MODEL \
+    --set "trainer.max_steps=$STEPS" ${EXTRA:-} 2>&1 | grep -v "^\[\#" | tail -25
+  rc=${PIPESTATUS[0]}
+  kill $smi $hostmem $busy 2>/dev/null
+  log "local run exit $rc"
+  cp $JOB/metrics.jsonl $JOB/summary.json "$OUT/" 2>/dev/null
+  tar -czf "$OUT/logs.tgz" -C $JOB logs config.yaml plan.json || log "logs.tgz: tar failed (see above)"
+  cp -r $JOB/profile "$OUT/" 2>/dev/null  # trainer.profile_steps' tables, when asked for
+  python3 gpu/report.py $JOB "$OUT" > /dev/null || true
+  if [ -n "${RESTART_STEPS:-}" ]; then  # a restart of the same job: it resumes, and vLLM finds its compile cache in the job folder
+    log "restart: the same job folder, $RESTART_STEPS more steps"
+    cp "$OUT/gpu_results.json" "$OUT/gpu_results.first.json"
+    timeout "$RESTART_TIMEOUT" python3 -m launcher local $CONFIG --set job.job_dir=$JOB --set vllm.model=$MODEL \
+      --set "trainer.max_steps=$((STEPS + RESTART_STEPS))" ${EXTRA:-} ${RESTART_EXTRA:-} 2>&1 | grep -v "^\[\#" | tail -6
+    python3 -c "import json,sys; from launcher.status import startup_phases; print(json.dumps(startup_phases(sys.argv[1], 0)))" $JOB \
+      | tee "$OUT/restart_phases.json"
+    grep -hoE "init engine \(profile, create kv cache, warmup model\) took [0-9.]+ s|torch\.compile takes [0-9.]+ s[^\n]*|Compiling model again due to a load failure[^\n]*|Directly load the compiled graph[^\n]*|Available KV cache memory[^\n]*" \
+      $JOB/logs/node0-vllm*.log > "$OUT/vllm_compile_lines.txt"; cat "$OUT/vllm_compile_lines.txt"
+    cp $JOB/metrics.jsonl "$OUT/" 2>/dev/null
+    tar -czf "$OUT/logs.tgz" -C $JOB logs config.yaml plan.json  # again: both starts' logs
+    python3 -c "import json,sys; from launcher.vllm_log import node_starts; print(json.dumps(node_starts(__import__('pathlib').Path(sys.argv[1]))))" \
+      $JOB/logs/node0-vllm.log | tee "$OUT/vllm_start_phases.json"
+  fi
+fi  # LOCAL
 if [ "${TRL:-0}" = 1 ]; then
   log "TRL $(python3 -c 'import trl; print(trl.__version__)') GRPOTrainer, colocate mode, same work"
   nvidia-smi --query-gpu=memory.used --format=csv,noheader,nounits -lms 500 > "$OUT/trl_gpu_mem_used_mib.txt" 2>/dev/null &
