@@ -102,10 +102,8 @@ def test_g8_episodes_end_below_the_servers_max_model_len_not_the_models():
         ({"RUN_TIMEOUT": "330", "TRL": "1", "TRL_TIMEOUT": "300"}, False),  # the limits before G9: 630 s
         ({"RUN_TIMEOUT": "230", "RESTART_STEPS": "8", "RESTART_TIMEOUT": "170"}, True),
         ({"TRL": "1", "TRL_TIMEOUT": "300", "RUN_TIMEOUT": "300"}, False),
-        (
-            {"LOCAL": "0", "TRL": "1", "TRL_TIMEOUT": "300", "RUN_TIMEOUT": "300"},
-            True,
-        ),  # TRL alone: the local run in the call before
+        # LOCAL=0: TRL's run alone, the local run was the call before
+        ({"LOCAL": "0", "TRL": "1", "TRL_TIMEOUT": "300", "RUN_TIMEOUT": "300"}, True),
     ],
 )
 def test_g9_gpu_device_sh_refuses_run_limits_that_do_not_fit_one_call(env, fits):
