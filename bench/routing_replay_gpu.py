@@ -41,13 +41,16 @@ def build_model(path: Path, family: str, device: str = "cuda") -> None:
     model.save_pretrained(path)
 
 
-def run_job(model: Path, job: Path, steps: int, replay: bool, timeout_s: int, config: str) -> list[dict]:
-    """One `slurm-grpo local` run; its step rows (metrics.jsonl)."""
+def run_job(
+    model: Path, job: Path, steps: int, replay: bool, timeout_s: int, config: str, extra: list[str] | None = None
+) -> list[dict]:
+    """One `slurm-grpo local` run; its step rows (metrics.jsonl). extra: more SECTION.KEY=VALUE overrides."""
     sets = [
         f"job.job_dir={job}",
         f"vllm.model={model}",
         f"trainer.max_steps={steps}",
         f"trainer.routing_replay={str(replay).lower()}",
+        *(extra or []),
     ]
     cmd = [sys.executable, "-m", "launcher", "local", config] + [a for s in sets for a in ("--set", s)]
     t0 = time.time()
@@ -74,6 +77,13 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--steps", type=int, default=5)
     ap.add_argument("--timeout-s", type=int, default=230, help="per run (two runs; a device call has 600 s)")
     ap.add_argument("--config", default="configs/gpu_1gpu.yaml")
+    ap.add_argument(
+        "--set",
+        action="append",
+        default=[],
+        metavar="SECTION.KEY=VALUE",
+        help="more overrides of both runs, e.g. trainer.final_checkpoint=false (no optimizer state written at the end)",
+    )
     a = ap.parse_args(argv)
     import torch
 
@@ -85,7 +95,7 @@ def main(argv: list[str] | None = None) -> int:
     if not (model / "config.json").exists():
         build_model(model, a.family)
     runs = {
-        replay: run_job(model, Path(f"/tmp/job-replay-{replay}"), a.steps, replay, a.timeout_s, a.config)
+        replay: run_job(model, Path(f"/tmp/job-replay-{replay}"), a.steps, replay, a.timeout_s, a.config, a.set)
         for replay in (False, True)
     }
     by_step = {r: {row["step"]: row.get("logp_mismatch_mean") for row in rows} for r, rows in runs.items()}
@@ -96,7 +106,8 @@ def main(argv: list[str] | None = None) -> int:
         r: (sum(v) / len(v) if (v := [x for x in steps.values() if x is not None]) else None) for r, steps in by_step.items()
     }
     print(f"mean  {means[False]!s:>30}  {means[True]!s:>20}")
-    result = {"family": a.family, "shape": SHAPE, "experts": EXPERTS, "steps": a.steps, "by_step": by_step, "mean": means}
+    result = {"family": a.family, "shape": SHAPE, "experts": EXPERTS, "steps": a.steps, "sets": a.set, "by_step": by_step}
+    result["mean"] = means
     (out / "routing_replay.json").write_text(json.dumps({**result, "by_step": {str(k): v for k, v in by_step.items()}}, indent=1))
     for replay in (False, True):  # each run's trainer and vLLM logs, for what failed
         subprocess.run(

@@ -98,3 +98,23 @@ def test_the_queued_gpu_moe_body_is_a_few_billion_fits_the_ipc_buffer_and_an_h10
 
     # the config's vLLM share (0.35) leaves the one FSDP2 rank too little: the queued call gives vLLM 0.25, no offload
     assert (fits(0.35), fits(0.25)) == (False, True)
+
+
+def test_the_replay_bench_hands_its_overrides_to_both_runs(tmp_path, monkeypatch):
+    """bench/routing_replay_gpu.py --set: the queued call turns the final checkpoint off in both runs (time)."""
+    import subprocess
+
+    from bench import routing_replay_gpu
+
+    seen: list[list[str]] = []
+
+    def fake_run(cmd, **kw):  # the process boundary: `slurm-grpo local` is not started
+        seen.append(cmd)
+        return subprocess.CompletedProcess(cmd, 0, "", "")
+
+    monkeypatch.setattr(routing_replay_gpu.subprocess, "run", fake_run)
+    (tmp_path / "job" / "logs").mkdir(parents=True)
+    extra = ["trainer.final_checkpoint=false"]
+    rows = routing_replay_gpu.run_job(tmp_path / "m", tmp_path / "job", 5, True, 10, "configs/gpu_1gpu.yaml", extra)
+    assert rows == []  # no metrics.jsonl: the run wrote no step
+    assert seen[0][-6:] == ["--set", "trainer.max_steps=5", "--set", "trainer.routing_replay=true", "--set", extra[0]]
