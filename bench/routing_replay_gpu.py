@@ -19,26 +19,16 @@ import time
 from pathlib import Path
 
 SHAPE = {"hidden": 1024, "layers": 8, "vocab": 4096, "kv_heads": 2, "intermediate": 2048, "head_dim": 128}
-EXPERTS = {"num_experts": 64, "num_experts_per_tok": 8, "moe_intermediate_size": 256}
-"""Qwen3-30B-A3B's routing (128 experts, top 8) at a tenth of the width: many near ties, so routing flips show."""
+EXPERTS = {"experts": 64, "experts_per_token": 8, "expert_intermediate": 256}
+"""Qwen3-30B-A3B's routing (128 experts, top 8) at a tenth of the width: many near ties, so routing flips show. Every
+family gets these experts in its own fields (mixtral's and olmoe's width is their intermediate_size)."""
 
 
 def build_model(path: Path, family: str, device: str = "cuda") -> None:
-    """A random bf16 MoE body with the project's tokenizer: trainer.tiny_model's, then its experts widened."""
-    import torch
-    from transformers import AutoConfig, AutoModelForCausalLM
-
+    """A random bf16 MoE body with the project's tokenizer (trainer.tiny_model's make-tiny-model, experts resized)."""
     from trainer.tiny_model import make_tiny_model
 
-    make_tiny_model(path, dtype="bfloat16", family=family, device=device, **SHAPE)  # type: ignore[arg-type]
-    cfg = AutoConfig.from_pretrained(path)
-    experts = dict(EXPERTS) if family != "mixtral" else {"num_local_experts": 64, "num_experts_per_tok": 8}
-    for k, v in experts.items():
-        setattr(cfg, k, v)
-    torch.manual_seed(0)
-    with torch.device(device):
-        model = AutoModelForCausalLM.from_config(cfg).to(torch.bfloat16)
-    model.save_pretrained(path)
+    make_tiny_model(path, dtype="bfloat16", family=family, device=device, **SHAPE, **EXPERTS)  # type: ignore[arg-type]
 
 
 def run_job(
