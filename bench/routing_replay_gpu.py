@@ -24,6 +24,10 @@ EXPERTS = {"experts": 64, "experts_per_token": 8, "expert_intermediate": 256}
 family gets these experts in its own fields (mixtral's and olmoe's width is their intermediate_size)."""
 
 
+STOP_GRACE_S = 60
+"""A run past its limit: how long `slurm-grpo local` gets after SIGTERM to stop its vLLM server and trainer."""
+
+
 def build_model(path: Path, family: str, device: str = "cuda") -> None:
     """A random bf16 MoE body with the project's tokenizer (trainer.tiny_model's make-tiny-model, experts resized)."""
     from trainer.tiny_model import make_tiny_model
@@ -44,10 +48,22 @@ def run_job(
     ]
     cmd = [sys.executable, "-m", "launcher", "local", config] + [a for s in sets for a in ("--set", s)]
     t0 = time.time()
-    p = subprocess.run(cmd, capture_output=True, text=True, timeout=timeout_s)
+    p = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    try:
+        out, err = p.communicate(timeout=timeout_s)
+    except subprocess.TimeoutExpired:
+        # SIGTERM: the bootstrap stops vLLM and the trainer (each in its own session) itself; a SIGKILL would leave them
+        # on the GPU for the other run; the steps written so far are kept
+        print(f"[replay={replay}] past --timeout-s {timeout_s}: stopping the run", flush=True)
+        p.terminate()
+        try:
+            out, err = p.communicate(timeout=STOP_GRACE_S)
+        except subprocess.TimeoutExpired:
+            p.kill()
+            out, err = p.communicate()
     print(f"[replay={replay}] exit {p.returncode} after {time.time() - t0:.0f} s", flush=True)
     if p.returncode:
-        print(p.stdout[-3000:], p.stderr[-3000:], sep="\n")
+        print(out[-3000:], err[-3000:], sep="\n")
     missing = [
         line
         for f in sorted((job / "logs").glob("*"))
