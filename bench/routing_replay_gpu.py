@@ -6,6 +6,7 @@ $OUT/routing_replay.json. vLLM returns routed experts only from Model Runner V2 
 
 On the device after the carry calls of gpu/carry.sh (the pinned stack in /tmp/parts):
     log() { echo "$*"; }; . gpu/stack.sh && python3 -m bench.routing_replay_gpu --out $OUT
+or one arm per device call (--run off, then --run on on the same warm machine: the table then has both).
 Without CUDA it says so and exits 0 (skipped)."""
 
 from __future__ import annotations
@@ -72,6 +73,11 @@ def run_job(
     ]
     if replay:  # TrlAdapter warns when completions came back without routes (they keep the trainer's own routing)
         print(f"[replay=True] generations with completions lacking routes: {len(missing)}", *missing[:3], sep="\n", flush=True)
+    return step_rows(job)
+
+
+def step_rows(job: Path) -> list[dict]:
+    """The step rows a run wrote (its metrics.jsonl); [] if none."""
     rows = job / "metrics.jsonl"
     return [r for r in map(json.loads, rows.read_text().splitlines()) if r.get("kind") == "step"] if rows.exists() else []
 
@@ -82,7 +88,15 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--family", default="qwen3_moe", choices=["qwen3_moe", "qwen2_moe", "olmoe", "mixtral"])
     ap.add_argument("--steps", type=int, default=5)
     ap.add_argument("--timeout-s", type=int, default=230, help="per run (two runs; a device call has 600 s)")
+    ap.add_argument(
+        "--run",
+        choices=["both", "off", "on"],
+        default="both",
+        help="the arms run in this call (replay off, on); the other's rows are read from its job folder of an earlier "
+        "call on this machine: one run per device call leaves each the whole call",
+    )
     ap.add_argument("--config", default="configs/gpu_1gpu.yaml")
+    ap.add_argument("--work", default="/tmp", help="where the model (model-replay-FAMILY) and the job folders go")
     ap.add_argument(
         "--set",
         action="append",
@@ -96,14 +110,16 @@ def main(argv: list[str] | None = None) -> int:
     if not torch.cuda.is_available():
         print("bench.routing_replay_gpu: skipped, no CUDA (vLLM's routed experts need Model Runner V2: GPU only)")
         return 0
-    out, model = Path(a.out), Path(f"/tmp/model-replay-{a.family}")
+    out, work = Path(a.out), Path(a.work)
+    model = work / f"model-replay-{a.family}"
     out.mkdir(parents=True, exist_ok=True)
     if not (model / "config.json").exists():
         build_model(model, a.family)
-    runs = {
-        replay: run_job(model, Path(f"/tmp/job-replay-{replay}"), a.steps, replay, a.timeout_s, a.config, a.set)
-        for replay in (False, True)
-    }
+    arms = {"both": (False, True), "off": (False,), "on": (True,)}[a.run]
+    runs: dict[bool, list[dict]] = {}
+    for replay in (False, True):
+        job = work / f"job-replay-{replay}"
+        runs[replay] = run_job(model, job, a.steps, replay, a.timeout_s, a.config, a.set) if replay in arms else step_rows(job)
     by_step = {r: {row["step"]: row.get("logp_mismatch_mean") for row in rows} for r, rows in runs.items()}
     print(f"{'step':>4}  {'logp_mismatch_mean, no replay':>30}  {'with routing replay':>20}")
     for step in sorted(set(by_step[False]) | set(by_step[True])):
@@ -117,9 +133,9 @@ def main(argv: list[str] | None = None) -> int:
     (out / "routing_replay.json").write_text(json.dumps({**result, "by_step": {str(k): v for k, v in by_step.items()}}, indent=1))
     for replay in (False, True):  # each run's trainer and vLLM logs, for what failed
         subprocess.run(
-            ["tar", "-czf", str(out / f"logs-replay-{replay}.tgz"), "-C", f"/tmp/job-replay-{replay}", "logs"], check=False
+            ["tar", "-czf", str(out / f"logs-replay-{replay}.tgz"), "-C", str(work / f"job-replay-{replay}"), "logs"], check=False
         )
-    return 0 if all(runs.values()) else 1
+    return 0 if all(runs[replay] for replay in arms) else 1
 
 
 if __name__ == "__main__":

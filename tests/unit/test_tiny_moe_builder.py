@@ -127,3 +127,42 @@ def test_the_replay_bench_hands_its_overrides_to_both_runs_and_stops_a_late_run_
     assert seen[0][-6:] == ["--set", "trainer.max_steps=5", "--set", "trainer.routing_replay=true", "--set", extra[0]]
     assert [r["step"] for r in rows] == [1]
     assert "exit 143 after" in capsys.readouterr().out  # its SIGTERM handler ran (a SIGKILL reads -9)
+
+
+def test_the_replay_bench_run_one_arm_per_call_and_the_second_call_tables_both(tmp_path, monkeypatch):
+    """--run off, then --run on on the same machine (one run per device call): the second call reads the first's rows
+    from its job folder and writes the side-by-side table of both arms."""
+    import json
+    import subprocess
+    import sys
+
+    import torch
+
+    from bench import routing_replay_gpu
+
+    real_popen = subprocess.Popen
+    started: list[bool] = []
+
+    def fake_popen(cmd, **kw):  # the process boundary: `slurm-grpo local` writes its rows and ends (tar runs)
+        if cmd[1:3] != ["-m", "launcher"]:
+            return real_popen(cmd, **kw)
+        sets = dict(cmd[i + 1].split("=", 1) for i, a in enumerate(cmd) if a == "--set")
+        replay = sets["trainer.routing_replay"] == "true"
+        started.append(replay)
+        (Path(sets["job.job_dir"]) / "logs").mkdir(parents=True)
+        rows = [{"kind": "step", "step": s, "logp_mismatch_mean": (0.01 if replay else 0.03) * s} for s in (1, 2)]
+        (Path(sets["job.job_dir"]) / "metrics.jsonl").write_text("".join(json.dumps(r) + "\n" for r in rows))
+        return real_popen([sys.executable, "-c", "pass"], **kw)
+
+    monkeypatch.setattr(routing_replay_gpu.subprocess, "Popen", fake_popen)
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: True)
+    (tmp_path / "model-replay-qwen3_moe").mkdir()
+    (tmp_path / "model-replay-qwen3_moe" / "config.json").write_text("{}")  # built by an earlier call: not rebuilt
+    args = ["--out", str(tmp_path / "out"), "--work", str(tmp_path), "--steps", "2"]
+    assert routing_replay_gpu.main([*args, "--run", "off"]) == 0
+    first = json.loads((tmp_path / "out" / "routing_replay.json").read_text())
+    assert first["mean"] == {"false": pytest.approx(0.045), "true": None}
+    assert routing_replay_gpu.main([*args, "--run", "on"]) == 0
+    both = json.loads((tmp_path / "out" / "routing_replay.json").read_text())
+    assert started == [False, True]  # each arm ran once, in its own call
+    assert both["mean"] == {"false": pytest.approx(0.045), "true": pytest.approx(0.015)}
