@@ -49,7 +49,10 @@ def run_job(
     ]
     cmd = [sys.executable, "-m", "launcher", "local", config] + [a for s in sets for a in ("--set", s)]
     t0 = time.time()
-    p = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    # both arms on vLLM's Model Runner V2 (the launcher sets it only with replay, which needs it): the same runner's
+    # kernels on both sides, so the difference is the replay's
+    env = {**os.environ, "VLLM_USE_V2_MODEL_RUNNER": "1"}
+    p = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=env)
     try:
         out, err = p.communicate(timeout=timeout_s)
     except subprocess.TimeoutExpired:
@@ -129,6 +132,7 @@ def main(argv: list[str] | None = None) -> int:
     }
     print(f"mean  {means[False]!s:>30}  {means[True]!s:>20}")
     result = {"family": a.family, "shape": SHAPE, "experts": EXPERTS, "steps": a.steps, "sets": a.set, "by_step": by_step}
+    result["model_runner"] = "V2 in both arms (VLLM_USE_V2_MODEL_RUNNER=1)"
     result["mean"] = means
     (out / "routing_replay.json").write_text(json.dumps({**result, "by_step": {str(k): v for k, v in by_step.items()}}, indent=1))
     for replay in (False, True):  # each run's trainer and vLLM logs, for what failed

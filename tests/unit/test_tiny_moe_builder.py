@@ -102,19 +102,21 @@ def test_the_queued_gpu_moe_body_is_a_few_billion_fits_the_ipc_buffer_and_an_h10
 
 
 def test_the_replay_bench_hands_its_overrides_to_both_runs_and_stops_a_late_run_with_sigterm(tmp_path, monkeypatch, capsys):
-    """bench/routing_replay_gpu.py: --set reaches both runs (the queued call turns the final checkpoint off); a run past
-    --timeout-s gets SIGTERM (the bootstrap then stops vLLM and the trainer), not the SIGKILL that would orphan them,
-    and the steps it wrote are kept."""
+    """bench/routing_replay_gpu.py: --set reaches both runs (the queued call turns the final checkpoint off), both run
+    on vLLM's Model Runner V2; a run past --timeout-s gets SIGTERM (the bootstrap then stops vLLM and the trainer), not
+    the SIGKILL that would orphan them, and the steps it wrote are kept."""
     import subprocess
     import sys
 
     from bench import routing_replay_gpu
 
     seen: list[list[str]] = []
+    envs: list[dict] = []
     real_popen = subprocess.Popen
 
     def fake_popen(cmd, **kw):  # the process boundary: a stand-in for `slurm-grpo local` that ignores nothing
         seen.append(cmd)
+        envs.append(kw["env"])
         job = Path(cmd[cmd.index("--set") + 1].split("=", 1)[1])
         (job / "metrics.jsonl").write_text('{"kind": "step", "step": 1, "logp_mismatch_mean": 0.1}\n')
         script = "import signal, sys, time; signal.signal(signal.SIGTERM, lambda *a: sys.exit(143)); time.sleep(30)"
@@ -123,8 +125,9 @@ def test_the_replay_bench_hands_its_overrides_to_both_runs_and_stops_a_late_run_
     monkeypatch.setattr(routing_replay_gpu.subprocess, "Popen", fake_popen)
     (tmp_path / "job" / "logs").mkdir(parents=True)
     extra = ["trainer.final_checkpoint=false"]
-    rows = routing_replay_gpu.run_job(tmp_path / "m", tmp_path / "job", 5, True, 1, "configs/gpu_1gpu.yaml", extra)
-    assert seen[0][-6:] == ["--set", "trainer.max_steps=5", "--set", "trainer.routing_replay=true", "--set", extra[0]]
+    rows = routing_replay_gpu.run_job(tmp_path / "m", tmp_path / "job", 5, False, 1, "configs/gpu_1gpu.yaml", extra)
+    assert envs[0]["VLLM_USE_V2_MODEL_RUNNER"] == "1"  # the arm without replay on the replay's model runner too
+    assert seen[0][-6:] == ["--set", "trainer.max_steps=5", "--set", "trainer.routing_replay=false", "--set", extra[0]]
     assert [r["step"] for r in rows] == [1]
     assert "exit 143 after" in capsys.readouterr().out  # its SIGTERM handler ran (a SIGKILL reads -9)
 
