@@ -14,6 +14,7 @@ from __future__ import annotations
 import argparse
 import json
 import os
+import shutil
 import subprocess
 import sys
 import time
@@ -48,6 +49,7 @@ def run_job(
         *(extra or []),
     ]
     cmd = [sys.executable, "-m", "launcher", "local", config] + [a for s in sets for a in ("--set", s)]
+    shutil.rmtree(job, ignore_errors=True)  # a rerun starts afresh: an existing job folder would be resumed
     t0 = time.time()
     # both arms on vLLM's Model Runner V2 (the launcher sets it only with replay, which needs it): the same runner's
     # kernels on both sides, so the difference is the replay's

@@ -118,12 +118,14 @@ def test_the_replay_bench_hands_its_overrides_to_both_runs_and_stops_a_late_run_
         seen.append(cmd)
         envs.append(kw["env"])
         job = Path(cmd[cmd.index("--set") + 1].split("=", 1)[1])
+        assert not job.exists()  # an earlier attempt's folder is gone: the run starts afresh, not resumed
+        (job / "logs").mkdir(parents=True)
         (job / "metrics.jsonl").write_text('{"kind": "step", "step": 1, "logp_mismatch_mean": 0.1}\n')
         script = "import signal, sys, time; signal.signal(signal.SIGTERM, lambda *a: sys.exit(143)); time.sleep(30)"
         return real_popen([sys.executable, "-c", script], **kw)
 
     monkeypatch.setattr(routing_replay_gpu.subprocess, "Popen", fake_popen)
-    (tmp_path / "job" / "logs").mkdir(parents=True)
+    (tmp_path / "job" / "logs").mkdir(parents=True)  # an earlier attempt's
     extra = ["trainer.final_checkpoint=false"]
     rows = routing_replay_gpu.run_job(tmp_path / "m", tmp_path / "job", 5, False, 1, "configs/gpu_1gpu.yaml", extra)
     assert envs[0]["VLLM_USE_V2_MODEL_RUNNER"] == "1"  # the arm without replay on the replay's model runner too
