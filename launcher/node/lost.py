@@ -1,0 +1,120 @@
+"""A whole node of a SLURM job lost (its heartbeat stopped: launcher.node.peers.PeerLost): ask slurmctld to act now.
+
+The surviving nodes stop their own processes within job.node_timeout_s, but SLURM keeps srun, the batch script and
+slurmstepd waiting until it declares the lost node DOWN itself (SlurmdTimeout: often 300 s) and only then requeues the
+job. So ONE survivor asks at once: the lowest-index node not lost (every node computes the same choice from the plan
+and the lost set, so exactly one asks). With slurm.requeue: requeue the job held, exclude the lost hosts (added to any
+exclusion it had; SLURM takes ExcNodeList only from a pending job), release it; the copy starts on healthy nodes and
+resumes from the last checkpoint. Without: cancel the job (nothing to requeue). Outside SLURM, or with no scontrol on
+the node (a container image), nothing is asked: SLURM's own verdict ends the job, as before.
+Every command has a deadline; a failure is logged with the command and its stderr and never hides the node's loss.
+"""
+
+from __future__ import annotations
+
+import re
+import subprocess
+import time
+from collections.abc import Callable, Iterable, Sequence
+from dataclasses import dataclass
+
+COMMAND_TIMEOUT_S = 15.0
+"""Each scontrol/scancel call: slurmctld answers in well under a second when it is up."""
+PENDING_WAIT_S = 10.0
+"""After the requeue, how long the exclusion is retried while SLURM still refuses it (the job not pending yet)."""
+
+
+def asker(num_nodes: int, lost: Iterable[int]) -> int | None:
+    """The node that asks SLURM: the lowest index not lost (None when every node is)."""
+    gone = set(lost)
+    return next((k for k in range(num_nodes) if k not in gone), None)
+
+
+@dataclass(frozen=True)
+class Asked:
+    """One command sent to SLURM and its answer."""
+
+    argv: list[str]
+    code: int
+    stderr: str
+    seconds: float
+    stdout: str = ""
+
+    def as_dict(self) -> dict[str, object]:
+        return {"argv": self.argv, "code": self.code, "stderr": self.stderr, "seconds": round(self.seconds, 2)}
+
+
+def run_command(argv: list[str]) -> Asked:
+    """Run one SLURM command with its deadline; a missing command raises FileNotFoundError (the caller says so)."""
+    t0 = time.monotonic()
+    try:
+        out = subprocess.run(argv, capture_output=True, text=True, timeout=COMMAND_TIMEOUT_S)
+    except subprocess.TimeoutExpired:
+        return Asked(argv, 124, f"no answer within {COMMAND_TIMEOUT_S:g} s", time.monotonic() - t0)
+    return Asked(argv, out.returncode, out.stderr.strip()[:500], time.monotonic() - t0, out.stdout)
+
+
+def excluded(show_job: str) -> str:
+    """The job's ExcNodeList from `scontrol show job` ('' for none)."""
+    m = re.search(r"\bExcNodeList=(\S*)", show_job)
+    return "" if not m or m.group(1) == "(null)" else m.group(1)
+
+
+def lost_hosts(lost: dict[int, str], hosts: Sequence[str]) -> list[str]:
+    """SLURM's names of the lost nodes: from the job's node list by index, else as their heartbeat said."""
+    out = []
+    for k, host in sorted(lost.items()):
+        name = hosts[k] if k < len(hosts) else host
+        if name and name != "?":
+            out.append(name)
+    return out
+
+
+def commands(job: str, requeue: bool, exclude: Sequence[str], already: str) -> list[list[str]]:
+    """What to ask, in order: requeue held, exclude, release; or, without requeue, cancel."""
+    if not requeue:
+        return [["scancel", job]]
+    steps = [["scontrol", "requeuehold", job]]
+    if exclude:
+        steps.append(
+            ["scontrol", "update", f"JobId={job}", f"ExcNodeList={','.join([already, *exclude] if already else exclude)}"]
+        )
+    steps.append(["scontrol", "release", job])
+    return steps
+
+
+def ask(
+    job: str,
+    nodelist: str,
+    lost: dict[int, str],
+    requeue: bool,
+    say: Callable[[str], None],
+    sleep: Callable[[float], None] = time.sleep,
+    clock: Callable[[], float] = time.monotonic,
+) -> list[Asked]:
+    """Ask SLURM to act on the lost nodes now (see the module's docstring); every command sent, with its answer, in
+    order. A refused exclusion is retried while the requeued job is not yet pending (PENDING_WAIT_S); the release is
+    sent whatever the exclusion answered (a held job never starts by itself). FileNotFoundError: no scontrol/scancel."""
+    done: list[Asked] = []
+    hosts: list[str] = []
+    already = ""
+    if requeue:
+        if nodelist:
+            a = run_command(["scontrol", "show", "hostnames", nodelist])
+            done.append(a)
+            hosts = a.stdout.split() if a.code == 0 else []
+        a = run_command(["scontrol", "show", "job", job])
+        done.append(a)
+        already = excluded(a.stdout) if a.code == 0 else ""
+    for argv in commands(job, requeue, lost_hosts(lost, hosts), already):
+        a = run_command(argv)
+        end = clock() + PENDING_WAIT_S
+        while a.code != 0 and argv[1:2] == ["update"] and clock() < end:
+            sleep(0.5)
+            a = run_command(argv)
+        done.append(a)
+        if a.code != 0:
+            say(f"`{' '.join(argv)}` failed (rc {a.code}): {a.stderr}")
+            if argv[1:2] == ["requeuehold"]:
+                break  # nothing held, nothing to release: SLURM's own verdict requeues the job later
+    return done
