@@ -13,6 +13,7 @@ Every command has a deadline; a failure is logged with the command and its stder
 from __future__ import annotations
 
 import re
+import signal
 import subprocess
 import time
 from collections.abc import Callable, Iterable, Sequence
@@ -20,8 +21,11 @@ from dataclasses import dataclass
 
 COMMAND_TIMEOUT_S = 15.0
 """Each scontrol/scancel call: slurmctld answers in well under a second when it is up."""
-PENDING_WAIT_S = 10.0
-"""After the requeue, how long the exclusion is retried while SLURM still refuses it (the job not pending yet)."""
+PENDING_WAIT_S = 2.0
+"""After the requeue, how long a refused exclusion is retried. slurm-wlm 22.05 refuses ExcNodeList while the job runs
+("Job is no longer pending execution") and takes it at once after `requeuehold` (the job is then held, COMPLETING on
+the lost node until SLURM declares it down); short, because the requeue also stops this bootstrap: SIGTERM at once,
+SIGKILL after the site's KillWait (30 s by default, 5 s on the test cluster)."""
 
 
 def asker(num_nodes: int, lost: Iterable[int]) -> int | None:
@@ -48,10 +52,16 @@ def run_command(argv: list[str]) -> Asked:
     """Run one SLURM command with its deadline; a missing command raises FileNotFoundError (the caller says so)."""
     t0 = time.monotonic()
     try:
-        out = subprocess.run(argv, capture_output=True, text=True, timeout=COMMAND_TIMEOUT_S)
+        out = subprocess.run(argv, capture_output=True, text=True, timeout=COMMAND_TIMEOUT_S, preexec_fn=ignore_sigterm)
     except subprocess.TimeoutExpired:
         return Asked(argv, 124, f"no answer within {COMMAND_TIMEOUT_S:g} s", time.monotonic() - t0)
     return Asked(argv, out.returncode, out.stderr.strip()[:500], time.monotonic() - t0, out.stdout)
+
+
+def ignore_sigterm() -> None:
+    """In the command's process, before it runs: the requeue makes slurmstepd SIGTERM every process of the job, the
+    `scontrol update` and `release` that follow it included; ignored (inherited across exec), they still get sent."""
+    signal.signal(signal.SIGTERM, signal.SIG_IGN)
 
 
 def excluded(show_job: str) -> str:
