@@ -471,6 +471,9 @@ def act_on_lost_nodes(run: NodeRun, e: PeerLost) -> None:
     if not job:
         run.say(f"{names} lost outside SLURM: nothing to ask a scheduler; run the same command again to resume")
         return
+    if not run.plan.config.slurm.act_on_node_loss:
+        run.say(f"{names} lost; slurm.act_on_node_loss is off: SLURM requeues or ends the job once it declares it down")
+        return
     requeue = run.plan.config.slurm.requeue
     action = "requeue without the lost nodes" if requeue else "cancel (slurm.requeue is off)"
     try:

@@ -29,12 +29,12 @@ class Clock:
         self.now += s
 
 
-def node_run(tmp_path, node: int, requeue: bool = True, nodes: int = 3) -> NodeRun:
+def node_run(tmp_path, node: int, requeue: bool = True, nodes: int = 3, act: bool = True) -> NodeRun:
     (tmp_path / "logs").mkdir(exist_ok=True)
     cfg = config.from_dict(
         {
             "job": {"device": "cpu"},
-            "slurm": {"nodes": nodes, "gpus_per_node": 3, "requeue": requeue},
+            "slurm": {"nodes": nodes, "gpus_per_node": 3, "requeue": requeue, "act_on_node_loss": act},
             "vllm": {"model": "m"},
             "trainer": {"dtype": "float32"},
         }
@@ -142,6 +142,11 @@ def test_without_requeue_the_job_is_cancelled(tmp_path, slurm_job):
     assert asked(node_run(tmp_path, 0))[0]["action"] == "cancel (slurm.requeue is off)"
 
 
+def test_off_it_leaves_the_job_to_slurm(tmp_path, slurm_job, capsys):
+    act_on_lost_nodes(node_run(tmp_path, 0, act=False), PeerLost("...", {1: "n2"}))
+    assert slurm_job.calls() == [] and "slurm.act_on_node_loss is off" in capsys.readouterr().out
+
+
 def test_a_refused_exclusion_is_retried_within_its_deadline_and_the_job_released_anyway(tmp_path, slurm_job):
     slurm_job.answer("scontrol update", stderr="scontrol: error: Job is no longer pending execution\n", rc=1)
     said: list[str] = []
@@ -179,3 +184,10 @@ def test_outside_slurm_nothing_is_asked(tmp_path, fake_slurm, capsys):
     act_on_lost_nodes(node_run(tmp_path, 0), PeerLost("...", {1: "n2"}))
     assert fake_slurm.calls() == [] and not asked(node_run(tmp_path, 0))
     assert "node 1 (n2) lost outside SLURM" in capsys.readouterr().out
+
+
+def test_the_commands_after_the_requeue_outlive_slurmsteps_sigterm():
+    """The requeue makes slurmstepd SIGTERM every process of the job: the asker's next commands ignore it."""
+    a = lost.run_command(["sh", "-c", 'grep SigIgn /proc/$$/status; kill -TERM $$; echo "still here"'])
+    ignored = int(a.stdout.split()[1], 16)
+    assert ignored & (1 << (15 - 1)) and "still here" in a.stdout and a.code == 0, a
