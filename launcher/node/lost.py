@@ -5,7 +5,8 @@ slurmstepd waiting until it declares the lost node DOWN itself (SlurmdTimeout: o
 job. So ONE survivor asks at once: the lowest-index node not lost (every node computes the same choice from the plan
 and the lost set, so exactly one asks). With slurm.requeue: requeue the job held, exclude the lost hosts (added to any
 exclusion it had; SLURM takes ExcNodeList only from a pending job), release it; the copy starts on healthy nodes and
-resumes from the last checkpoint. Without: cancel the job (nothing to requeue). Outside SLURM, or with no scontrol on
+resumes from the last checkpoint (not on slurm-wlm 22.05 for a GRES job: its restart fails at the first srun, see
+slurm.act_on_node_loss). Without: cancel the job (nothing to requeue). Outside SLURM, or with no scontrol on
 the node (a container image), nothing is asked: SLURM's own verdict ends the job, as before.
 Every command has a deadline; a failure is logged with the command and its stderr and never hides the node's loss.
 """
@@ -108,14 +109,16 @@ def ask(
     done: list[Asked] = []
     hosts: list[str] = []
     already = ""
-    if requeue:
-        if nodelist:
-            a = run_command(["scontrol", "show", "hostnames", nodelist])
+    if requeue:  # the lost nodes' SLURM names and the job's own exclusion; without them, the heartbeat's names only
+        for argv in ([["scontrol", "show", "hostnames", nodelist]] if nodelist else []) + [["scontrol", "show", "job", job]]:
+            a = run_command(argv)
             done.append(a)
-            hosts = a.stdout.split() if a.code == 0 else []
-        a = run_command(["scontrol", "show", "job", job])
-        done.append(a)
-        already = excluded(a.stdout) if a.code == 0 else ""
+            if a.code != 0:
+                say(f"`{' '.join(argv)}` failed (rc {a.code}): {a.stderr}")
+            elif argv[2] == "hostnames":
+                hosts = a.stdout.split()
+            else:
+                already = excluded(a.stdout)
     for argv in commands(job, requeue, lost_hosts(lost, hosts), already):
         a = run_command(argv)
         end = clock() + PENDING_WAIT_S

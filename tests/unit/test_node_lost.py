@@ -191,3 +191,11 @@ def test_the_commands_after_the_requeue_outlive_slurmsteps_sigterm():
     a = lost.run_command(["sh", "-c", 'grep SigIgn /proc/$$/status; kill -TERM $$; echo "still here"'])
     ignored = int(a.stdout.split()[1], 16)
     assert ignored & (1 << (15 - 1)) and "still here" in a.stdout and a.code == 0, a
+
+
+def test_a_failed_lookup_is_logged_and_the_heartbeat_names_the_lost_host(tmp_path, slurm_job, capsys):
+    slurm_job.answer("scontrol show hostnames", stderr="scontrol: error: Unable to contact slurm controller\n", rc=1)
+    act_on_lost_nodes(node_run(tmp_path, 0), PeerLost("...", {1: "n2"}))
+    assert ["scontrol", "update", "JobId=77", "ExcNodeList=n9,n2"] in argvs(slurm_job)
+    assert "`scontrol show hostnames n[1-3]` failed (rc 1): scontrol: error: Unable to contact" in capsys.readouterr().out
+    assert asked(node_run(tmp_path, 0))[0]["code"] == 1  # the first failure's code, for whoever reads the event
