@@ -3,7 +3,7 @@ every process of the job is gone from them, and what SLURM makes of the job:
 
     bash scripts/start_cluster.sh 3 3 --cpus 4 --mem 12000 --base /tmp/slurm-grpo-cluster
     flock /tmp/heavy.lock python -m bench.node_loss_cluster --cluster-env /tmp/slurm-grpo-cluster/env.sh \\
-        [--nodes 3] [--node-timeout 20] [--kill-node 1] [--after-step 2] \\
+        [--nodes 3] [--node-timeout 20] [--kill-node 1] [--after-step 2] [--resume-wait 300] \\
         [--out bench/results/<date>-node-loss-cluster/results.json] [--set key=value ...]
     bash scripts/stop_cluster.sh --base /tmp/slurm-grpo-cluster
 
@@ -18,10 +18,14 @@ kill:
     torchrun, the ranks, anything else under the bootstrap) and SLURM's (slurmstepd, the batch script, srun),
     found by the job id (SLURM_JOB_ID in their environment; slurmstepd by its title) and placed on a node by their
     UTS namespace (the nodes share this machine's process table);
-  - SLURM's view: the job's state (squeue, then sacct with every requeued instance) and the killed node's state
-    (sinfo), each change with its time, and slurmctld's log lines about the job and the node.
-A job SLURM requeued (slurm.requeue, after NODE_FAIL) would wait for the lost node: the bench cancels it, as the
-cluster tier does, then puts the node back (start_cluster.sh --restart-node) so the cluster is whole again.
+  - SLURM's view: the job's state (squeue, then sacct with every requeued instance), its controller record
+    (scontrol show job: state, reason, restarts, excluded nodes, node list, begin time) and the killed node's state
+    (sinfo), each change with its time, and slurmctld's log lines about the job and the node;
+  - what the surviving node that asks SLURM asked (its slurm_asked event: launcher.node.lost).
+Only the processes the job had at the kill are counted: a requeued copy keeps the job id. If the requeued copy starts
+(a 2-node job on the 3-node cluster: on the two nodes left), the bench waits --resume-wait seconds for it to resume
+from its checkpoint and train one step (its `resumed` row), and records where and when. Then it cancels the job,
+and puts the node back (start_cluster.sh --restart-node) so the cluster is whole again.
 The target (issue 33): every process of the job gone within job.node_timeout_s + 10 s.
 """
 
@@ -175,6 +179,16 @@ def job_state(job_id: str, env: dict[str, str]) -> str:
     return st.splitlines()[-1] if st else ""
 
 
+RECORD = ("JobState", "Reason", "Restarts", "ExcNodeList", "NodeList", "BeginTime")
+"""What the bench follows of the controller's record of the job (scontrol show job)."""
+
+
+def job_record(job_id: str, env: dict[str, str]) -> dict[str, str]:
+    out = run(["scontrol", "-o", "show", "job", job_id], env, 30)
+    got = dict(re.findall(r"\b(\w+)=(\S*)", out.splitlines()[0])) if out.strip() else {}
+    return {k: got[k] for k in RECORD if k in got}
+
+
 def node_state(host: str, env: dict[str, str]) -> str:
     return run(["sinfo", "-h", "-N", "-n", host, "-o", "%T"], env, 30).strip().split("\n")[0]
 
@@ -202,10 +216,12 @@ def ctld_lines(base: Path, job_id: str, host: str, since: float) -> list[str]:
     return keep[:60]
 
 
-def watch(job: Path, job_id: str, env: dict[str, str], base: Path, hosts: dict[int, str], lost: int, t_kill: float, a) -> dict:
-    """From the kill on: per surviving node, when it named the loss and when each kind of the job's processes was
-    last there; the job's and the lost node's SLURM states. Until nothing of the job is left on the surviving nodes
-    and SLURM no longer runs it, or --watch seconds."""
+def watch(
+    job: Path, job_id: str, env: dict[str, str], base: Path, hosts: dict[int, str], lost: int, t_kill: float, before: set[int], a
+) -> dict:
+    """From the kill on: per surviving node, when it named the loss and when each kind of the job's processes (those
+    it had at the kill: `before`) was last there; the job's and the lost node's SLURM states. Until nothing of the
+    job is left on the surviving nodes and SLURM no longer runs that instance, or --watch seconds."""
     namespaces = uts_namespaces(base)
     survivors = {n: h for n, h in hosts.items() if n != lost}
     seen: dict[tuple[str, str], float] = {}  # (host, kind) -> last scan that found one, seconds after the kill
@@ -213,10 +229,13 @@ def watch(job: Path, job_id: str, env: dict[str, str], base: Path, hosts: dict[i
     on_lost: list[str] = []  # processes of the job still found on the lost node (there must be none)
     job_states: list[tuple[float, str]] = []
     lost_states: list[tuple[float, str]] = []
+    records: list[tuple[float, dict[str, str]]] = []
     last_slurm = 0.0
     while True:
         now = time.time() - t_kill
         for p in job_processes(job_id, namespaces):
+            if p.pid not in before:  # a requeued copy of the job (same id) started on the nodes left
+                continue
             if p.host == hosts[lost]:
                 on_lost.append(f"+{now:.1f} s {p.kind} {p.pid} {p.cmd[:80]}")
             seen[(p.host, p.kind)] = now
@@ -227,8 +246,10 @@ def watch(job: Path, job_id: str, env: dict[str, str], base: Path, hosts: dict[i
                 if not states or states[-1][1] != value:
                     states.append((round(time.time() - t_kill, 1), value))
                     say(f"+{time.time() - t_kill:.1f} s {'job' if states is job_states else hosts[lost]}: {value}")
+            follow_record(records, job_id, env, t_kill)
         left = [k for k, t in seen.items() if t == now and k[0] != hosts[lost]]
-        slurm_done = job_states and job_states[-1][1].split()[:1] != ["RUNNING"] and "COMPLETING" not in job_states[-1][1]
+        # that instance is over once the job left RUNNING (requeued: pending or held) and is no longer COMPLETING
+        slurm_done = any(st.split()[:1] != ["RUNNING"] for _, st in job_states) and "COMPLETING" not in job_states[-1][1]
         if (not left and slurm_done) or now > a.watch:
             break
         time.sleep(a.poll)
@@ -253,7 +274,62 @@ def watch(job: Path, job_id: str, env: dict[str, str], base: Path, hosts: dict[i
             "slurm_gone_s": max(slurm) if slurm else 0.0,
             "processes": {k[1]: v[:3] for k, v in first_seen.items() if k[0] == h},
         }
-    return {"nodes": nodes, "job_states": job_states, "lost_node_states": lost_states, "on_lost_node": on_lost[:10]}
+    asked = [
+        {"node": n, "t_s": round(e.t - t_kill, 1), **e.extra}
+        for n in survivors
+        for e in read_events(JobDir(job).events(n))
+        if e.event == Event.SLURM_ASKED and e.t >= t_kill - 1
+    ]
+    return {
+        "nodes": nodes,
+        "job_states": job_states,
+        "job_records": records,
+        "asked": asked,
+        "lost_node_states": lost_states,
+        "on_lost_node": on_lost[:10],
+    }
+
+
+def follow_record(records: list[tuple[float, dict[str, str]]], job_id: str, env: dict[str, str], t_kill: float) -> None:
+    """Append the job's controller record when it changed (scontrol show job)."""
+    rec = job_record(job_id, env)
+    if rec and (not records or records[-1][1] != rec):
+        records.append((round(time.time() - t_kill, 1), rec))
+        say(f"+{time.time() - t_kill:.1f} s job record: {rec}")
+
+
+def follow_requeue(job: Path, job_id: str, env: dict[str, str], t_kill: float, records: list, wait_s: float) -> dict:
+    """After the lost instance is over: does the requeued copy start (on which nodes), resume from its checkpoint and
+    train a step? Up to wait_s seconds after the kill."""
+    out: dict = {"started_s": None, "nodes": None, "resumed_s": None, "resumed_from_step": None, "first_step_s": None}
+    while time.time() - t_kill < wait_s:
+        follow_record(records, job_id, env, t_kill)
+        rec = records[-1][1] if records else {}
+        if rec.get("JobState") == "RUNNING" and rec.get("Restarts", "0") != "0" and out["started_s"] is None:
+            out["started_s"], out["nodes"] = round(time.time() - t_kill, 1), rec.get("NodeList")
+        if rec.get("JobState") not in (None, "RUNNING", "PENDING", "REQUEUED", "REQUEUE_HOLD", "COMPLETING", "CONFIGURING"):
+            break  # ended (or cancelled)
+        if rec.get("JobState") == "PENDING" and rec.get("Reason") in ("ReqNodeNotAvail", "BadConstraints", "JobHeldUser"):
+            if time.time() - t_kill > 120:  # it cannot start here (too few nodes left): nothing more to see
+                break
+        rows = read_jsonl(JobDir(job).metrics)
+        res = [x for x in rows if x.get("event") == "resumed" and x.get("time", 0) > t_kill]
+        if res and out["resumed_s"] is None:
+            out["resumed_s"], out["resumed_from_step"] = round(res[-1]["time"] - t_kill, 1), res[-1].get("from_step")
+        after = [x for x in rows if "reward" in x and res and x.get("time", 0) > res[-1]["time"]]
+        if after:
+            out["first_step_s"], out["first_step"] = round(after[0]["time"] - t_kill, 1), after[0]["step"]
+            break
+        time.sleep(1)
+    out["hosts"] = sorted(
+        {
+            e.host
+            for n in range(8)
+            for e in read_events(JobDir(job).events(n))
+            if e.event == Event.BOOTSTRAP_START and e.t > t_kill and e.host
+        }
+    )
+    return out
 
 
 def versions() -> dict[str, str]:
@@ -271,6 +347,7 @@ def main() -> int:
     ap.add_argument("--after-step", type=int, default=2, help="kill once this many steps are done")
     ap.add_argument("--timeout", type=float, default=1200, help="seconds the job may take to reach --after-step")
     ap.add_argument("--watch", type=float, default=300, help="seconds to watch after the kill, at most")
+    ap.add_argument("--resume-wait", type=float, default=300, help="seconds after the kill for the requeued copy to resume")
     ap.add_argument("--poll", type=float, default=0.25)
     ap.add_argument("--no-put-back", action="store_true", help="leave the killed node down")
     ap.add_argument("--out", default="")
@@ -295,7 +372,7 @@ def main() -> int:
         f"slurm.nodes={a.nodes}",
         f"job.node_timeout_s={a.node_timeout}",
         "trainer.max_steps=200",
-        "trainer.save_steps=0",
+        "trainer.save_steps=1",  # the requeued copy resumes from the last step's checkpoint
         *a.sets,
     ]
     t0 = time.time()
@@ -318,10 +395,12 @@ def main() -> int:
             raise SystemExit(f"not every node has a bootstrap_start event: {hosts}")
         lost = hosts[a.kill_node]
         say(f"step {steps_done(job)} done ({time.time() - t0:.0f} s after the submit); nodes {hosts}; killing {lost}")
+        before = {p.pid for p in job_processes(job_id, uts_namespaces(base))}
         t_kill = time.time()
         killed = kill_host(base, lost)
         say(f"killed {len(killed)} processes on {lost} (slurmd: {any('slurmd' in c for c in killed)})")
-        w = watch(job, job_id, env, base, hosts, a.kill_node, t_kill, a)
+        w = watch(job, job_id, env, base, hosts, a.kill_node, t_kill, before, a)
+        w["requeued_copy"] = follow_requeue(job, job_id, env, t_kill, w["job_records"], a.resume_wait)
         before_cancel = job_state(job_id, env)
     finally:
         run(["scancel", job_id], env)  # a requeued job would wait for the lost node
@@ -354,6 +433,12 @@ def main() -> int:
     for n, x in w["nodes"].items():
         print(f"node {n} named: {x['named']}")
     print(f"job states: {w['job_states']}; state before the bench's scancel: {before_cancel}")
+    for t, rec in w["job_records"]:
+        print(f"  +{t} s {rec}")
+    for x in w["asked"]:
+        print(f"node {x['node']} asked SLURM at +{x['t_s']} s ({x.get('action')}): " + "; ".join(
+            f"{' '.join(c['argv'])} -> rc {c['code']} {c['stderr']}" for c in x.get("commands", [])))  # fmt: skip
+    print(f"requeued copy: {w['requeued_copy']}")
     print(f"{lost} states: {w['lost_node_states']}")
     print(f"sacct (every instance):\n{sacct}")
     print("slurmctld:\n" + "\n".join(ctld[-25:]))
@@ -380,6 +465,9 @@ def main() -> int:
         "last_ours_gone_s": ours,
         "last_job_process_gone_s": every,
         "job_states": w["job_states"],
+        "job_records": w["job_records"],
+        "asked": w["asked"],
+        "requeued_copy": w["requeued_copy"],
         "state_before_cancel": before_cancel,
         "lost_node_states": w["lost_node_states"],
         "on_lost_node_after_kill": w["on_lost_node"],

@@ -148,6 +148,20 @@ ENDED_RESUMABLE = ("NODE_FAIL", "TIMEOUT", "FAILED", "PREEMPTED", "OUT_OF_MEMORY
 """sacct states after which `slurm-grpo resume` is the next step."""
 
 
+QUEUED = ("PENDING", "RUNNING", "CONFIGURING", "COMPLETING", "REQUEUED", "REQUEUE_HOLD", "REQUEUE_FED", "RESIZING", "SUSPENDED")
+
+
+def queued(job_id: str) -> bool:
+    """Whether the controller still holds the job to run (squeue); True when it cannot tell."""
+    try:
+        out = subprocess.run(["squeue", "-h", "-t", "all", "-j", job_id, "-o", "%T"], capture_output=True, text=True, timeout=30)
+    except (OSError, subprocess.TimeoutExpired):
+        return True
+    if out.returncode != 0:
+        return "Invalid job id" not in out.stderr  # purged from the controller: not queued
+    return any(st in QUEUED for st in out.stdout.split())
+
+
 def next_step(job_dir: Path, state: str, slurm: Any) -> str | None:
     """What to do after a job ended in `state` (sacct's State, e.g. "CANCELLED by 1000"): resume from the newest
     checkpoint, with the setting that ended it raised where one did (time, memory); submit again if nothing was
@@ -191,7 +205,12 @@ def status(job_dir: Path) -> str:
         states = slurm_state(jid) or [f"(sacct has no record of job {jid}; is this the cluster it was submitted to?)"]
         lines += ["  " + ln.replace("|", "  ") for ln in states]
         main = next((ln.split("|") for ln in states if ln.split("|")[0] == jid), None)
-        hint = next_step(job_dir, main[1], plan.config.slurm) if main and len(main) > 1 else None
+        state = main[1] if main and len(main) > 1 else ""
+        if state == "REQUEUED" and not queued(jid):
+            # requeued (by SLURM, or at once by a node's bootstrap after a node loss), then cancelled before it started
+            # again: the accounting keeps only the requeued instance
+            state = "CANCELLED after REQUEUED"
+        hint = next_step(job_dir, state, plan.config.slurm) if state else None
         if hint:
             lines.append(hint)
     else:

@@ -60,8 +60,12 @@ if name == "sbatch" and args and os.path.isfile(args[-1]):
     call["script"] = open(args[-1]).read()  # submitit moves the file after sbatch returns: keep what sbatch got
 with open(os.path.join(STATE, "calls.jsonl"), "a") as f:
     f.write(json.dumps(call) + "\n")
-answer = os.path.join(STATE, name + ".answer.json")
-if os.path.exists(answer):  # a test's canned answer (a refusal, an error)
+# a test's canned answer (a refusal, an error): for the command with its first words ("scontrol show job"), else for it
+answer = next(
+    (p for k in range(min(len(args), 2), -1, -1) if os.path.exists(p := os.path.join(STATE, " ".join([name, *args[:k]]) + ".answer.json"))),
+    "",
+)
+if answer:
     a = json.load(open(answer))
     sys.stdout.write(a["stdout"])
     sys.stderr.write(a["stderr"])
@@ -124,7 +128,8 @@ class FakeSlurm:
         f.chmod(0o755)
 
     def answer(self, cmd: str, stdout: str = "", stderr: str = "", rc: int = 0) -> None:
-        """From now on `cmd` prints this and exits with rc (instead of its default answer)."""
+        """From now on `cmd` prints this and exits with rc (instead of its default answer). cmd may hold the command's
+        first words ("scontrol show job"): those calls get this answer, the command's other calls their own."""
         (self.state / f"{cmd}.answer.json").write_text(json.dumps({"stdout": stdout, "stderr": stderr, "rc": rc}))
 
     def set_sacct(self, *rows: dict[str, str]) -> None:

@@ -96,6 +96,8 @@ class SlurmConfig:
     """Seconds before the time limit at which SLURM warns the job (USR2) so it can checkpoint and requeue."""
     requeue: bool = True
     """On preemption or the time-limit warning, checkpoint and requeue the job."""
+    act_on_node_loss: bool = True
+    """When a node of the job is lost whole (its heartbeat stopped), the lowest-index surviving node asks SLURM at once to requeue the job without that node (scancel with requeue false), instead of SLURM's own wait until it declares the node down (SlurmdTimeout, often 300 s); false = leave it to SLURM (slurm-wlm 22.05 restarts a GPU (GRES) job requeued while a node does not answer with a broken GPU allocation: its first srun fails)."""
     container: ContainerConfig = field(default_factory=ContainerConfig)
     """Run each node's processes in a container: {image, runtime, mounts, workdir} (keys below)."""
     layout: Literal["split", "shared"] = "split"

@@ -39,6 +39,8 @@ class Event(str, Enum):
     TRAINER_EXIT = "trainer_exit"
     FAILED = "failed"
     REQUEUE = "requeue"
+    SLURM_ASKED = "slurm_asked"
+    """A node was lost: the one surviving node that asks SLURM (launcher.node.lost) sent these commands."""
     BOOTSTRAP_END = "bootstrap_end"
 
     def __str__(self) -> str:  # the name written to and read from the events file (a str Enum prints its member)

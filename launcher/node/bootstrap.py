@@ -36,7 +36,8 @@ from launcher.core.plan import FIRST_NODE, Plan
 from launcher.core.records import Event
 from launcher.node.commands import NodeCommand, trainer_command, vllm_command
 from launcher.node.diagnose import PEER_LOST, root_cause, tail
-from launcher.node.peers import Heartbeats, JobAbort, NodeFailure
+from launcher.node.lost import ask, asker
+from launcher.node.peers import Heartbeats, JobAbort, NodeFailure, PeerLost
 from launcher.node.procs import Proc, become_subreaper, descendants, kill_all
 from launcher.node.reach import check_reach, node_allocation
 
@@ -262,6 +263,7 @@ def run_node(p: Plan, node: int) -> int:
 
     procs: list[Proc] = []
     failed = True  # until a normal end (finished or preempted) says otherwise
+    lost: PeerLost | None = None  # other nodes found lost whole: SLURM is asked to act once ours are stopped
     try:
         # the GPUs SLURM (or the user) gave this node: the plan's indices map through them (rocm: all processes see them)
         allocated = node_allocation(p)
@@ -302,6 +304,7 @@ def run_node(p: Plan, node: int) -> int:
     except ConfigError as e:  # a plan the node cannot run (e.g. fewer GPUs allocated than planned)
         return fail(run, NodeFailure(f"{run.where}: {e}"))
     except NodeFailure as e:
+        lost = e if isinstance(e, PeerLost) else None
         return fail(run, e)
     finally:
         run.heartbeats.finish()
@@ -310,6 +313,8 @@ def run_node(p: Plan, node: int) -> int:
         kill_all(descendants(os.getpid()))  # anything re-parented to us (subreaper) that outlived its parent
         if p.lora_push:  # trainer.lora: the adapters pushed to this node's server, in node-local /tmp (or TMPDIR)
             remove_pushed_adapters(p.job_dir, node)
+        if lost is not None:  # last: SLURM's requeue stops this bootstrap too (SIGTERM, then SIGKILL after KillWait)
+            act_on_lost_nodes(run, lost)
         run.events(Event.BOOTSTRAP_END)
 
 
@@ -453,6 +458,37 @@ def requeue(run: NodeRun) -> None:
         return
     run.events(Event.REQUEUE, job=job, code=out.returncode, stderr=out.stderr.strip())
     run.say(f"requeue job {job}: rc={out.returncode} {out.stderr.strip()}")
+
+
+def act_on_lost_nodes(run: NodeRun, e: PeerLost) -> None:
+    """Other nodes were lost whole: SLURM would keep the job's srun and batch script waiting until it declares them
+    down (SlurmdTimeout), then requeue. The lowest-index survivor asks it now (launcher.node.lost): requeue without the
+    lost hosts (slurm.requeue), else cancel. Every other node leaves it to that one."""
+    names = ", ".join(f"node {k} ({h})" for k, h in sorted(e.lost.items()))
+    if asker(run.plan.num_nodes, e.lost) != run.node:
+        return
+    job = os.environ.get("SLURM_JOB_ID")
+    if not job:
+        run.say(f"{names} lost outside SLURM: nothing to ask a scheduler; run the same command again to resume")
+        return
+    if not run.plan.config.slurm.act_on_node_loss:
+        run.say(f"{names} lost; slurm.act_on_node_loss is off: SLURM requeues or ends the job once it declares it down")
+        return
+    requeue = run.plan.config.slurm.requeue
+    action = "requeue without the lost nodes" if requeue else "cancel (slurm.requeue is off)"
+    try:
+        done = ask(job, os.environ.get("SLURM_JOB_NODELIST", ""), e.lost, requeue, run.say)
+    except FileNotFoundError as missing:  # a container image without SLURM's tools
+        run.events(Event.SLURM_ASKED, job=job, lost=names, action=action, code=127, stderr=str(missing))
+        run.say(
+            f"{names} lost; scontrol/scancel is not on this node ({missing.filename}): SLURM ends the job only once it "
+            f"declares the node down (SlurmdTimeout), then requeues it if slurm.requeue"
+        )
+        return
+    code = next((a.code for a in done if a.code != 0), 0)
+    run.events(Event.SLURM_ASKED, job=job, lost=names, action=action, code=code, commands=[a.as_dict() for a in done])
+    sent = "; ".join(f"{' '.join(a.argv[1:])} -> rc {a.code}" for a in done)
+    run.say(f"{names} lost: asked SLURM to {action} of job {job}: {sent}")
 
 
 def sweep_point_plan(sweep_dir: str) -> str:

@@ -22,6 +22,16 @@ class NodeFailure(RuntimeError):
         self.remote = remote
 
 
+class PeerLost(NodeFailure):
+    """Other nodes of the job stopped answering (their heartbeat, launcher.node.peers.Heartbeats): lost whole, as a
+    node that crashed, lost its network or lost its power. lost: node index -> its host as its heartbeat said ('?' for
+    one never seen). launcher.node.lost asks SLURM to act on it at once."""
+
+    def __init__(self, message: str, lost: dict[int, str]):
+        super().__init__(message, remote=True)
+        self.lost = lost
+
+
 class JobAbort:
     """logs/abort-<attempt>.json in the shared job folder: the first node that fails writes it, every other
     node's bootstrap sees it within POLL_S and stops its own processes. SLURM's --kill-on-bad-exit does the
@@ -121,11 +131,13 @@ class Heartbeats:
         self.beat(done=True)
 
     def check(self) -> None:
-        """Beat, then raise NodeFailure naming the first other node whose heartbeat stopped."""
+        """Beat, then raise PeerLost naming the first other node whose heartbeat stopped (and listing every one)."""
         if not self.others:
             return
         self.beat()
         now = self.clock()
+        lost: dict[int, str] = {}
+        first = ""
         for k in self.others:
             try:
                 text = self.jd.heartbeat(self.attempt, k).read_text()
@@ -145,9 +157,16 @@ class Heartbeats:
                 host, why = "?", f"no heartbeat at all in the {quiet:.0f} s since this node started"
             else:
                 continue
-            raise NodeFailure(
+            lost[k] = host
+            first = first or (
                 f"node {self.node}: stopping, because node {k} ({host}) stopped answering: {why} (crashed, lost its "
-                f"network or was killed; job.node_timeout_s={self.timeout_s:g})\n"
+                f"network or was killed; job.node_timeout_s={self.timeout_s:g})"
+            )
+        if lost:
+            k, host = next(iter(lost.items()))
+            also = ", ".join(f"node {j} ({h})" for j, h in lost.items() if j != k)
+            raise PeerLost(
+                f"{first}{'; also lost: ' + also if also else ''}\n"
                 f"  see logs/node{k}-*.log in the job folder and the scheduler's view of that node (sinfo -n {host})",
-                remote=True,
+                lost,
             )

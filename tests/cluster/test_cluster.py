@@ -163,16 +163,17 @@ def proc_children(pid: int) -> list[int]:
     return out
 
 
-def job_processes(job_id: str) -> list[str]:
+def job_processes(job_id: str, steps: bool = False) -> list[str]:
     """Every process, on any node, that belongs to the job (nodes share this host's process table: each
-    slurmd is only in its own network namespace), found by the SLURM_JOB_ID its environment carries."""
-    mark = f"SLURM_JOB_ID={job_id}".encode()
+    slurmd is only in its own network namespace), found by the SLURM_JOB_ID its environment carries; steps: also the
+    job's slurmstepd (its title names the job: `slurmstepd: [<job>.<step>]`; slurmd's environment is its own)."""
+    mark, title = f"SLURM_JOB_ID={job_id}".encode(), f"[{job_id}."
     out = []
     for d in Path("/proc").iterdir():
         if d.name.isdigit():
             try:
-                if mark in (d / "environ").read_bytes().split(b"\0"):
-                    cmd = (d / "cmdline").read_bytes().replace(b"\0", b" ")[:150].decode(errors="replace")
+                cmd = (d / "cmdline").read_bytes().replace(b"\0", b" ")[:150].decode(errors="replace")
+                if mark in (d / "environ").read_bytes().split(b"\0") or (steps and title in cmd):
                     out.append(f"{d.name} {cmd}")
             except OSError:
                 continue
@@ -554,9 +555,12 @@ OURS = ("launcher.node.bootstrap", "vllm.entrypoints", "torch.distributed.run", 
 
 def test_a_lost_node_is_named_and_the_run_resumes_on_the_node_left(tmp_path, tiny_model, n2_put_back):
     """It kills node n2 (slurmd included). Node 0 must stop its own server and ranks within job.node_timeout_s plus a
-    few seconds, naming node 1; `slurm-grpo resume` then finishes the run on one node (4 ranks' checkpoint resharded
-    to 2), every step once, the server proven to hold the checkpoint. Meanwhile, on n2 put back, a one-node job with
-    slurm.requeue false is preempted (USR2): it checkpoints and ends, and SLURM does not requeue it."""
+    few seconds, naming node 1, and, as the one survivor, ask SLURM at once to requeue the job without n2: every process
+    of the job (SLURM's srun, batch script and slurmstepd too) gone within node_timeout_s + 10 s, long before SLURM's
+    own verdict (SlurmdTimeout 60 s). The requeued copy cannot start on the one node left: cancelled; `slurm-grpo
+    resume` then finishes the run on one node (4 ranks' checkpoint resharded to 2), every step once, the server proven
+    to hold the checkpoint. Meanwhile, on n2 put back, a one-node job with slurm.requeue false is preempted (USR2): it
+    checkpoints and ends, and SLURM does not requeue it."""
     cluster = n2_put_back
     env = cluster.env
     job = tmp_path / "lost"
@@ -578,15 +582,25 @@ def test_a_lost_node_is_named_and_the_run_resumes_on_the_node_left(tmp_path, tin
     error = next(e["error"] for e in events(job, 0) if e["event"] == "failed")
     assert "node 1 (n2) stopped answering: no heartbeat for" in error, error
     assert took < 20 + 15, took  # node_timeout_s, plus a bounded stop
-    # SLURM's own verdict follows (it declares the node down after SlurmdTimeout); a requeued copy of the job
-    # would wait for two nodes forever: cancel it, the user's next step is `slurm-grpo resume`
-    deadline = time.time() + 300
-    while time.time() < deadline and job_processes(job_id):
-        time.sleep(0.5)
-    assert not job_processes(job_id), f"left behind: {job_processes(job_id)}"  # no process of the job on any node
+    deadline = time.time() + 120
+    while time.time() < deadline and job_processes(job_id, steps=True):
+        time.sleep(0.25)
+    took_all = time.time() - t0
+    report("whole node 1 lost -> every process of the job gone (srun, batch script, slurmstepd too)", took_all, "requeued")
+    assert not job_processes(job_id, steps=True), f"left behind: {job_processes(job_id, steps=True)}"
+    # node 0 asked SLURM (requeue held, n2 excluded, released); SLURM's own verdict would take SlurmdTimeout (60 s)
+    asked = [e for e in events(job, 0) if e["event"] == "slurm_asked"]
+    assert len(asked) == 1 and asked[0]["code"] == 0, asked
+    assert [c["argv"][1] for c in asked[0]["commands"] if c["argv"][1] != "show"] == ["requeuehold", "update", "release"]
+    assert took_all < 20 + 10, (took_all, asked)
+    # requeued (Restarts), n2 kept off; COMPLETING on n2 (it does not answer) until SLURM declares it down, then PENDING
+    sj = scontrol_job(job_id, env)
+    assert sj["ExcNodeList"] == "n2" and sj["Restarts"] == "1" and sj["JobState"] in ("COMPLETING", "PENDING"), sj
+    # the requeued copy would wait for a second node forever (n2 excluded): cancel it, the next step is `slurm-grpo resume`
+    # (the accounting keeps only the requeued instance: the controller says when the copy is cancelled)
     subprocess.run(["scancel", job_id], env=env, capture_output=True, timeout=30)
     deadline = time.time() + 120
-    while time.time() < deadline and sacct_state(job_id, env) in ("RUNNING", "PENDING", "REQUEUED", ""):
+    while time.time() < deadline and scontrol_job(job_id, env)["JobState"] != "CANCELLED":
         time.sleep(0.5)
     status = subprocess.run([PY, "-m", "launcher", "status", str(job)], capture_output=True, text=True, env=env, cwd=REPO)
     assert "next: slurm-grpo resume" in status.stdout, status.stdout

@@ -319,3 +319,18 @@ def test_sync_of_a_sweep_folder_names_a_point_to_sync(tmp_path, fake_slurm: Fake
     assert cli_main(["sync", str(sweep)]) == 2
     assert f"is a sweep folder: sync one of its points, e.g. slurm-grpo sync {q(sweep / 'point-000')}" in capsys.readouterr().err
     assert fake_slurm.calls() == []
+
+
+@pytest.mark.parametrize("still_queued", [False, True])
+def test_a_requeued_job_cancelled_before_it_restarted_can_be_resumed(tmp_path, fake_slurm: FakeSlurm, capsys, still_queued):
+    """Accounting keeps only the requeued instance of a job cancelled while it waited to start again (a node lost:
+    the survivor requeued it without that node): the controller, not sacct, says whether it is still to run."""
+    job = make_job(tmp_path / "job")
+    (job / "checkpoints" / "step-2").mkdir(parents=True)
+    (job / "checkpoints" / "step-2" / "meta.json").write_text("{}")
+    fake_slurm.set_sacct({"JobID": "77", "State": "REQUEUED", "NodeList": "n[1-2]", "Elapsed": "00:03:00", "ExitCode": "0:0"})
+    fake_slurm.answer("squeue", stdout="PENDING\n" if still_queued else "CANCELLED\n")
+    assert cli_main(["status", str(job)]) == 0
+    out = capsys.readouterr().out
+    assert ("next: slurm-grpo resume" in out) != still_queued, out
+    assert ["squeue", "-h", "-t", "all", "-j", "77", "-o", "%T"] in [[c["cmd"], *c["argv"]] for c in fake_slurm.calls()]
