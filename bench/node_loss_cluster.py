@@ -373,6 +373,7 @@ def main() -> int:
         f"job.node_timeout_s={a.node_timeout}",
         "trainer.max_steps=200",
         "trainer.save_steps=1",  # the requeued copy resumes from the last step's checkpoint
+        "slurm.node_loss_action=requeue_now",  # what this bench measures (the default waits for SLURM's own requeue)
         *a.sets,
     ]
     t0 = time.time()

@@ -96,8 +96,8 @@ class SlurmConfig:
     """Seconds before the time limit at which SLURM warns the job (USR2) so it can checkpoint and requeue."""
     requeue: bool = True
     """On preemption or the time-limit warning, checkpoint and requeue the job."""
-    act_on_node_loss: bool = True
-    """When a node of the job is lost whole (its heartbeat stopped), the lowest-index surviving node asks SLURM at once to requeue the job without that node (scancel with requeue false), instead of SLURM's own wait until it declares the node down (SlurmdTimeout, often 300 s); false = leave it to SLURM (slurm-wlm 22.05 restarts a GPU (GRES) job requeued while a node does not answer with a broken GPU allocation: its first srun fails)."""
+    node_loss_action: Literal["auto", "requeue_now", "wait"] = "auto"
+    """When a node of the job is lost whole (its heartbeat stopped), what the lowest-index surviving node asks SLURM, instead of SLURM's own wait until it declares the node down (SlurmdTimeout, often 300 s): auto = cancel at once with slurm.requeue false (nothing to requeue), else wait for SLURM's own requeue; requeue_now = requeue at once without the lost nodes (every process gone within job.node_timeout_s + the site's KillWait; slurm-wlm 22.05 restarts a GPU (GRES) job requeued so with a broken GPU allocation: its first srun fails, then `slurm-grpo resume`); wait = never ask."""
     container: ContainerConfig = field(default_factory=ContainerConfig)
     """Run each node's processes in a container: {image, runtime, mounts, workdir} (keys below)."""
     layout: Literal["split", "shared"] = "split"
@@ -576,6 +576,9 @@ class Menu:
 
 MENUS = {
     "slurm.container.runtime": Menu(notes={"pyxis": "srun --container-image"}),
+    "slurm.node_loss_action": Menu(
+        notes={"auto": "cancel without slurm.requeue, else SLURM's own requeue", "requeue_now": "requeue without the lost nodes"}
+    ),
     "vllm.dtype": Menu(one_of=True),
     "trainer.fsdp": Menu(notes={"hsdp": "shard in a node, replicate across nodes"}),
     "trainer.model_loading": Menu(notes={"sharded": "each rank reads its shard"}),

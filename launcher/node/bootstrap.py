@@ -463,7 +463,8 @@ def requeue(run: NodeRun) -> None:
 def act_on_lost_nodes(run: NodeRun, e: PeerLost) -> None:
     """Other nodes were lost whole: SLURM would keep the job's srun and batch script waiting until it declares them
     down (SlurmdTimeout), then requeue. The lowest-index survivor asks it now (launcher.node.lost): requeue without the
-    lost hosts (slurm.requeue), else cancel. Every other node leaves it to that one."""
+    lost hosts (slurm.node_loss_action requeue_now), or cancels (slurm.requeue false: nothing to requeue). Every other
+    node leaves it to that one."""
     names = ", ".join(f"node {k} ({h})" for k, h in sorted(e.lost.items()))
     if asker(run.plan.num_nodes, e.lost) != run.node:
         return
@@ -471,10 +472,14 @@ def act_on_lost_nodes(run: NodeRun, e: PeerLost) -> None:
     if not job:
         run.say(f"{names} lost outside SLURM: nothing to ask a scheduler; run the same command again to resume")
         return
-    if not run.plan.config.slurm.act_on_node_loss:
-        run.say(f"{names} lost; slurm.act_on_node_loss is off: SLURM requeues or ends the job once it declares it down")
+    how, requeue = run.plan.config.slurm.node_loss_action, run.plan.config.slurm.requeue
+    if how == "wait" or (how == "auto" and requeue):
+        run.say(
+            f"{names} lost; slurm.node_loss_action {how}: SLURM "
+            + ("requeues the job once it declares the node down" if requeue else "ends the job once it declares the node down")
+            + (" (requeue_now would requeue it at once: see that key)" if requeue else "")
+        )
         return
-    requeue = run.plan.config.slurm.requeue
     action = "requeue without the lost nodes" if requeue else "cancel (slurm.requeue is off)"
     try:
         done = ask(job, os.environ.get("SLURM_JOB_NODELIST", ""), e.lost, requeue, run.say)

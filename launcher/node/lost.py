@@ -5,8 +5,9 @@ slurmstepd waiting until it declares the lost node DOWN itself (SlurmdTimeout: o
 job. So ONE survivor asks at once: the lowest-index node not lost (every node computes the same choice from the plan
 and the lost set, so exactly one asks). With slurm.requeue: requeue the job held, exclude the lost hosts (added to any
 exclusion it had; SLURM takes ExcNodeList only from a pending job), release it; the copy starts on healthy nodes and
-resumes from the last checkpoint (not on slurm-wlm 22.05 for a GRES job: its restart fails at the first srun, see
-slurm.act_on_node_loss). Without: cancel the job (nothing to requeue). Outside SLURM, or with no scontrol on
+resumes from the last checkpoint (not on slurm-wlm 22.05 for a GRES job: its restart fails at the first srun, so this
+is slurm.node_loss_action requeue_now, not the default). Without requeue: cancel the job (nothing to requeue; the
+default). Outside SLURM, or with no scontrol on
 the node (a container image), nothing is asked: SLURM's own verdict ends the job, as before.
 Every command has a deadline; a failure is logged with the command and its stderr and never hides the node's loss.
 """

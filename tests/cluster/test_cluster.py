@@ -564,7 +564,14 @@ def test_a_lost_node_is_named_and_the_run_resumes_on_the_node_left(tmp_path, tin
     cluster = n2_put_back
     env = cluster.env
     job = tmp_path / "lost"
-    job_id = cluster.submit(job, tiny_model, "trainer.max_steps=12", "trainer.save_steps=2", "job.node_timeout_s=20")
+    job_id = cluster.submit(
+        job,
+        tiny_model,
+        "trainer.max_steps=12",
+        "trainer.save_steps=2",
+        "job.node_timeout_s=20",
+        "slurm.node_loss_action=requeue_now",
+    )
     wait_until(lambda: steps_done(job) >= 3, 600, "step 3", job_id, env, job)
     killed = kill_node(env, "n2")
     t0 = time.time()

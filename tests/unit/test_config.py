@@ -148,6 +148,8 @@ CHOICE_ERRORS = [
     ("slurm", {"container": {"image": "x.sif", "runtime": "docker"}},
      "slurm.container.runtime 'docker' must be pyxis (srun --container-image) or apptainer"),
     ("slurm", {"layout": "mixed"}, "slurm.layout 'mixed' must be split or shared"),
+    ("slurm", {"node_loss_action": "now"}, "slurm.node_loss_action 'now' must be auto (cancel without slurm.requeue, else "
+     "SLURM's own requeue), requeue_now (requeue without the lost nodes) or wait"),
     ("vllm", {"dtype": "fp8"}, "vllm.dtype 'fp8' must be one of auto, bfloat16, float32"),
     ("vllm", {"weight_transfer_backend": "rdma"}, "vllm.weight_transfer_backend 'rdma' must be auto, nccl, gloo or ipc"),
     ("vllm", {"engine_start": "forkserver"}, "vllm.engine_start 'forkserver' must be auto, fork or spawn"),

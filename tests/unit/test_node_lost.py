@@ -29,12 +29,12 @@ class Clock:
         self.now += s
 
 
-def node_run(tmp_path, node: int, requeue: bool = True, nodes: int = 3, act: bool = True) -> NodeRun:
+def node_run(tmp_path, node: int, requeue: bool = True, nodes: int = 3, act: str = "requeue_now") -> NodeRun:
     (tmp_path / "logs").mkdir(exist_ok=True)
     cfg = config.from_dict(
         {
             "job": {"device": "cpu"},
-            "slurm": {"nodes": nodes, "gpus_per_node": 3, "requeue": requeue, "act_on_node_loss": act},
+            "slurm": {"nodes": nodes, "gpus_per_node": 3, "requeue": requeue, "node_loss_action": act},
             "vllm": {"model": "m"},
             "trainer": {"dtype": "float32"},
         }
@@ -142,9 +142,16 @@ def test_without_requeue_the_job_is_cancelled(tmp_path, slurm_job):
     assert asked(node_run(tmp_path, 0))[0]["action"] == "cancel (slurm.requeue is off)"
 
 
-def test_off_it_leaves_the_job_to_slurm(tmp_path, slurm_job, capsys):
-    act_on_lost_nodes(node_run(tmp_path, 0, act=False), PeerLost("...", {1: "n2"}))
-    assert slurm_job.calls() == [] and "slurm.act_on_node_loss is off" in capsys.readouterr().out
+def test_wait_and_the_default_with_requeue_leave_the_job_to_slurm_and_the_default_without_requeue_cancels(
+    tmp_path, slurm_job, capsys
+):
+    act_on_lost_nodes(node_run(tmp_path, 0, act="wait"), PeerLost("...", {1: "n2"}))
+    assert slurm_job.calls() == [] and "slurm.node_loss_action wait" in capsys.readouterr().out
+    # auto (the default): SLURM's own requeue, which restarts a GRES job on slurm-wlm 22.05 (requeue_now's does not)
+    act_on_lost_nodes(node_run(tmp_path, 0, act="auto"), PeerLost("...", {1: "n2"}))
+    assert slurm_job.calls() == [] and "requeue_now would requeue it at once" in capsys.readouterr().out
+    act_on_lost_nodes(node_run(tmp_path, 0, requeue=False, act="auto"), PeerLost("...", {1: "n2"}))
+    assert argvs(slurm_job) == [["scancel", "77"]]
 
 
 def test_a_refused_exclusion_is_retried_within_its_deadline_and_the_job_released_anyway(tmp_path, slurm_job):
