@@ -181,6 +181,25 @@ class AdapterReceiver:
         self.tensors = {}
 
 
+class AdapterOrWeights:
+    """Mixed in before a vLLM weight-transfer engine whose pushes are either a LoRA adapter's (self.adapter, set by
+    init_transfer_engine from the init info) or full weights (the engine's own start and finish)."""
+
+    adapter: AdapterReceiver | None = None
+
+    def start_weight_update(self) -> None:
+        if self.adapter is not None:
+            self.adapter.start()
+        else:
+            super().start_weight_update()  # type: ignore[misc]
+
+    def finish_weight_update(self) -> None:
+        if self.adapter is not None:
+            self.adapter.finish()
+        else:
+            super().finish_weight_update()  # type: ignore[misc]
+
+
 def receiver(init_info: Any, engine: Any) -> AdapterReceiver | None:
     """The engine's AdapterReceiver when its init info names an adapter (lora_adapter), else None (a full push)."""
     target = getattr(init_info, "lora_adapter", None)

@@ -27,7 +27,7 @@ import torch.distributed as dist
 from vllm.distributed.weight_transfer.nccl_engine import NCCLWeightTransferEngine, NCCLWeightTransferInitInfo
 from vllm.distributed.weight_transfer.packed_tensor import unpack_tensor
 
-from trainer.push.adapter_receiver import AdapterReceiver, receiver
+from trainer.push.adapter_receiver import AdapterOrWeights, receiver
 from trainer.push.wire import ParamMeta, chunk_metas, loopback_gloo_group
 
 
@@ -53,10 +53,9 @@ def push_fault() -> tuple[str, int] | None:
     return what, int(n)
 
 
-class GlooWeightTransferEngine(NCCLWeightTransferEngine):
+class GlooWeightTransferEngine(AdapterOrWeights, NCCLWeightTransferEngine):
     init_info_cls = GlooWeightTransferInitInfo  # type: ignore[assignment]
     pushes_received = 0
-    adapter: AdapterReceiver | None = None
 
     def init_transfer_engine(self, init_info: GlooWeightTransferInitInfo) -> None:  # type: ignore[override]
         self.adapter = receiver(init_info, self)
@@ -69,18 +68,6 @@ class GlooWeightTransferEngine(NCCLWeightTransferEngine):
             str(init_info.master_address), int(init_info.master_port or 0), init_info.world_size, is_master=False, timeout=timeout
         )
         self.model_update_group = loopback_gloo_group(store, rank, init_info.world_size, timeout)  # type: ignore[assignment]
-
-    def start_weight_update(self) -> None:
-        if self.adapter is not None:
-            self.adapter.start()
-        else:
-            super().start_weight_update()
-
-    def finish_weight_update(self) -> None:
-        if self.adapter is not None:
-            self.adapter.finish()
-        else:
-            super().finish_weight_update()
 
     def update_weights(self, update_info) -> None:
         # the base class would call torch.accelerator.synchronize(), which has no CPU device to sync

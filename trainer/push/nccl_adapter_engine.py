@@ -14,7 +14,7 @@ import torch
 from vllm.distributed.weight_transfer.nccl_engine import NCCLWeightTransferEngine, NCCLWeightTransferInitInfo
 from vllm.distributed.weight_transfer.packed_tensor import packed_nccl_broadcast_consumer
 
-from trainer.push.adapter_receiver import AdapterReceiver, receiver
+from trainer.push.adapter_receiver import AdapterOrWeights, receiver
 
 
 @dataclass(kw_only=True)
@@ -23,25 +23,12 @@ class NcclAdapterInitInfo(NCCLWeightTransferInitInfo):
     """trainer.push.adapter_receiver's target ({name, peft_config}): the pushes are a LoRA adapter's; None = weights."""
 
 
-class NcclAdapterWeightTransferEngine(NCCLWeightTransferEngine):
+class NcclAdapterWeightTransferEngine(AdapterOrWeights, NCCLWeightTransferEngine):
     init_info_cls = NcclAdapterInitInfo  # type: ignore[assignment]
-    adapter: AdapterReceiver | None = None
 
     def init_transfer_engine(self, init_info: NcclAdapterInitInfo) -> None:  # type: ignore[override]
         self.adapter = receiver(init_info, self)
         super().init_transfer_engine(init_info)
-
-    def start_weight_update(self) -> None:
-        if self.adapter is not None:
-            self.adapter.start()
-        else:
-            super().start_weight_update()
-
-    def finish_weight_update(self) -> None:
-        if self.adapter is not None:
-            self.adapter.finish()
-        else:
-            super().finish_weight_update()
 
     def receive_weights(self, update_info) -> None:
         if self.adapter is None:
