@@ -12,6 +12,7 @@ import pytest
 import torch
 
 from launcher.core.config import LoraConfig
+from tests.unit.test_lora_push import trained
 from trainer import lora as trainer_lora
 
 pytest.importorskip("vllm")
@@ -29,19 +30,6 @@ def tiny(tmp_path_factory) -> str:
     path = tmp_path_factory.mktemp("tiny")
     make_tiny_model(path)
     return str(path)
-
-
-def trained(model_dir: str, lora: LoraConfig):
-    """A peft model of the tiny base whose adapters are non-zero (as after training)."""
-    from transformers import AutoModelForCausalLM
-
-    base = AutoModelForCausalLM.from_pretrained(model_dir, dtype=torch.float32)
-    model = trainer_lora.apply(base, lora, torch.float32, model_dir)
-    g = torch.Generator().manual_seed(0)
-    with torch.no_grad():
-        for _, p in trainer_lora.adapter_params(model):
-            p.copy_(torch.randn(p.shape, generator=g) * 0.05)
-    return model.eval()
 
 
 def over_the_wire(stream: list[tuple[str, torch.Tensor]], meta, bucket: int) -> list[list[tuple[str, torch.Tensor]]]:
