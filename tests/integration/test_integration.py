@@ -157,8 +157,15 @@ def assert_both_starts(job: Path) -> None:
     from launcher.vllm_log import node_starts
 
     st = status(job)
+    log = (job / "logs" / "node0-vllm.log").read_text(errors="replace")
+    inherited = {k: v for k, v in os.environ.items() if k.startswith("VLLM_LOG") or "COLOR" in k}
     for name in ("first start", "restart 1"):
-        assert f"start-up, {name}: server start" in st and f"vLLM start, {name}: imports" in st, st
+        # vLLM's own lines are there whatever this process inherited (launcher.node.commands.VLLM_LOG_ENV)
+        assert f"start-up, {name}: server start" in st and f"vLLM start, {name}: imports" in st, (
+            st,
+            inherited,
+            log.count("(APIServer pid="),
+        )
     first, again = node_starts(job / "logs" / "node0-vllm.log")
     assert float(first["model inspection"]) <= 3 and float(again["model inspection"]) <= 3, (first, again)
     assert list((job / "cache" / "node0" / "vllm" / "modelinfos").glob("*Qwen2ForCausalLM.json"))

@@ -265,6 +265,37 @@ def test_the_plugin_has_vllm_inspect_the_model_class_in_this_process(tmp_path, m
     assert list((tmp_path / "modelinfos").glob("*TinyLm.json"))
 
 
+LOG_A_LINE = """
+import argparse
+from vllm.logger import configure_logging_from_args, init_logger
+from vllm.utils.system_utils import decorate_logs
+configure_logging_from_args(argparse.Namespace())  # as vLLM's API server entry configures it
+decorate_logs("APIServer")
+init_logger("vllm.config.model").info("Resolved architecture: Qwen2ForCausalLM")
+"""
+HOSTILE = {"VLLM_CONFIGURE_LOGGING": "0", "VLLM_LOGGING_LEVEL": "ERROR", "FORCE_COLOR": "1", "VLLM_LOGGING_PREFIX": "x "}
+"""Logging settings a job may inherit (a site's, a CI's): CI's servers once wrote not one vLLM line into the log."""
+
+
+def test_the_servers_log_has_vllms_lines_the_status_reads_whatever_the_job_inherits(tmp_path):
+    import subprocess
+    import sys
+
+    from launcher.vllm_log import RESOLVED
+
+    _, env, _ = server(tmp_path)
+    base = {k: v for k, v in os.environ.items() if not k.startswith("VLLM_LOG")} | HOSTILE
+    runs = {
+        name: subprocess.Popen(
+            [sys.executable, "-c", LOG_A_LINE], env=e, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True
+        )
+        for name, e in (("inherited", base), ("server", base | env))
+    }
+    out = {name: p.communicate(timeout=120)[0] for name, p in runs.items()}
+    assert RESOLVED.search(out["server"]), out["server"]  # the line launcher.vllm_log times the model inspection by
+    assert not RESOLVED.search(out["inherited"]), out["inherited"]  # what the server's env overrides
+
+
 try:
     import torch
 
