@@ -21,18 +21,17 @@ IN_JOB = JobDir(Path())
 
 
 OFFLINE_ENV = {"HF_HUB_OFFLINE": "1", "HF_DATASETS_OFFLINE": "1"}
+"""Nodes never reach for the hub: a hub model name was resolved to its cached snapshot at submit (launcher.hub)."""
 VLLM_LOG_ENV = {
     "VLLM_CONFIGURE_LOGGING": "1",
     "VLLM_LOGGING_LEVEL": "INFO",
     "VLLM_LOGGING_COLOR": "0",
     "VLLM_LOGGING_PREFIX": "",
-    "VLLM_LOGGING_STREAM": "ext://sys.stdout",
-    "VLLM_LOGGING_CONFIG_PATH": "",
 }
 """vLLM's own INFO lines, plain, in node<i>-vllm.log whatever the job inherits: `slurm-grpo status` reads the start's
 phases from them (launcher.vllm_log) and a user reads them after a failure. An inherited logging setting (a site's or a
-CI's environment) had left the log with no vLLM line at all; color codes or a prefix would break the reading."""
-"""Nodes never reach for the hub: a hub model name was resolved to its cached snapshot at submit (launcher.hub)."""
+CI's environment) had left the log with no vLLM line at all; color codes or a prefix would break the reading. A user's
+own: `--log-level DEBUG` or `--logging-config` in vllm.extra_args (vLLM's flags win over these)."""
 
 SERVER_ENGINE = {"ipc": "mapped_ipc"}
 """The server's weight-transfer engine per push backend where it is the project's own (trainer.push.vllm_plugin registers
