@@ -29,9 +29,10 @@ VLLM_LOG_ENV = {
     "VLLM_LOGGING_PREFIX": "",
 }
 """vLLM's own INFO lines, plain, in node<i>-vllm.log whatever the job inherits: `slurm-grpo status` reads the start's
-phases from them (launcher.vllm_log) and a user reads them after a failure. An inherited logging setting (a site's or a
-CI's environment) had left the log with no vLLM line at all; color codes or a prefix would break the reading. A user's
-own: `--log-level DEBUG` or `--logging-config` in vllm.extra_args (vLLM's flags win over these)."""
+phases from them (launcher.vllm_log) and a user reads them after a failure. Importing TRL sets VLLM_LOGGING_LEVEL=ERROR
+in that process's environment (trl/_compat.py), and any process it starts inherits it: in the test suite (a test module
+imports TRL) the servers wrote not one vLLM line. Color codes or a prefix would break the reading too. A user's own:
+`--log-level DEBUG` or `--logging-config` in vllm.extra_args (vLLM's flags win over these)."""
 
 SERVER_ENGINE = {"ipc": "mapped_ipc"}
 """The server's weight-transfer engine per push backend where it is the project's own (trainer.push.vllm_plugin registers

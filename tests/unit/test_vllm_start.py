@@ -274,7 +274,8 @@ decorate_logs("APIServer")
 init_logger("vllm.config.model").info("Resolved architecture: Qwen2ForCausalLM")
 """
 HOSTILE = {"VLLM_CONFIGURE_LOGGING": "0", "VLLM_LOGGING_LEVEL": "ERROR", "FORCE_COLOR": "1", "VLLM_LOGGING_PREFIX": "x "}
-"""Logging settings a job may inherit (a site's, a CI's): CI's servers once wrote not one vLLM line into the log."""
+"""Logging settings a job may inherit: TRL's import sets VLLM_LOGGING_LEVEL=ERROR (trl/_compat.py), and the integration
+tier's servers, started from the pytest process, once wrote not one vLLM line into the log."""
 
 
 def test_the_servers_log_has_vllms_lines_the_status_reads_whatever_the_job_inherits(tmp_path):
