@@ -20,8 +20,18 @@ from pathlib import Path
 from launcher.core.config import ConfigError, JobConfig
 from launcher.core.dataset_schema import DatasetError, Schema, read_jsonl, read_schema
 from launcher.core.reward_check import reward_needs
+from launcher.core.weights import WeightsError, weight_shapes
 
-TOKENIZER_FILES = ("tokenizer.json", "tokenizer_config.json", "vocab.json", "tokenizer.model")
+TOKENIZER_VOCABS = (
+    ("tokenizer.json",),  # the fast tokenizer: what transformers 5 and vLLM load first
+    ("tokenizer.model",),  # sentencepiece (Llama, Mistral, Gemma) or tiktoken, converted at load
+    ("spiece.model",),
+    ("sentencepiece.bpe.model",),
+    ("vocab.json", "merges.txt"),  # byte-level BPE (GPT-2, Qwen)
+    ("vocab.txt",),  # WordPiece
+)
+"""Files a tokenizer loads its vocabulary from (transformers' VOCAB_FILES_NAMES conventions): one set must be whole;
+tokenizer_config.json alone holds no vocabulary (AutoTokenizer: "Couldn't instantiate the backend tokenizer")."""
 WEIGHT_GLOBS = ("*.safetensors", "*.bin", "*.safetensors.index.json", "*.bin.index.json")
 
 
@@ -51,8 +61,8 @@ def check_model(model: str) -> None:
     missing = []
     if not (p / "config.json").is_file():
         missing.append("config.json")
-    if not any((p / f).is_file() for f in TOKENIZER_FILES):
-        missing.append("a tokenizer (tokenizer.json or tokenizer_config.json)")
+    if not has_tokenizer_vocab(p):
+        missing.append("a tokenizer's vocabulary (tokenizer.json, or tokenizer.model, or vocab.json + merges.txt)")
     if not any(any(p.glob(g)) for g in WEIGHT_GLOBS):
         missing.append("weights (*.safetensors)")
     if missing:
@@ -61,6 +71,14 @@ def check_model(model: str) -> None:
         json.loads((p / "config.json").read_text())
     except (OSError, ValueError) as e:
         raise PreflightError(f"vllm.model {model!r}: config.json is unreadable ({e})") from None
+    try:
+        weight_shapes(p)  # every shard there and whole, by its header
+    except WeightsError as e:
+        raise PreflightError(f"vllm.model {model!r}: {e}") from None
+
+
+def has_tokenizer_vocab(folder: Path) -> bool:
+    return any(all((folder / f).is_file() for f in files) for files in TOKENIZER_VOCABS) or any(folder.glob("*.tiktoken"))
 
 
 def read_jsonl_prompts(path: str) -> list[dict]:
