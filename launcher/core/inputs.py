@@ -15,6 +15,7 @@ import json
 import subprocess
 import sys
 from collections.abc import Callable, Iterable
+from dataclasses import dataclass
 from pathlib import Path
 
 from launcher.core.config import ConfigError, JobConfig
@@ -101,7 +102,8 @@ def check_dataset(
             f"use an absolute path on a shared file system)"
         )
     try:
-        schema = read_schema(path, required=tuple(columns.get(c, c) for c in needed))
+        prompt = columns.get("prompt", "prompt") if "prompt" in needed else ""
+        schema = read_schema(path, required=tuple(columns.get(c, c) for c in needed), prompt=prompt)
     except DatasetError as e:
         raise PreflightError(str(e)) from None
     have = ", ".join(schema.columns)
@@ -151,12 +153,76 @@ def check_data(config: JobConfig) -> None:
     t = config.trainer
     needed, why = data_needs(config)
     schema = check_dataset(t.dataset, needed, t.columns, why)
+    check_rows(config, schema)
     if t.chat_template and not is_inline_template(t.chat_template) and not Path(t.chat_template).expanduser().is_file():
         raise PreflightError(
             f"trainer.chat_template {t.chat_template!r}: no such file on this node (give a Jinja file on a shared file "
             "system, or the template text itself)"
         )
     check_template_for(config, schema, "trainer.dataset")
+
+
+@dataclass(frozen=True)
+class StepDraw:
+    """What one generation batch draws from the dataset (TRL's RepeatSampler: a batch of `prompts` distinct rows, each
+    generated num_generations times, then trained on for `steps` optimizer steps)."""
+
+    prompts: int
+    rule: str
+    """How `prompts` was derived, with the numbers."""
+    steps: int
+    """Optimizer steps one generation batch feeds (num_iterations x steps_per_generation / gradient accumulation)."""
+
+
+def step_draw(config: JobConfig) -> StepDraw | None:
+    """From the plan's world size and trainer.grpo (None when the config does not plan: its own check says why)."""
+    from launcher.core.plan import generation_steps, plan
+
+    try:
+        world = plan(config, "").world_size
+    except (ConfigError, ValueError):
+        return None
+    t = config.trainer
+    spg, batch, g = generation_steps(config, world), t.per_device_train_batch_size, t.num_generations
+    accum, iterations = (t.grpo.get(k) for k in ("gradient_accumulation_steps", "num_iterations"))
+    accum = accum if isinstance(accum, int) and accum > 0 else 1
+    iterations = iterations if isinstance(iterations, int) and iterations > 0 else 1
+    per_gen = f" x {spg} steps_per_generation" if spg > 1 else ""
+    rule = f"per_device_train_batch_size {batch} x {world} ranks{per_gen} / num_generations {g}"
+    return StepDraw(batch * world * spg // g, rule, max(1, iterations * spg // accum))
+
+
+def check_rows(config: JobConfig, schema: Schema) -> None:
+    """TRL's RepeatSampler drops an incomplete batch of prompts (trl/trainer/utils.py RepeatSampler.__iter__): a
+    dataset with fewer rows than one generation batch draws gives the trainer no batch at all, and the job stops at
+    step 0 after the queue and vLLM's start. More rows than that repeat over epochs up to max_steps."""
+    draw = step_draw(config)
+    if schema.rows is None or draw is None or schema.rows >= draw.prompts:
+        return
+    raise PreflightError(
+        f"trainer.dataset {config.trainer.dataset} has {schema.rows} rows, fewer than the {draw.prompts} prompts one step "
+        f"draws ({draw.rule}): TRL would run no step; lower trainer.per_device_train_batch_size or slurm.nodes, or add rows"
+    )
+
+
+def epochs_note(config: JobConfig) -> str | None:
+    """The plan's line on how the dataset feeds the run: 'N rows = K steps per epoch; max_steps M = E epochs' (None
+    when the dataset is not readable here or too small: the data check says why)."""
+    draw = step_draw(config)
+    try:
+        rows = read_schema(config.trainer.dataset).rows
+    except (DatasetError, OSError):
+        return None
+    if draw is None or rows is None or rows < draw.prompts:
+        return None
+    per_epoch = rows // draw.prompts * draw.steps
+    epochs = config.trainer.max_steps / per_epoch
+    left = rows % draw.prompts
+    unused = f", {left} rows unused per epoch (reshuffled each)" if left else ""
+    return (
+        f"data: {rows} rows = {per_epoch} step{'s' * (per_epoch != 1)} per epoch of {draw.prompts} prompts{unused}; "
+        f"max_steps {config.trainer.max_steps} = {epochs:.3g} epochs"
+    )
 
 
 def check_template_for(config: JobConfig, schema: Schema, key: str) -> None:
