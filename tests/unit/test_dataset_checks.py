@@ -302,8 +302,7 @@ def test_a_dataset_smaller_than_one_step_is_refused_with_the_numbers(tmp_path, f
     check_data(config(2))  # 14 ranks: 14 prompts a step; TRL repeats the set over epochs up to max_steps
     assert len(list(RepeatSampler(rows, mini_repeat_count=8, batch_size=14))) == 4 * 14 * 8  # 4 batches an epoch
     assert epochs_note(config(2)) == (
-        "data: 64 rows = 4 steps per epoch of 14 prompts, 8 rows unused per epoch (reshuffled each); "
-        "max_steps 20 = 5 epochs"
+        "data: 64 rows = 4 steps per epoch of 14 prompts, 8 rows unused per epoch (reshuffled each); max_steps 20 = 5 epochs"
     )
     assert epochs_note(config(16)) is None  # the check's refusal says it
 
@@ -311,8 +310,8 @@ def test_a_dataset_smaller_than_one_step_is_refused_with_the_numbers(tmp_path, f
 def test_the_quickstart_commands_fit_the_shipped_data():
     """README's quickstart (math_example.yaml on 2 nodes x 8 GPUs) over data/math_small.jsonl's 90 rows: 56 prompts a
     step fit; the reviewer's 16 nodes (448 prompts a step) are refused."""
-    from launcher.core.inputs import check_rows, epochs_note
     from launcher.core.dataset_schema import read_schema
+    from launcher.core.inputs import check_rows, epochs_note
 
     quick = C.load("configs/math_example.yaml", ["slurm.nodes=2", "slurm.gpus_per_node=8"])
     assert epochs_note(quick) == (
