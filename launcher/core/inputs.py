@@ -20,6 +20,7 @@ from pathlib import Path
 
 from launcher.core.config import ConfigError, JobConfig
 from launcher.core.dataset_schema import DatasetError, Schema, read_jsonl, read_schema
+from launcher.core.lora import target_problems
 from launcher.core.reward_check import reward_needs
 from launcher.core.weights import WeightsError, weight_shapes
 
@@ -76,6 +77,27 @@ def check_model(model: str) -> None:
         weight_shapes(p)  # every shard there and whole, by its header
     except WeightsError as e:
         raise PreflightError(f"vllm.model {model!r}: {e}") from None
+
+
+def lora_target_findings(config: JobConfig) -> tuple[list[str], list[str]]:
+    """(problems, warnings) of trainer.lora.target_modules against the model folder's weight names (LoRA on, a model
+    folder here with safetensors weights; else nothing to compare with)."""
+    model = config.vllm.model
+    if not config.trainer.lora.enabled or not looks_local(model) or not Path(model).expanduser().is_dir():
+        return [], []
+    try:
+        shapes = weight_shapes(Path(model).expanduser())
+    except WeightsError:
+        return [], []  # check_model names it
+    return target_problems(config, shapes) if shapes else ([], [])
+
+
+def check_lora_targets(config: JobConfig) -> None:
+    """peft adapts the modules whose names end in a target; one that matches nothing is a typo the job would carry
+    silently (peft errors only when no target matches), or a crash at the first step when none does."""
+    problems, _ = lora_target_findings(config)
+    if problems:
+        raise PreflightError(problems[0])
 
 
 def has_tokenizer_vocab(folder: Path) -> bool:
@@ -225,6 +247,12 @@ def epochs_note(config: JobConfig) -> str | None:
     )
 
 
+def input_notes(config: JobConfig) -> list[str]:
+    """What dry-run's plan says of the inputs beside the checks: how the dataset feeds max_steps, and a WARNING where
+    the LoRA targets leave a fused projection of the model without adapters."""
+    return [n for n in (epochs_note(config), *lora_target_findings(config)[1]) if n]
+
+
 def check_template_for(config: JobConfig, schema: Schema, key: str) -> None:
     """Conversational prompts in the dataset of `key` (or a system prompt, which makes them so) have a chat template to
     be rendered with: trainer.chat_template or the model's own. Tools and environments need conversations: an episode
@@ -305,6 +333,7 @@ def check_eval_dataset(config: JobConfig) -> None:
 def check_node_inputs(config: JobConfig) -> None:
     check_model(config.vllm.model)
     check_context_length(config)
+    check_lora_targets(config)
     check_data(config)
     check_eval_dataset(config)
 
@@ -355,13 +384,15 @@ def input_problems(config: JobConfig) -> list[str]:
     return _caught(
         lambda: check_model(config.vllm.model),
         lambda: check_context_length(config),
+        lambda: check_lora_targets(config),
         lambda: check_data(config),
         lambda: check_eval_dataset(config),
     )
 
 
 CHECK_KINDS = {
-    "model": "vllm.model: a complete model folder, max_model_len within its context",
+    "model": "vllm.model: a complete model folder (tokenizer, every shard whole), max_model_len within its context, "
+    "LoRA targets among its layers",
     "data": "trainer.dataset readable (by content), with the columns the run needs",
     "rewards": "trainer.reward_funcs: module, function and signature (read from source), their imports installed",
     "agents": "trainer.tools/environment/rollout_func modules importable",
@@ -380,7 +411,9 @@ def venv_problems(config: JobConfig) -> list[str]:
 def submit_checks(config: JobConfig) -> dict[str, Callable[[], list[str]]]:
     """Kind (CHECK_KINDS) -> the check, run on the submit host; each returns one-line problems."""
     return {
-        "model": lambda: _caught(lambda: check_model(config.vllm.model), lambda: check_context_length(config)),
+        "model": lambda: _caught(
+            lambda: check_model(config.vllm.model), lambda: check_context_length(config), lambda: check_lora_targets(config)
+        ),
         "data": lambda: _caught(lambda: check_data(config), lambda: check_eval_dataset(config)),
         "rewards": lambda: (
             reward_problems(config.trainer.reward_funcs)
