@@ -12,6 +12,7 @@ from __future__ import annotations
 import difflib
 import importlib.util
 import json
+import shutil
 import subprocess
 import sys
 from collections.abc import Callable, Iterable
@@ -425,6 +426,37 @@ def submit_checks(config: JobConfig) -> dict[str, Callable[[], list[str]]]:
         "agents": lambda: agent_module_problems(config),
         "venv": lambda: venv_problems(config),
     }
+
+
+def unchecked(config: JobConfig) -> dict[str, str]:
+    """Kind -> why its check had nothing to look at here (a hub name, no venv set): shown as skipped with the reason,
+    never as ok."""
+    out = {}
+    if not looks_local(config.vllm.model):
+        out["model"] = f"hub name {config.vllm.model!r}: checked after the download at submit"
+    if not agent_entries(config):
+        out["agents"] = "none set (trainer.tools, trainer.environment, trainer.rollout_func)"
+    if not config.slurm.setup_vars.get("venv"):
+        here = shutil.which(config.job.python) or "not on this PATH"
+        out["venv"] = f"none set: the nodes run job.python ({config.job.python}) from the PATH sbatch passes on, here {here}"
+    return out
+
+
+def check_report(config: JobConfig, skip: Iterable[str] = ()) -> tuple[list[str], list[str]]:
+    """dry-run's check section: (one line per kind, ok, PROBLEM with its problems indented below, or skipped with why;
+    the kinds that found problems)."""
+    lines, failed, nothing = [], [], unchecked(config)
+    for kind, check in submit_checks(config).items():
+        if kind in skip:
+            lines.append(f"  {kind:<8} {'skipped':<8} {CHECK_KINDS[kind]} (--skip-checks)")
+            continue
+        found = check()
+        failed += [kind] * bool(found)
+        if not found and kind in nothing:
+            lines.append(f"  {kind:<8} {'skipped':<8} {nothing[kind]}")
+            continue
+        lines.append(f"  {kind:<8} {'PROBLEM' if found else 'ok':<8} {CHECK_KINDS[kind]}" + "".join(f"\n    {p}" for p in found))
+    return lines, failed
 
 
 def submit_path_problems(config: JobConfig, skip: Iterable[str] = ()) -> list[str]:
