@@ -166,13 +166,14 @@ def parse_source(source: Path) -> ast.Module:
         text = source.read_text()
     except (OSError, UnicodeDecodeError) as e:
         raise Unparsable(f"{source} is unreadable ({getattr(e, 'strerror', None) or e})") from None
-    try:  # compile() as the import would, stopping at the tree: its message and line are the import's
-        return compile(text, str(source), "exec", flags=ast.PyCF_ONLY_AST, dont_inherit=True)
+    try:  # compiled whole, as the import would: the parser alone misses e.g. a `return` outside a function
+        compile(text, str(source), "exec", dont_inherit=True)
     except SyntaxError as e:  # IndentationError and TabError are SyntaxErrors
         line = f" line {e.lineno}" if e.lineno else ""
         raise Unparsable(f"{source}{line}: {type(e).__name__}: {e.msg}") from None
     except ValueError as e:  # source with a null byte
         raise Unparsable(f"{source}: {e}") from None
+    return ast.parse(text)
 
 
 def _find_def(module: str, source: Path, name: str, depth: int):

@@ -150,6 +150,7 @@ def test_local_run_problems_of_the_eval_rewards_name_the_eval_key(pkg, tmp_path,
     [
         ("def correct(prompts, completions, ans, **kwargs)\n    return []\n", "line 1: SyntaxError: expected ':'"),
         ("import numpyy\ndef correct(prompts, completions, **kwargs):\nreturn []\n", "line 3: IndentationError: expected"),
+        ("def correct(prompts, completions, **kwargs):\n    pass\nreturn []\n", "line 3: SyntaxError: 'return' outside"),
     ],
 )
 def test_a_reward_module_that_does_not_compile_is_a_problem_with_its_file_and_line(tmp_path, monkeypatch, source, where):
