@@ -1,6 +1,8 @@
-"""Checks each node runs before it starts anything (torch-free): the model folder and the dataset are
-readable there. A missing model or a malformed data line then fails in seconds, naming the node and the
-file, instead of after a minute of vLLM start-up or inside a torchrun traceback.
+"""Checks each node runs before it starts anything (torch-free): the model folder loads (a tokenizer vocabulary, every
+shard whole: launcher.core.weights) and the LoRA targets are among its layers, the dataset is readable there with
+string or conversation prompts and at least one step's worth of rows. A missing model or a malformed data line then
+fails in seconds, naming the node and the file, instead of after a minute of vLLM start-up or inside a torchrun
+traceback.
 
 `submit_path_problems` runs the same checks on the submit host before sbatch (plus: each reward read from its source
 down to its function's signature and imports, tool, environment and rollout_func modules findable, the setup venv
