@@ -38,12 +38,13 @@ def _env_prefix(env: dict[str, str]) -> str:
 
 
 def render_dry_run(cfg: JobConfig, p: Plan) -> str:
+    from launcher.core.inputs import input_notes
     from launcher.simulate import layout_verdict, timeout_warning
     from launcher.submit import sbatch_text
 
     out = ["# resolved config", config_mod.to_yaml(cfg, redact=True).rstrip(), "", "# plan"]
     out += [f"  {d}" for d in p.derivation]
-    for note in (layout_verdict(cfg), timeout_warning(cfg)):
+    for note in (*input_notes(cfg), layout_verdict(cfg), timeout_warning(cfg)):
         if note:
             out.append(f"  {note}")
     out += [

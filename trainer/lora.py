@@ -25,6 +25,7 @@ import torch
 from torch.distributed.tensor import DTensor
 
 from launcher.core.config import LoraConfig
+from launcher.core.lora import ALL_LINEAR
 
 ADAPTER = "default"
 """peft's name of the one adapter we train."""
@@ -38,7 +39,8 @@ def peft_config(lora: LoraConfig, base_model: str = "") -> Any:
         r=lora.r,
         lora_alpha=lora.scale_alpha,
         lora_dropout=lora.dropout,
-        target_modules=list(lora.target_modules),
+        # peft's "all-linear" is special only as a string; in a list it names a module called all-linear
+        target_modules=ALL_LINEAR if list(lora.target_modules) == [ALL_LINEAR] else list(lora.target_modules),
         bias="none",
         task_type="CAUSAL_LM",
         base_model_name_or_path=base_model or None,

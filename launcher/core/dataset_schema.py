@@ -11,7 +11,7 @@ trainer starts): its format, found from the content and not the file name, its c
 from __future__ import annotations
 
 import json
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 
 FORMATS = "JSONL (one JSON object a line), Parquet, Arrow, or a folder saved by `datasets` (save_to_disk)"
@@ -31,11 +31,44 @@ class Schema:
     """The Arrow files of a `datasets` folder (empty otherwise)."""
     list_columns: tuple[str, ...] = ()
     """Columns holding lists (a conversational prompt is a list of messages): JSONL's first row, Arrow's types."""
+    rows: int | None = None
+    """Rows in the whole dataset (JSONL's objects, Parquet's footer, the Arrow batches' lengths); None = not counted."""
+    non_prompt_types: dict[str, str] = field(default_factory=dict)
+    """Arrow and Parquet: column -> its type, for the columns whose type can hold no prompt (neither a string nor a
+    list of {role, content} structs)."""
 
 
-def read_schema(path: str, required: tuple[str, ...] = ()) -> Schema:
+def read_schema(path: str, required: tuple[str, ...] = (), prompt: str = "") -> Schema:
     """The dataset's format and columns; DatasetError if it is unreadable or empty, or (JSONL) a line lacks a column
-    of `required` (the names as stored) that the first rows have."""
+    of `required` (the names as stored) that the first rows have, or the column `prompt` (its stored name) holds
+    something other than prompts (a string, or a list of {role, content} messages): JSONL every line's value,
+    Arrow and Parquet the column's type."""
+    schema = _read_schema(path, required, prompt)
+    if prompt and schema.format != "jsonl" and prompt in schema.columns and prompt in schema.non_prompt_types:
+        raise DatasetError(
+            f"trainer.dataset {path}: column {prompt!r} holds {schema.non_prompt_types[prompt]}, not prompts; {PROMPT_IS}"
+        )
+    return schema
+
+
+PROMPT_IS = "a prompt is a string or a list of {role, content} messages: fix the data or map another column with trainer.columns"
+
+
+def prompt_problem(value: object) -> str | None:
+    """What is wrong with one row's prompt value (None: a string, or a non-empty list of {role, content} messages)."""
+    if isinstance(value, str):
+        return None
+    if (
+        isinstance(value, list)
+        and value
+        and all(isinstance(m, dict) and isinstance(m.get("role"), str) and "content" in m for m in value)
+    ):
+        return None
+    shown = json.dumps(value)
+    return f"{shown[:60]}{'...' if len(shown) > 60 else ''} ({type(value).__name__})"
+
+
+def _read_schema(path: str, required: tuple[str, ...], prompt: str) -> Schema:
     p = Path(path)
     if p.is_dir():
         return _folder(p)
@@ -55,7 +88,12 @@ def read_schema(path: str, required: tuple[str, ...] = ()) -> Schema:
         columns = tuple(dict.fromkeys(k for _, row in lines[:100] for k in row))  # the first rows' keys, in order
         # a column no first row has is the caller's one-line column error; one that only some lines lack, this one's
         _require(path, lines, [c for c in required if c in columns])
-        return Schema("jsonl", columns, list_columns=tuple(k for k, v in lines[0][1].items() if isinstance(v, list)))
+        for i, row in lines if prompt else ():  # a null or a number fails in the chat template, on the nodes
+            bad = prompt_problem(row[prompt]) if prompt in row else None
+            if bad:
+                raise DatasetError(f"trainer.dataset {path}: line {i}'s {prompt!r} is {bad}; {PROMPT_IS}")
+        lists = tuple(k for k, v in lines[0][1].items() if isinstance(v, list))
+        return Schema("jsonl", columns, list_columns=lists, rows=len(lines))
     raise DatasetError(f"trainer.dataset {path!r}: not a format slurm-grpo reads; use {FORMATS}")
 
 
@@ -109,44 +147,61 @@ def _parquet(p: Path) -> Schema:
         raise DatasetError(f"trainer.dataset {p}: unreadable Parquet ({_first_line(e)})") from None
     if meta.num_rows == 0:
         raise DatasetError(f"trainer.dataset {p} is empty (a Parquet file with no rows)")
-    return _schema("parquet", meta.schema.to_arrow_schema())
+    return _schema("parquet", meta.schema.to_arrow_schema(), rows=meta.num_rows)
 
 
-def _schema(fmt: str, arrow_schema, files: tuple[str, ...] = ()) -> Schema:
+def _schema(fmt: str, arrow_schema, files: tuple[str, ...] = (), rows: int | None = None) -> Schema:
     import pyarrow as pa
 
     lists = tuple(f.name for f in arrow_schema if pa.types.is_list(f.type) or pa.types.is_large_list(f.type))
-    return Schema(fmt, tuple(arrow_schema.names), files, lists)
+    bad = {f.name: str(f.type) for f in arrow_schema if not _prompt_type(f.type)}
+    return Schema(fmt, tuple(arrow_schema.names), files, lists, rows, bad)
 
 
-def _arrow(p: Path, fmt: str, files: tuple[str, ...] = ()) -> Schema:
+def _prompt_type(t) -> bool:
+    """An Arrow type that holds prompts: a string, or a list of structs with role and content."""
+    import pyarrow as pa
+
+    if pa.types.is_string(t) or pa.types.is_large_string(t):
+        return True
+    if pa.types.is_list(t) or pa.types.is_large_list(t):
+        v = t.value_type
+        return pa.types.is_struct(v) and {"role", "content"} <= {v.field(i).name for i in range(v.num_fields)}
+    return False
+
+
+def _arrow_rows(p: Path):
+    """(schema, rows) of an Arrow IPC file or stream, memory-mapped: the batches' lengths, no column data read."""
     import pyarrow as pa
 
     try:
         with pa.memory_map(str(p)) as source:
             try:
                 reader = pa.ipc.open_file(source)
-                schema, rows = (
-                    reader.schema,
-                    sum(reader.get_batch(i).num_rows for i in range(min(1, reader.num_record_batches))),
-                )
+                return reader.schema, sum(reader.get_batch(i).num_rows for i in range(reader.num_record_batches))
             except pa.ArrowInvalid:
                 source.seek(0)
                 stream = pa.ipc.open_stream(source)
-                schema, rows = stream.schema, next((b.num_rows for b in stream if b.num_rows), 0)
+                return stream.schema, sum(b.num_rows for b in stream)
     except Exception as e:
         raise DatasetError(f"trainer.dataset {p}: unreadable Arrow ({_first_line(e)})") from None
+
+
+def _arrow(p: Path, fmt: str, files: tuple[str, ...] = ()) -> Schema:
+    schema, rows = _arrow_rows(p)
+    rows += sum(_arrow_rows(Path(f))[1] for f in files[1:])  # a `datasets` folder's other files
     if not rows:
         raise DatasetError(f"trainer.dataset {p} is empty (an Arrow file with no rows)")
-    return _schema(fmt, schema, files)
+    return _schema(fmt, schema, files, rows)
 
 
 def _folder(p: Path) -> Schema:
     if (p / "dataset_dict.json").is_file():
         splits = sorted(q.name for q in p.iterdir() if (q / "state.json").is_file())
+        pick = "train" if "train" in splits or not splits else splits[0]  # never point a training run at `test`
         raise DatasetError(
             f"trainer.dataset {str(p)!r} holds several splits ({', '.join(splits)}); name one folder, e.g. "
-            f"trainer.dataset={p / (splits[0] if splits else 'train')}"
+            f"trainer.dataset={p / pick}"
         )
     state = p / "state.json"
     try:

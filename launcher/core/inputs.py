@@ -1,6 +1,8 @@
-"""Checks each node runs before it starts anything (torch-free): the model folder and the dataset are
-readable there. A missing model or a malformed data line then fails in seconds, naming the node and the
-file, instead of after a minute of vLLM start-up or inside a torchrun traceback.
+"""Checks each node runs before it starts anything (torch-free): the model folder loads (a tokenizer vocabulary, every
+shard whole: launcher.core.weights) and the LoRA targets are among its layers, the dataset is readable there with
+string or conversation prompts and at least one step's worth of rows. A missing model or a malformed data line then
+fails in seconds, naming the node and the file, instead of after a minute of vLLM start-up or inside a torchrun
+traceback.
 
 `submit_path_problems` runs the same checks on the submit host before sbatch (plus: each reward read from its source
 down to its function's signature and imports, tool, environment and rollout_func modules findable, the setup venv
@@ -12,16 +14,29 @@ from __future__ import annotations
 import difflib
 import importlib.util
 import json
+import shutil
 import subprocess
 import sys
 from collections.abc import Callable, Iterable
+from dataclasses import dataclass
 from pathlib import Path
 
 from launcher.core.config import ConfigError, JobConfig
 from launcher.core.dataset_schema import DatasetError, Schema, read_jsonl, read_schema
+from launcher.core.lora import target_problems
 from launcher.core.reward_check import reward_needs
+from launcher.core.weights import WeightsError, weight_shapes
 
-TOKENIZER_FILES = ("tokenizer.json", "tokenizer_config.json", "vocab.json", "tokenizer.model")
+TOKENIZER_VOCABS = (
+    ("tokenizer.json",),  # the fast tokenizer: what transformers 5 and vLLM load first
+    ("tokenizer.model",),  # sentencepiece (Llama, Mistral, Gemma) or tiktoken, converted at load
+    ("spiece.model",),
+    ("sentencepiece.bpe.model",),
+    ("vocab.json", "merges.txt"),  # byte-level BPE (GPT-2, Qwen)
+    ("vocab.txt",),  # WordPiece
+)
+"""Files a tokenizer loads its vocabulary from (transformers' VOCAB_FILES_NAMES conventions): one set must be whole;
+tokenizer_config.json alone holds no vocabulary (AutoTokenizer: "Couldn't instantiate the backend tokenizer")."""
 WEIGHT_GLOBS = ("*.safetensors", "*.bin", "*.safetensors.index.json", "*.bin.index.json")
 
 
@@ -51,8 +66,8 @@ def check_model(model: str) -> None:
     missing = []
     if not (p / "config.json").is_file():
         missing.append("config.json")
-    if not any((p / f).is_file() for f in TOKENIZER_FILES):
-        missing.append("a tokenizer (tokenizer.json or tokenizer_config.json)")
+    if not has_tokenizer_vocab(p):
+        missing.append("a tokenizer's vocabulary (tokenizer.json, or tokenizer.model, or vocab.json + merges.txt)")
     if not any(any(p.glob(g)) for g in WEIGHT_GLOBS):
         missing.append("weights (*.safetensors)")
     if missing:
@@ -61,6 +76,35 @@ def check_model(model: str) -> None:
         json.loads((p / "config.json").read_text())
     except (OSError, ValueError) as e:
         raise PreflightError(f"vllm.model {model!r}: config.json is unreadable ({e})") from None
+    try:
+        weight_shapes(p)  # every shard there and whole, by its header
+    except WeightsError as e:
+        raise PreflightError(f"vllm.model {model!r}: {e}") from None
+
+
+def lora_target_findings(config: JobConfig) -> tuple[list[str], list[str]]:
+    """(problems, warnings) of trainer.lora.target_modules against the model folder's weight names (LoRA on, a model
+    folder here with safetensors weights; else nothing to compare with)."""
+    model = config.vllm.model
+    if not config.trainer.lora.enabled or not looks_local(model) or not Path(model).expanduser().is_dir():
+        return [], []
+    try:
+        shapes = weight_shapes(Path(model).expanduser())
+    except WeightsError:
+        return [], []  # check_model names it
+    return target_problems(config, shapes) if shapes else ([], [])
+
+
+def check_lora_targets(config: JobConfig) -> None:
+    """peft adapts the modules whose names end in a target; one that matches nothing is a typo the job would carry
+    silently (peft errors only when no target matches), or a crash at the first step when none does."""
+    problems, _ = lora_target_findings(config)
+    if problems:
+        raise PreflightError(problems[0])
+
+
+def has_tokenizer_vocab(folder: Path) -> bool:
+    return any(all((folder / f).is_file() for f in files) for files in TOKENIZER_VOCABS) or any(folder.glob("*.tiktoken"))
 
 
 def read_jsonl_prompts(path: str) -> list[dict]:
@@ -83,7 +127,8 @@ def check_dataset(
             f"use an absolute path on a shared file system)"
         )
     try:
-        schema = read_schema(path, required=tuple(columns.get(c, c) for c in needed))
+        prompt = columns.get("prompt", "prompt") if "prompt" in needed else ""
+        schema = read_schema(path, required=tuple(columns.get(c, c) for c in needed), prompt=prompt)
     except DatasetError as e:
         raise PreflightError(str(e)) from None
     have = ", ".join(schema.columns)
@@ -133,12 +178,82 @@ def check_data(config: JobConfig) -> None:
     t = config.trainer
     needed, why = data_needs(config)
     schema = check_dataset(t.dataset, needed, t.columns, why)
+    check_rows(config, schema)
     if t.chat_template and not is_inline_template(t.chat_template) and not Path(t.chat_template).expanduser().is_file():
         raise PreflightError(
             f"trainer.chat_template {t.chat_template!r}: no such file on this node (give a Jinja file on a shared file "
             "system, or the template text itself)"
         )
     check_template_for(config, schema, "trainer.dataset")
+
+
+@dataclass(frozen=True)
+class StepDraw:
+    """What one generation batch draws from the dataset (TRL's RepeatSampler: a batch of `prompts` distinct rows, each
+    generated num_generations times, then trained on for `steps` optimizer steps)."""
+
+    prompts: int
+    rule: str
+    """How `prompts` was derived, with the numbers."""
+    steps: int
+    """Optimizer steps one generation batch feeds (num_iterations x steps_per_generation / gradient accumulation)."""
+
+
+def step_draw(config: JobConfig) -> StepDraw | None:
+    """From the plan's world size and trainer.grpo (None when the config does not plan: its own check says why)."""
+    from launcher.core.plan import generation_steps, plan
+
+    try:
+        world = plan(config, "").world_size
+    except (ConfigError, ValueError):
+        return None
+    t = config.trainer
+    spg, batch, g = generation_steps(config, world), t.per_device_train_batch_size, t.num_generations
+    accum, iterations = (t.grpo.get(k) for k in ("gradient_accumulation_steps", "num_iterations"))
+    accum = accum if isinstance(accum, int) and accum > 0 else 1
+    iterations = iterations if isinstance(iterations, int) and iterations > 0 else 1
+    per_gen = f" x {spg} steps_per_generation" if spg > 1 else ""
+    rule = f"per_device_train_batch_size {batch} x {world} ranks{per_gen} / num_generations {g}"
+    return StepDraw(batch * world * spg // g, rule, max(1, iterations * spg // accum))
+
+
+def check_rows(config: JobConfig, schema: Schema) -> None:
+    """TRL's RepeatSampler drops an incomplete batch of prompts (trl/trainer/utils.py RepeatSampler.__iter__): a
+    dataset with fewer rows than one generation batch draws gives the trainer no batch at all, and the job stops at
+    step 0 after the queue and vLLM's start. More rows than that repeat over epochs up to max_steps."""
+    draw = step_draw(config)
+    if schema.rows is None or draw is None or schema.rows >= draw.prompts:
+        return
+    raise PreflightError(
+        f"trainer.dataset {config.trainer.dataset} has {schema.rows} rows, fewer than the {draw.prompts} prompts one step "
+        f"draws ({draw.rule}): TRL would run no step; lower trainer.per_device_train_batch_size or slurm.nodes, or add rows"
+    )
+
+
+def epochs_note(config: JobConfig) -> str | None:
+    """The plan's line on how the dataset feeds the run: 'N rows = K steps per epoch; max_steps M = E epochs' (None
+    when the dataset is not readable here or too small: the data check says why)."""
+    draw = step_draw(config)
+    try:
+        rows = read_schema(config.trainer.dataset).rows
+    except (DatasetError, OSError):
+        return None
+    if draw is None or rows is None or rows < draw.prompts:
+        return None
+    per_epoch = rows // draw.prompts * draw.steps
+    epochs = config.trainer.max_steps / per_epoch
+    left = rows % draw.prompts
+    unused = f", {left} rows unused per epoch (reshuffled each)" if left else ""
+    return (
+        f"data: {rows} rows = {per_epoch} step{'s' * (per_epoch != 1)} per epoch of {draw.prompts} prompts{unused}; "
+        f"max_steps {config.trainer.max_steps} = {epochs:.3g} epochs"
+    )
+
+
+def input_notes(config: JobConfig) -> list[str]:
+    """What dry-run's plan says of the inputs beside the checks: how the dataset feeds max_steps, and a WARNING where
+    the LoRA targets leave a fused projection of the model without adapters."""
+    return [n for n in (epochs_note(config), *lora_target_findings(config)[1]) if n]
 
 
 def check_template_for(config: JobConfig, schema: Schema, key: str) -> None:
@@ -221,6 +336,7 @@ def check_eval_dataset(config: JobConfig) -> None:
 def check_node_inputs(config: JobConfig) -> None:
     check_model(config.vllm.model)
     check_context_length(config)
+    check_lora_targets(config)
     check_data(config)
     check_eval_dataset(config)
 
@@ -271,13 +387,15 @@ def input_problems(config: JobConfig) -> list[str]:
     return _caught(
         lambda: check_model(config.vllm.model),
         lambda: check_context_length(config),
+        lambda: check_lora_targets(config),
         lambda: check_data(config),
         lambda: check_eval_dataset(config),
     )
 
 
 CHECK_KINDS = {
-    "model": "vllm.model: a complete model folder, max_model_len within its context",
+    "model": "vllm.model: a complete model folder (tokenizer, every shard whole), max_model_len within its context, "
+    "LoRA targets among its layers",
     "data": "trainer.dataset readable (by content), with the columns the run needs",
     "rewards": "trainer.reward_funcs: module, function and signature (read from source), their imports installed",
     "agents": "trainer.tools/environment/rollout_func modules importable",
@@ -296,7 +414,9 @@ def venv_problems(config: JobConfig) -> list[str]:
 def submit_checks(config: JobConfig) -> dict[str, Callable[[], list[str]]]:
     """Kind (CHECK_KINDS) -> the check, run on the submit host; each returns one-line problems."""
     return {
-        "model": lambda: _caught(lambda: check_model(config.vllm.model), lambda: check_context_length(config)),
+        "model": lambda: _caught(
+            lambda: check_model(config.vllm.model), lambda: check_context_length(config), lambda: check_lora_targets(config)
+        ),
         "data": lambda: _caught(lambda: check_data(config), lambda: check_eval_dataset(config)),
         "rewards": lambda: (
             reward_problems(config.trainer.reward_funcs)
@@ -308,6 +428,37 @@ def submit_checks(config: JobConfig) -> dict[str, Callable[[], list[str]]]:
         "agents": lambda: agent_module_problems(config),
         "venv": lambda: venv_problems(config),
     }
+
+
+def unchecked(config: JobConfig) -> dict[str, str]:
+    """Kind -> why its check had nothing to look at here (a hub name, no venv set): shown as skipped with the reason,
+    never as ok."""
+    out = {}
+    if not looks_local(config.vllm.model):
+        out["model"] = f"hub name {config.vllm.model!r}: checked after the download at submit"
+    if not agent_entries(config):
+        out["agents"] = "none set (trainer.tools, trainer.environment, trainer.rollout_func)"
+    if not config.slurm.setup_vars.get("venv"):
+        here = shutil.which(config.job.python) or "not on this PATH"
+        out["venv"] = f"none set: the nodes run job.python ({config.job.python}) from the PATH sbatch passes on, here {here}"
+    return out
+
+
+def check_report(config: JobConfig, skip: Iterable[str] = ()) -> tuple[list[str], list[str]]:
+    """dry-run's check section: (one line per kind, ok, PROBLEM with its problems indented below, or skipped with why;
+    the kinds that found problems)."""
+    lines, failed, nothing = [], [], unchecked(config)
+    for kind, check in submit_checks(config).items():
+        if kind in skip:
+            lines.append(f"  {kind:<8} {'skipped':<8} {CHECK_KINDS[kind]} (--skip-checks)")
+            continue
+        found = check()
+        failed += [kind] * bool(found)
+        if not found and kind in nothing:
+            lines.append(f"  {kind:<8} {'skipped':<8} {nothing[kind]}")
+            continue
+        lines.append(f"  {kind:<8} {'PROBLEM' if found else 'ok':<8} {CHECK_KINDS[kind]}" + "".join(f"\n    {p}" for p in found))
+    return lines, failed
 
 
 def submit_path_problems(config: JobConfig, skip: Iterable[str] = ()) -> list[str]:

@@ -17,7 +17,7 @@ from __future__ import annotations
 import json
 from pathlib import Path
 
-from launcher.core.config import ConfigError, JobConfig
+from launcher.core.config import LORA_REFUSED_TARGETS, LORA_TARGETS, ConfigError, JobConfig
 from launcher.core.shape import ModelShape
 
 VLLM_LORA_RANKS = (1, 8, 16, 32, 64, 128, 256, 320, 512)
@@ -101,14 +101,81 @@ def transport_why(cfg: JobConfig) -> str:
 
 
 def check_moe_targets(cfg: JobConfig) -> None:
-    """LoRA on a mixture of experts: only the modules MOE_REFUSED_TARGETS leaves (the attention projections); an MoE
-    pushes merged (its architectures are not in SUPPORTED)."""
+    """LoRA on a mixture of experts: only the modules MOE_REFUSED_TARGETS leaves (the attention projections; not
+    'all-linear', which reaches the router); an MoE pushes merged (its architectures are not in SUPPORTED)."""
     shape = ModelShape.read(cfg.vllm.model)
     if shape is None or not shape.experts:
         return
-    bad = [m for m in cfg.trainer.lora.target_modules if m.rpartition(".")[2] in MOE_REFUSED_TARGETS]
+    bad = [m for m in cfg.trainer.lora.target_modules if m.rpartition(".")[2] in MOE_REFUSED_TARGETS or m == ALL_LINEAR]
     if bad:
         raise ConfigError(
             f"trainer.lora.target_modules {bad[0]!r}: on a mixture of experts LoRA adapts attention only; "
             "set trainer.lora.target_modules: [q_proj, k_proj, v_proj, o_proj]"
         )
+
+
+ALL_LINEAR = "all-linear"
+"""peft's special target: every linear layer but the output layer (peft tuners_utils _maybe_include_all_linear_layers);
+special only as the whole of target_modules (trainer.lora.peft_config passes it to peft as the string)."""
+
+FUSED_PROJECTIONS = ("qkv_proj", "gate_up_proj", "query_key_value", "W_pack", "c_attn", "Wqkv")
+"""Linear layers that fuse what the default targets name apart (phi3's qkv_proj and gate_up_proj): the default
+targets miss them, and peft says nothing while any other target matches."""
+
+
+def linear_layers(shapes: dict[str, list[int]]) -> dict[str, list[str]]:
+    """Leaf name -> the module names of the checkpoint's linear layers (2-D `.weight` tensors), the embeddings and the
+    LM head left out (LORA_REFUSED_TARGETS); the default targets' names first, in their order, then the others."""
+    out: dict[str, list[str]] = {}
+    for name, shape in shapes.items():
+        if not name.endswith(".weight") or len(shape) != 2:
+            continue
+        module = name.removesuffix(".weight")
+        leaf = module.rpartition(".")[2]
+        if leaf not in LORA_REFUSED_TARGETS:
+            out.setdefault(leaf, []).append(module)
+    rank = {leaf: i for i, leaf in enumerate(LORA_TARGETS)}
+    return dict(sorted(out.items(), key=lambda kv: (rank.get(kv[0], len(rank)), kv[0])))
+
+
+def matches(target: str, module: str) -> bool:
+    """peft's rule for a list of targets (check_target_module_exists): the whole name, or its dotted suffix."""
+    return module == target or module.endswith("." + target)
+
+
+def target_problems(cfg: JobConfig, shapes: dict[str, list[int]]) -> tuple[list[str], list[str]]:
+    """(problems, warnings) of trainer.lora.target_modules against the model's weight names: a target that matches no
+    linear layer is refused (peft errors only when no target matches at all, so a typo beside a good name is silent);
+    'all-linear' must stand alone to be peft's special value. The default targets may miss a fused projection: warned,
+    naming the layers left without adapters."""
+    lora, model = cfg.trainer.lora, cfg.vllm.model
+    if not lora.enabled:
+        return [], []
+    layers = linear_layers(shapes)
+    if not layers:
+        return [], []  # no 2-D weights read: nothing to check against
+    names = ", ".join(layers)
+    targets = list(lora.target_modules)
+    if ALL_LINEAR in targets:
+        if len(targets) > 1:
+            return [f"trainer.lora.target_modules: {ALL_LINEAR!r} is peft's special value only alone; set "
+                    f"trainer.lora.target_modules=[{ALL_LINEAR}] or name the layers ({names})"], []  # fmt: skip
+        return [], []
+    modules = [m for ms in layers.values() for m in ms]
+    found = {t: any(matches(t, m) for m in modules) for t in targets}
+    default = tuple(targets) == LORA_TARGETS
+    missed = [t for t, ok in found.items() if not ok]
+    if missed and (not default or len(missed) == len(targets)):
+        which = "the default targets match" if default else f"{missed[0]!r} matches"
+        return [
+            f"trainer.lora.target_modules: {which} no module of {model} (its linear layers: {names}); name those to adapt"
+        ], []
+    reached = {leaf for leaf, ms in layers.items() if any(matches(t, m) for t in targets for m in ms)}
+    fused = [leaf for leaf in layers if leaf not in reached and leaf in FUSED_PROJECTIONS]
+    if not fused:
+        return [], []
+    kept = [leaf for leaf in layers if leaf in reached or leaf in fused]
+    return [], [
+        f"WARNING: trainer.lora.target_modules reach only {', '.join(sorted(reached))} of {model}: its fused "
+        f"{', '.join(fused)} get no adapter; add them: trainer.lora.target_modules=[{', '.join(kept)}]"
+    ]

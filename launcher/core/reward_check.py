@@ -83,7 +83,10 @@ def reward_needs(entry: str) -> RewardNeeds:
             "(the job's nodes get the same) or install it into the job's venv",))  # fmt: skip
     if source.suffix != ".py":
         return RewardNeeds()  # a compiled module: found; the trainer resolves it
-    found = _find_def(module, source, name, depth=0)
+    try:
+        found = _find_def(module, source, name, depth=0)
+    except Unparsable as e:  # the nodes would die importing it, after the queue and vLLM's start
+        return RewardNeeds(problems=(f"trainer.reward_funcs {entry!r}: {e}; fix the file",))
     if found is None:
         return RewardNeeds(problems=(f"trainer.reward_funcs {entry!r}: module {module!r} has no function {name!r}",))
     if isinstance(found, str):  # found, but not a plain function: checked when resolved
@@ -153,12 +156,30 @@ def _top_level(tree: ast.Module) -> list[ast.stmt]:
     return out
 
 
-def _find_def(module: str, source: Path, name: str, depth: int):
-    """(the FunctionDef, the module's tree), a string saying what else defines `name`, or None if nothing does."""
+class Unparsable(ValueError):
+    """A reward's module (or one it re-exports from) that Python cannot compile: file, line and compile()'s message."""
+
+
+def parse_source(source: Path) -> ast.Module:
+    """The module's tree; Unparsable naming the file, the line and the error, as importing it would fail."""
     try:
-        tree = ast.parse(source.read_text())
-    except (OSError, SyntaxError, UnicodeDecodeError, ValueError):
-        return "unparsable"  # importing it will say what is wrong, with the line
+        text = source.read_text()
+    except (OSError, UnicodeDecodeError) as e:
+        raise Unparsable(f"{source} is unreadable ({getattr(e, 'strerror', None) or e})") from None
+    try:  # compiled whole, as the import would: the parser alone misses e.g. a `return` outside a function
+        compile(text, str(source), "exec", dont_inherit=True)
+    except SyntaxError as e:  # IndentationError and TabError are SyntaxErrors
+        line = f" line {e.lineno}" if e.lineno else ""
+        raise Unparsable(f"{source}{line}: {type(e).__name__}: {e.msg}") from None
+    except ValueError as e:  # source with a null byte
+        raise Unparsable(f"{source}: {e}") from None
+    return ast.parse(text)
+
+
+def _find_def(module: str, source: Path, name: str, depth: int):
+    """(the FunctionDef, the module's tree), a string saying what else defines `name`, or None if nothing does;
+    Unparsable when the module (or one it re-exports `name` from) does not compile."""
+    tree = parse_source(source)
     for node in _top_level(tree):
         if isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef)) and node.name == name:
             return node, tree

@@ -27,12 +27,12 @@ def write(fmt: str, path: Path, rows: list[dict] = ROWS) -> str:
         path.write_text("".join(json.dumps(r) + "\n" for r in rows))
     elif fmt == "parquet":
         pq.write_table(table, path)
-    elif fmt == "arrow-file":
+    elif fmt == "arrow-file":  # record batches of 16 rows: a row count must add them all
         with pa.ipc.new_file(path, table.schema) as w:
-            w.write_table(table)
+            w.write_table(table, max_chunksize=16)
     elif fmt == "arrow-stream":
         with pa.ipc.new_stream(path, table.schema) as w:
-            w.write_table(table)
+            w.write_table(table, max_chunksize=16)
     elif fmt == "datasets-folder":
         from datasets import Dataset
 
@@ -89,9 +89,12 @@ def test_a_folder_of_several_splits_names_them_and_a_foreign_folder_is_refused(t
     ds = Dataset.from_list(ROWS)
     DatasetDict({"train": ds, "test": ds}).save_to_disk(str(tmp_path / "dd"))
     with pytest.raises(
-        PreflightError, match=r"holds several splits \(test, train\); name one folder, e.g. trainer.dataset=.*/dd/test"
-    ):
+        PreflightError, match=r"holds several splits \(test, train\); name one folder, e.g. trainer.dataset=.*/dd/train$"
+    ):  # the train split, though `test` sorts first: pasting the hint must not train on the test set
         check_dataset(str(tmp_path / "dd"))
+    DatasetDict({"validation": ds, "dev": ds}).save_to_disk(str(tmp_path / "dd2"))
+    with pytest.raises(PreflightError, match=r"\(dev, validation\); name one folder, e.g. trainer.dataset=.*/dd2/dev$"):
+        check_dataset(str(tmp_path / "dd2"))
     assert check_dataset(str(tmp_path / "dd" / "train"), ("prompt",), MATH).format == "datasets-folder"
     (tmp_path / "plain").mkdir()
     with pytest.raises(PreflightError, match=r"is a folder but not one saved by `datasets`"):
@@ -113,8 +116,12 @@ def test_a_mapping_must_name_columns_that_exist_and_not_clash(tmp_path):
         check_dataset(path, ("prompt",), MATH)
 
 
+SMALL = {"gpus_per_node": 2}
+"""One trainer rank: a step draws 8 x 1 / 8 = 1 prompt, so these one- and two-row sets are big enough (check_rows)."""
+
+
 def cfg(dataset: str, **trainer) -> C.JobConfig:
-    return C.from_dict({"vllm": {"model": "org/model"}, "trainer": {"dataset": dataset, **trainer}})
+    return C.from_dict({"slurm": SMALL, "vllm": {"model": "org/model"}, "trainer": {"dataset": dataset, **trainer}})
 
 
 def test_submit_names_the_column_a_reward_needs(tmp_path):
@@ -152,7 +159,7 @@ def test_conversational_prompts_need_a_chat_template(tmp_path, fmt):
     plain = write(fmt, tmp_path / "plain", [{"prompt": "hi"}])
 
     def check(dataset: str, **trainer) -> None:
-        check_data(C.from_dict({"vllm": {"model": str(model)}, "trainer": {"dataset": dataset, **trainer}}))
+        check_data(C.from_dict({"slurm": SMALL, "vllm": {"model": str(model)}, "trainer": {"dataset": dataset, **trainer}}))
 
     check(plain)
     with pytest.raises(
@@ -254,7 +261,7 @@ def test_tools_and_environments_need_conversational_prompts_in_both_sets(tmp_pat
 
     def config(dataset: str, eval_set: str = "", **trainer) -> C.JobConfig:
         t = {"dataset": dataset, "environment": env, "reward_funcs": [], "eval": {"dataset": eval_set}, **trainer}
-        return C.from_dict({"vllm": {"model": "org/model"}, "trainer": t})
+        return C.from_dict({"slurm": SMALL, "vllm": {"model": "org/model"}, "trainer": t})
 
     check_data(config(conv))
     check_eval_dataset(config(conv, conv))
@@ -263,3 +270,87 @@ def test_tools_and_environments_need_conversational_prompts_in_both_sets(tmp_pat
     with pytest.raises(PreflightError, match=r"^trainer.eval.dataset's prompts are plain strings; tools and environments"):
         check_eval_dataset(config(conv, plain))
     check_eval_dataset(config(conv, plain, system_prompt="Count."))  # a system prompt makes them conversations
+
+
+@pytest.mark.parametrize("fmt", FORMATS)
+def test_a_dataset_smaller_than_one_step_is_refused_with_the_numbers(tmp_path, fmt):
+    """REVIEW-newcomer item 3: 64 rows on 16 nodes x 8 GPUs (112 ranks x 8 completions = 112 prompts a step) passed
+    `data ok`, and TRL's RepeatSampler, which drops an incomplete batch, gave the trainer nothing: 16 nodes stopped at
+    step 0. Rows are counted in every format (Arrow over several record batches); the count decides."""
+    from trl.trainer.utils import RepeatSampler
+
+    from launcher.core.inputs import epochs_note
+
+    rows = [{"question": f"q{i}", "answer": str(i)} for i in range(64)]
+    path = write(fmt, tmp_path / "d", rows)
+
+    def config(nodes: int) -> C.JobConfig:
+        return C.from_dict({
+            "slurm": {"nodes": nodes, "gpus_per_node": 8, "partition": "gpu"}, "vllm": {"model": "org/model"},
+            "trainer": {"dataset": path, "columns": MATH, "reward_funcs": ["letter_a_fraction"], "per_device_train_batch_size": 8,
+                        "num_generations": 8, "max_steps": 20},
+        })  # fmt: skip
+
+    with pytest.raises(PreflightError) as got:
+        check_data(config(16))
+    assert str(got.value) == (
+        f"trainer.dataset {path} has 64 rows, fewer than the 112 prompts one step draws (per_device_train_batch_size 8 "
+        "x 112 ranks / num_generations 8): TRL would run no step; lower trainer.per_device_train_batch_size or "
+        "slurm.nodes, or add rows"
+    )
+    assert list(RepeatSampler(rows, mini_repeat_count=8, batch_size=112)) == []  # TRL's own sampler: nothing to train on
+    check_data(config(2))  # 14 ranks: 14 prompts a step; TRL repeats the set over epochs up to max_steps
+    assert len(list(RepeatSampler(rows, mini_repeat_count=8, batch_size=14))) == 4 * 14 * 8  # 4 batches an epoch
+    assert epochs_note(config(2)) == (
+        "data: 64 rows = 4 steps per epoch of 14 prompts, 8 rows unused per epoch (reshuffled each); max_steps 20 = 5 epochs"
+    )
+    assert epochs_note(config(16)) is None  # the check's refusal says it
+
+
+def test_the_quickstart_commands_fit_the_shipped_data():
+    """README's quickstart (math_example.yaml on 2 nodes x 8 GPUs) over data/math_small.jsonl's 90 rows: 56 prompts a
+    step fit; the reviewer's 16 nodes (448 prompts a step) are refused."""
+    from launcher.core.dataset_schema import read_schema
+    from launcher.core.inputs import check_rows, epochs_note
+
+    quick = C.load("configs/math_example.yaml", ["slurm.nodes=2", "slurm.gpus_per_node=8"])
+    assert epochs_note(quick) == (
+        "data: 90 rows = 1 step per epoch of 56 prompts, 34 rows unused per epoch (reshuffled each); max_steps 50 = 50 epochs"
+    )
+    wide = C.load("configs/math_example.yaml", ["slurm.nodes=16", "slurm.gpus_per_node=8"])
+    with pytest.raises(PreflightError, match="has 90 rows, fewer than the 448 prompts one step draws"):
+        check_rows(wide, read_schema(wide.trainer.dataset))
+
+
+@pytest.mark.parametrize(
+    "value, shown",
+    [
+        (None, "null (NoneType)"),
+        (3, "3 (int)"),
+        ([], "[] (list)"),
+        ([{"content": "hi"}], '[{"content": "hi"}] (list)'),
+        ({"role": "user", "content": "hi"}, '{"role": "user", "content": "hi"} (dict)'),
+    ],
+)
+def test_a_prompt_that_is_no_string_or_conversation_is_refused_naming_the_line(tmp_path, value, shown):
+    """REVIEW-newcomer item 11: a null or a number as the prompt passed `data ok` and failed in the chat template on
+    the nodes."""
+    rows = [{"question": "ok", "answer": "1"}, {"question": value, "answer": "2"}]
+    path = tmp_path / "d.jsonl"
+    path.write_text("".join(json.dumps(r) + "\n" for r in rows))
+    with pytest.raises(PreflightError) as got:
+        check_dataset(path, ("prompt",), MATH)
+    assert str(got.value) == (
+        f"trainer.dataset {path}: line 2's 'question' is {shown}; a prompt is a string or a list of {{role, content}} "
+        "messages: fix the data or map another column with trainer.columns"
+    )
+    check_dataset(path, ("prompt",), {"prompt": "answer"})  # another column holds strings: fine
+
+
+@pytest.mark.parametrize("fmt", ["parquet", "arrow-file", "datasets-folder"])
+def test_a_typed_prompt_column_must_hold_strings_or_messages(tmp_path, fmt):
+    path = write(fmt, tmp_path / "ints", [{"question": 3, "answer": "5"}])
+    with pytest.raises(PreflightError, match=r"column 'question' holds int64, not prompts; a prompt is a string or"):
+        check_dataset(path, ("prompt",), MATH)
+    conv = write(fmt, tmp_path / "conv", [{"prompt": [{"role": "user", "content": "hi"}], "answer": 5}])
+    assert check_dataset(conv, ("prompt",)).list_columns == ("prompt",)  # messages are prompts; a non-prompt int is fine

@@ -52,7 +52,7 @@ def test_lora_on_an_moe_adapts_attention_and_pushes_merged(tmp_path):
     p = plan(cfg(tmp_path, MOE, lora={"r": 8, "target_modules": ["q_proj", "k_proj", "v_proj", "o_proj"]}), "/jobs/x")
     assert p.lora_push == MERGED
     # the default targets name the MLP projections, which peft maps onto the fused experts: refused with the fix
-    for bad in ([], ["q_proj", "experts"], ["gate"], ["mlp.experts.gate_up_proj"], ["v_proj", "down_proj"]):
+    for bad in ([], ["q_proj", "experts"], ["gate"], ["mlp.experts.gate_up_proj"], ["v_proj", "down_proj"], ["all-linear"]):
         with pytest.raises(C.ConfigError, match=r"on a mixture of experts LoRA adapts attention only"):
             plan(cfg(tmp_path, MOE, lora={"r": 8, **({"target_modules": bad} if bad else {})}), "/jobs/x")
 

@@ -179,7 +179,7 @@ def test_a_port_holder_proc_cannot_show_is_caught_by_preflight(tmp_path, tiny_mo
         ("missing", ["no such folder", "gone"]),
         ("no weights", ["missing weights"]),
         ("no config", ["missing config.json"]),
-        ("no tokenizer", ["missing a tokenizer (tokenizer.json or tokenizer_config.json)"]),
+        ("no tokenizer", ["missing a tokenizer's vocabulary (tokenizer.json, or tokenizer.model"]),
         ("config not JSON", ["config.json is unreadable (Expecting"]),
     ],
 )

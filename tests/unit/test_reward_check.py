@@ -143,3 +143,27 @@ def test_local_run_problems_of_the_eval_rewards_name_the_eval_key(pkg, tmp_path,
     assert len(found) == 2, found
     assert all(p.startswith("trainer.eval.reward_funcs ") for p in found), found
     assert "takes no **kwargs" in found[1]  # only the child's import finds it
+
+
+@pytest.mark.parametrize(
+    "source, where",
+    [
+        ("def correct(prompts, completions, ans, **kwargs)\n    return []\n", "line 1: SyntaxError: expected ':'"),
+        ("import numpyy\ndef correct(prompts, completions, **kwargs):\nreturn []\n", "line 3: IndentationError: expected"),
+        ("def correct(prompts, completions, **kwargs):\n    pass\nreturn []\n", "line 3: SyntaxError: 'return' outside"),
+    ],
+)
+def test_a_reward_module_that_does_not_compile_is_a_problem_with_its_file_and_line(tmp_path, monkeypatch, source, where):
+    """Before: an unparsable module was 'found' (the nodes died importing it after the queue). Now compile()'s error,
+    file and line, as the import on the nodes would report it; a syntax error also behind a re-export."""
+    name = "syn_" + re.sub(r"\W", "_", tmp_path.name)
+    (tmp_path / name).mkdir()
+    (tmp_path / name / "__init__.py").write_text("from .score import correct\n")
+    (tmp_path / name / "score.py").write_text(source)
+    monkeypatch.syspath_prepend(str(tmp_path))
+    for entry in (f"{name}.score:correct", f"{name}:correct"):
+        (problem,) = R.reward_needs(entry).problems
+        assert problem.startswith(f"trainer.reward_funcs {entry!r}: {tmp_path / name / 'score.py'} {where}"), problem
+        assert "\n" not in problem
+    with pytest.raises(SyntaxError):  # the negative control: importing it fails the same way
+        compile(source, "score.py", "exec")

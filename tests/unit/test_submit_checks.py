@@ -178,3 +178,24 @@ def test_bad_grids_are_one_line_errors(fake_slurm: FakeSlurm, grid, needle):
     r = cli("sweep", "configs/smoke_cpu.yaml", "--grid", grid)
     assert r.returncode == 2 and needle in r.stderr and len(r.stderr.strip().splitlines()) == 1, r.stderr
     assert fake_slurm.calls() == []
+
+
+def test_the_check_report_says_skipped_with_why_where_there_was_nothing_to_check(tmp_path):
+    """REVIEW-newcomer item 10: `venv ok` with no venv set and `model ok` for a hub name not downloaded said ok for
+    checks that looked at nothing. launcher.core.inputs.check_report (dry-run's check section) says skipped and why."""
+    from launcher.core.inputs import check_report
+
+    hub = C.load("configs/math_example.yaml")  # a hub name, no venv, no agents
+    lines, failed = check_report(hub, skip={"rewards"})
+    by_kind = {ln.split()[0]: ln.split(None, 2)[1:] for ln in lines}
+    assert failed == [] and by_kind["data"][0] == "ok"
+    assert by_kind["model"] == ["skipped", "hub name 'Qwen/Qwen2.5-0.5B-Instruct': checked after the download at submit"]
+    assert by_kind["venv"][0] == "skipped" and by_kind["venv"][1].startswith("none set: the nodes run job.python (python)")
+    assert by_kind["agents"] == ["skipped", "none set (trainer.tools, trainer.environment, trainer.rollout_func)"]
+    assert by_kind["rewards"][0] == "skipped" and by_kind["rewards"][1].endswith("(--skip-checks)")
+    (tmp_path / "venv" / "bin").mkdir(parents=True)
+    (tmp_path / "venv" / "bin" / "activate").write_text("")
+    for venv, state in ((tmp_path / "venv", "ok"), (tmp_path / "nowhere", "PROBLEM")):
+        lines, failed = check_report(C.load("configs/math_example.yaml", [f"slurm.setup_vars={{venv: {venv}}}"]))
+        (venv_line,) = [ln for ln in lines if ln.startswith("  venv")]
+        assert venv_line.split()[1] == state and failed == ["venv"] * (state == "PROBLEM"), lines
