@@ -162,7 +162,12 @@ class Estimate:
     def fits(self) -> bool | None:
         if self.budget_gb is None or self.vllm_budget_gb is None:
             return None
-        return max(self.gpu_gb, self.load_gpu_gb) <= self.budget_gb and self.vllm_weights_gb <= 0.8 * self.vllm_budget_gb
+        return bool(self.trainer_fits) and self.vllm_weights_gb <= 0.8 * self.vllm_budget_gb
+
+    @property
+    def trainer_fits(self) -> bool | None:
+        """A trainer rank's peak (training or load) within its budget, whatever vLLM's side."""
+        return None if self.budget_gb is None else max(self.gpu_gb, self.load_gpu_gb) <= self.budget_gb
 
 
 def projections(shape: ModelShape) -> dict[str, tuple[int, int]]:
@@ -288,7 +293,7 @@ def cheapest_fit(
     sets += [{"activation_checkpointing": True, "cpu_offload": True, "fsdp_all": True}] if wider else []
     for kw in sets:
         opt = Options(reference_model=ref, **kw, **lora)  # type: ignore[arg-type]
-        if estimate(shape, lay, opt).fits:
+        if estimate(shape, lay, opt).trainer_fits:  # the trainer's options do not change vLLM's side
             return opt
     return None
 

@@ -563,7 +563,7 @@ def test_base_files_deep_merge_in_order_and_the_job_folder_gets_the_flat_result(
     assert cfg.slurm.time == "01:00:00"  # --set still comes last
     r = cli("dry-run", str(tmp_path / "job.yaml"), "--skip-checks", "all")
     assert r.returncode == 0, r.stderr
-    resolved = r.stdout.split("# plan")[0]
+    resolved = r.stdout.split("# resolved config")[1].split("# per-node commands")[0]
     assert "base" not in resolved and "partition: big" in resolved and "loss_type: dapo" in resolved
 
     (tmp_path / "a.yaml").write_text("base: b.yaml\n")
