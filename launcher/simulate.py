@@ -457,7 +457,10 @@ def print_split(
     )
     print("\n".join(split_table(rows2)))
     if best is None:
-        print(f"recommended: none: no split of the node's {g} GPUs fits in memory (the memory table below)")
+        print(
+            f"recommended: none: no split of the node's {g} GPUs fits in memory at {completions} completions per node "
+            "(the memory table below; fewer: trainer.per_device_train_batch_size)"
+        )
         return
     best_sync, best_async = best
     f3 = {**f2, **SHARED_CALIBRATION}
