@@ -91,51 +91,60 @@ def _skipped(a: argparse.Namespace) -> frozenset[str]:
 
 def cmd_dry_run(a: argparse.Namespace) -> int:
     """The plan, the sbatch text and the commands, then the submit host's checks (those not skipped): a problem
-    submit would refuse makes the dry-run fail too."""
-    from launcher.core.inputs import CHECK_KINDS, submit_checks
+    submit would refuse makes the dry-run fail too. `dry-run --grid` is `sweep --dry-run`."""
     from launcher.core.jobdir import make_plan
 
-    skip = _skipped(a)
-    if a.grid:  # a sweep's dry-run: the grid and the array's sbatch text
-        a.dry_run, a.parallel, a.skip_path_checks = True, 0, True
+    if a.grid:  # a sweep's dry-run: the grid, the array's sbatch text and every point's checks
+        a.dry_run, a.parallel = True, 0
         return cmd_sweep(a)
     cfg = _load(a)
-    print(render_dry_run(cfg, make_plan(cfg)))
-    print("\n# submit-host checks (what submit checks before sbatch; --skip-checks KIND,... skips some)")
-    failed = []
-    for kind, check in submit_checks(cfg).items():
-        found = [] if kind in skip else check()
-        failed += [kind] * bool(found)
-        state = "skipped" if kind in skip else ("PROBLEM" if found else "ok")
-        print(f"  {kind:<8} {state:<8} {CHECK_KINDS[kind]}" + "".join(f"\n    {p}" for p in found))
-    if failed:
-        raise ConfigError(
-            f"submit would refuse this: the {', '.join(failed)} check found problems (above); fix them, or if those "
-            f"paths exist only on the nodes: --skip-checks {','.join(failed)}"
-        )
+    return _show_and_check(cfg, make_plan(cfg), "", _skipped(a))
+
+
+def _show_and_check(cfg: JobConfig, p: Plan, preface: str, skip: frozenset[str]) -> int:
+    """Every dry-run (dry-run, submit/resume --dry-run): what would be submitted, then the checks submit runs, failing
+    where submit would refuse."""
+    from launcher.submit_checks import refusal, run_checks, section
+
+    print(preface + render_dry_run(cfg, p))
+    results = run_checks([p], skip)
+    print("\n" + section(results))
+    err = refusal(results, listed=True)
+    if err:
+        raise err
     return 0
 
 
 def _show_or_submit(cfg: JobConfig, p: Plan, dry_run: bool, preface: str = "", skip: frozenset[str] = frozenset()):
-    """--dry-run: print what would be submitted and return None; else check the config's paths on this host (unless
-    told not to), write the job folder and sbatch it."""
-    from launcher.core.inputs import SKIP_HINT, submit_path_problems
+    """--dry-run: print what would be submitted, run the checks and return None; else the same checks (refused
+    before anything is written), the job folder, sbatch. A new folder sbatch refuses is removed again."""
+    import shutil
+
     from launcher.core.jobdir import write_job_dir
     from launcher.simulate import timeout_warning
     from launcher.submit import check_submittable, submit
+    from launcher.submit_checks import refusal, run_checks
 
     if dry_run:
-        print(preface + render_dry_run(cfg, p))
+        _show_and_check(cfg, p, preface, skip)
         return None
     check_submittable(cfg)  # before the job folder is written
-    problems = submit_path_problems(cfg, skip)
-    if problems:  # before sbatch: a typo must not wait in the queue
-        raise ConfigError("; ".join(problems) + f" ({SKIP_HINT})")
+    err = refusal(run_checks([p], skip), listed=False)
+    if err:  # before sbatch: a typo must not wait in the queue
+        raise err
     for line in [*plan_report(p), timeout_warning(cfg) or ""]:  # a job that will not fit should not wait unwarned
         if line.startswith("WARNING"):
             print(line, file=sys.stderr)
+    fresh = not Path(p.job_dir).exists()
     write_job_dir(cfg, p)
-    return submit(cfg, p)
+    try:
+        return submit(cfg, p)
+    except RuntimeError as e:
+        if not fresh:  # a resumed folder keeps its checkpoints, and now the refused sbatch text
+            raise
+        shutil.rmtree(p.job_dir, ignore_errors=True)  # no orphan folder of a job that never existed
+        first = str(e).splitlines()[0]
+        raise RuntimeError(f"{first}\nno job folder kept; `slurm-grpo dry-run` prints the sbatch text") from None
 
 
 def cmd_submit(a: argparse.Namespace) -> int:
@@ -275,8 +284,8 @@ def cmd_logs(a: argparse.Namespace) -> int:
 def cmd_sweep(a: argparse.Namespace) -> int:
     """Plan every grid point, check them, write the sweep folder, submit one job array."""
     from launcher import sweep
-    from launcher.core.inputs import SKIP_HINT, submit_path_problems
     from launcher.submit import ArraySpec, sbatch_text, submit
+    from launcher.submit_checks import refusal, run_checks, section
 
     grid = sweep.parse_grid(a.grid)
     if a.parallel < 0:
@@ -290,13 +299,15 @@ def cmd_sweep(a: argparse.Namespace) -> int:
     first = points[0]
     print(f"sweep of {len(points)} points ({' x '.join(str(len(v)) for _, v in grid)}), at most {array.parallel} at once:")
     print("\n".join(sweep.grid_table(points)))
+    results = run_checks([p.plan for p in points], _skipped(a))  # every point's, a shared problem once
     if a.dry_run:
         print("\n# sbatch text (one job array; task i runs point-i)\n" + sbatch_text(first.config, first.plan, array))
+        print("\n" + section(results))
+    err = refusal(results, listed=a.dry_run)
+    if err:
+        raise err
+    if a.dry_run:
         return 0
-    skip = _skipped(a)
-    problems = sorted({x for p in points for x in submit_path_problems(p.config, skip)})
-    if problems:
-        raise ConfigError("; ".join(problems) + f" ({SKIP_HINT})")
     sweep.write_sweep(d, grid, points)
     s = submit(first.config, first.plan, array)
     for p in points:  # each point's folder answers `slurm-grpo status` on its own too
@@ -431,7 +442,7 @@ def build_parser() -> argparse.ArgumentParser:
     p = sub.add_parser("dry-run", help="print the plan, sbatch text and per-node commands, run the submit checks; submit nothing")
     _add_config_args(p)
     _add_grid_arg(p)
-    _add_skip_checks(p)
+    _add_skip_path_checks(p)
     p.set_defaults(fn=cmd_dry_run)
     p = sub.add_parser("submit", help="write the job folder and submit it with sbatch (through submitit)")
     _add_config_args(p)
@@ -512,11 +523,25 @@ def build_parser() -> argparse.ArgumentParser:
     return ap
 
 
+def parse(ap: argparse.ArgumentParser, argv: list[str]) -> argparse.Namespace:
+    """argparse, but an unknown word is reported by its command's parser (its usage, not the top level's), and a
+    `--set KEY VALUE` says how --set is written."""
+    a, extra = ap.parse_known_args(argv)
+    commands = next(x for x in ap._actions if isinstance(x, argparse._SubParsersAction))
+    sub = commands.choices[a.command]
+    if extra:
+        bare = [x for x in getattr(a, "overrides", []) if "=" not in x]  # `--set slurm.nodes 16`: 16 is the extra word
+        if bare and not extra[0].startswith("-"):
+            sub.error(f"--set {bare[0]} {extra[0]}: --set takes KEY=VALUE, e.g. --set {bare[0]}={extra[0]}")
+        sub.error(f"unrecognized arguments: {' '.join(extra)}")
+    return a
+
+
 def main(argv: list[str] | None = None) -> int:
     args = sys.argv[1:] if argv is None else argv
     if args[:1] == ["make-tiny-model"]:  # its options (--help too) are trainer.tiny_model's: argparse must not read them
         return cmd_make_tiny_model(argparse.Namespace(args=args[1:]))
-    a = build_parser().parse_args(expand_sets(args))
+    a = parse(build_parser(), expand_sets(args))
     try:
         return a.fn(a)
     except ConfigError as e:

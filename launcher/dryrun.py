@@ -1,6 +1,6 @@
-"""What `slurm-grpo dry-run` prints, and `submit`/`local` show in part: the resolved config, the plan with the rule
-behind each number, the per-node table, the memory estimate, the exact sbatch text and every node's commands (secrets
-redacted). Pure: it renders, it runs nothing."""
+"""What `slurm-grpo dry-run` prints, and `submit`/`local` show in part: the plan with the rule behind each number
+(first: what a reader came for), the per-node table, the memory estimate, the exact sbatch text, the resolved config
+and every node's commands (secrets redacted). Pure: it renders, it runs nothing."""
 
 from __future__ import annotations
 
@@ -37,14 +37,33 @@ def _env_prefix(env: dict[str, str]) -> str:
     return " ".join(f"{k}={shlex.quote(v)}" for k, v in sorted(env.items()))
 
 
+SHARED_GPU_UTILIZATION = 0.7
+"""Below this vllm.gpu_memory_utilization is a value for a GPU vLLM shares with a trainer rank."""
+
+
+def utilization_note(p: Plan) -> str | None:
+    """A split-layout server on GPUs of its own kept at a shared-GPU memory fraction (the CPU and one-GPU examples'
+    0.35, kept by `--set slurm.gpus_per_node=8`): the rest of those GPUs idles, the KV cache is small. One line."""
+    v = p.config.vllm
+    if p.device != "cuda" or p.config.job.emulate_gpus or p.nodes[0].shared_gpu:
+        return None
+    if v.gpu_memory_utilization >= SHARED_GPU_UTILIZATION:
+        return None
+    gpus = ",".join(map(str, p.nodes[0].vllm_gpus))
+    return (
+        f"NOTE: vllm.gpu_memory_utilization {v.gpu_memory_utilization:g} is a shared-GPU value, but vLLM has GPU(s) "
+        f"{gpus} of each node to itself (layout split): set vllm.gpu_memory_utilization=0.9 for its KV cache"
+    )
+
+
 def render_dry_run(cfg: JobConfig, p: Plan) -> str:
     from launcher.core.inputs import input_notes
     from launcher.simulate import layout_verdict, timeout_warning
     from launcher.submit import sbatch_text
 
-    out = ["# resolved config", config_mod.to_yaml(cfg, redact=True).rstrip(), "", "# plan"]
+    out = ["# plan"]
     out += [f"  {d}" for d in p.derivation]
-    for note in (*input_notes(cfg), layout_verdict(cfg), timeout_warning(cfg)):
+    for note in (*input_notes(cfg), layout_verdict(cfg), utilization_note(p), timeout_warning(cfg)):
         if note:
             out.append(f"  {note}")
     out += [
@@ -56,6 +75,9 @@ def render_dry_run(cfg: JobConfig, p: Plan) -> str:
         "",
         "# sbatch text (what `submit` hands to sbatch)",
         sbatch_text(cfg, p).rstrip(),
+        "",
+        "# resolved config",
+        config_mod.to_yaml(cfg, redact=True).rstrip(),
         "",
         "# per-node commands (run by launcher.node.bootstrap on each node)",
     ]

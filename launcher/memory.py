@@ -117,10 +117,13 @@ class Options:
     lora_adapter_staged: bool = False
     """The adapter pushed through the weight-transfer engine (trainer.lora.adapter_transport engine): an ipc push keeps
     a staging buffer of the adapter's size (through disk it stages nothing)."""
+    fsdp_all: bool = False
+    """trainer.fsdp=fsdp proposed by cheapest_fit: the shards spread over every rank of the job, not the node's."""
 
     def settings(self) -> list[str]:
         """The trainer.* settings that make these options."""
         out = [f"trainer.lora.r={self.lora_r}"] if self.lora_r else []
+        out += ["trainer.fsdp=fsdp"] if self.fsdp_all else []
         out += [f"trainer.{n}=true" for n in ("activation_checkpointing", "cpu_offload") if getattr(self, n)]
         return out + ([] if self.sharded_loading else ["trainer.model_loading=full"])
 
@@ -159,7 +162,12 @@ class Estimate:
     def fits(self) -> bool | None:
         if self.budget_gb is None or self.vllm_budget_gb is None:
             return None
-        return max(self.gpu_gb, self.load_gpu_gb) <= self.budget_gb and self.vllm_weights_gb <= 0.8 * self.vllm_budget_gb
+        return bool(self.trainer_fits) and self.vllm_weights_gb <= 0.8 * self.vllm_budget_gb
+
+    @property
+    def trainer_fits(self) -> bool | None:
+        """A trainer rank's peak (training or load) within its budget, whatever vLLM's side."""
+        return None if self.budget_gb is None else max(self.gpu_gb, self.load_gpu_gb) <= self.budget_gb
 
 
 def projections(shape: ModelShape) -> dict[str, tuple[int, int]]:
@@ -183,6 +191,8 @@ def adapter_layer_params(shape: ModelShape, r: int, targets: tuple[str, ...]) ->
 
 def estimate(shape: ModelShape, lay: Layout, opt: Options) -> Estimate:
     p, s, b = shape.params, lay.shard_ranks, lay.compute_bytes
+    if opt.fsdp_all:
+        s = max(s, lay.ranks_per_node * lay.nodes)
     a_layer = adapter_layer_params(shape, opt.lora_r, opt.lora_targets) if opt.lora_r else 0
     a = a_layer * shape.layers
     t = lay.completions_per_rank * (PROMPT_TOKENS + lay.completion_tokens)
@@ -268,19 +278,59 @@ def gpu_name(*names: str) -> str:
     return ""
 
 
-def cheapest_fit(shape: ModelShape, lay: Layout, reference_model: bool = False, base: Options | None = None) -> Options | None:
-    """The first option set that fits, from the fastest: none, activation checkpointing, both (a reference model,
-    trainer.beta > 0, and LoRA, from `base`, stay in every one)."""
+def cheapest_fit(
+    shape: ModelShape, lay: Layout, reference_model: bool = False, base: Options | None = None, try_fsdp: bool = True
+) -> Options | None:
+    """The first option set that fits, from the fastest: none, activation checkpointing, then (try_fsdp, where the
+    shards do not yet span every rank) the same two with trainer.fsdp=fsdp at this node count, then checkpointing with
+    cpu_offload (and with fsdp): a reference model, trainer.beta > 0, and LoRA, from `base`, stay in every one."""
     ref = reference_model
     lora = {"lora_r": base.lora_r, "lora_targets": base.lora_targets, "lora_merged": base.lora_merged} if base is not None else {}
-    for opt in (
-        Options(reference_model=ref, **lora),  # type: ignore[arg-type]
-        Options(activation_checkpointing=True, reference_model=ref, **lora),  # type: ignore[arg-type]
-        Options(activation_checkpointing=True, cpu_offload=True, reference_model=ref, **lora),  # type: ignore[arg-type]
-    ):
-        if estimate(shape, lay, opt).fits:
+    wider = try_fsdp and lay.ranks_per_node * lay.nodes > lay.shard_ranks
+    sets = [{}, {"activation_checkpointing": True}]
+    sets += [{"fsdp_all": True}, {"activation_checkpointing": True, "fsdp_all": True}] if wider else []
+    sets += [{"activation_checkpointing": True, "cpu_offload": True}]
+    sets += [{"activation_checkpointing": True, "cpu_offload": True, "fsdp_all": True}] if wider else []
+    for kw in sets:
+        opt = Options(reference_model=ref, **kw, **lora)  # type: ignore[arg-type]
+        if estimate(shape, lay, opt).trainer_fits:  # the trainer's options do not change vLLM's side
             return opt
     return None
+
+
+def vllm_tp_choices(heads: int, gpus: int, data_parallel: int, shared: bool) -> list[int]:
+    """The vllm.tensor_parallel_size values a node of `gpus` GPUs can run: powers of two dividing the heads, TP x DP
+    GPUs leaving a trainer GPU in the split layout (shared: dividing the GPUs)."""
+    tps = [t for t in (1, 2, 4, 8, 16) if heads % t == 0 and t <= gpus]
+    return [t for t in tps if (gpus % t == 0 if shared else t * data_parallel < gpus)]
+
+
+def vllm_weights_fit(shape: ModelShape, tp: int, vllm_gb: float) -> bool:
+    """bf16 weights per GPU leave a KV cache room in vLLM's share (the 80% rule of Estimate.fits)."""
+    return 2 * shape.params / tp / GB <= 0.8 * vllm_gb
+
+
+def smallest_vllm_tp(shape: ModelShape, vllm_gb: float, tps: list[int]) -> int | None:
+    return next((t for t in sorted(tps) if vllm_weights_fit(shape, t, vllm_gb)), None)
+
+
+def split_fits(shape: ModelShape, lay: Layout, gpus: int, vllm_gpus: int, tp: int, completions: int, base: Options) -> bool:
+    """Whether a split of a node's `gpus` GPUs (vllm_gpus serving at TP tp, the rest training, `completions` per node
+    per step) runs in memory: vLLM's weights fit its GPUs and some trainer option set (cheapest_fit) fits a rank."""
+    ranks = gpus - vllm_gpus
+    if ranks < 1 or not vllm_weights_fit(shape, tp, lay.gpu_gb * lay.vllm_fraction):
+        return False
+    sub = Layout(
+        **{
+            **lay.__dict__,
+            "ranks_per_node": ranks,
+            "tensor_parallel_size": tp,
+            "shard_ranks": ranks * lay.nodes if lay.shard_ranks > lay.ranks_per_node else ranks,
+            "shared_gpu": False,
+            "completions_per_rank": math.ceil(completions / ranks),
+        }
+    )
+    return cheapest_fit(shape, sub, base.reference_model, base) is not None
 
 
 def report(shape: ModelShape, lay: Layout, opt: Options) -> list[str]:
@@ -326,7 +376,9 @@ def report(shape: ModelShape, lay: Layout, opt: Options) -> list[str]:
         f"budget: {e.budget_gb:.0f} GB per trainer rank"
         + (f" (GPU {lay.gpu_gb:g} GB minus vLLM's {lay.vllm_fraction:g})" if lay.shared_gpu else f" (GPU {lay.gpu_gb:g} GB)")
     )
-    if e.vllm_weights_gb > 0.8 * (e.vllm_budget_gb or 0):
+    if e.vllm_weights_gb > (e.vllm_budget_gb or 0):
+        lines.append(f"PROBLEM: vLLM's weights ({e.vllm_weights_gb:.0f} GB per GPU) cannot load in {e.vllm_budget_gb:.0f} GB")
+    elif e.vllm_weights_gb > 0.8 * (e.vllm_budget_gb or 0):
         lines.append(
             f"WARNING: vLLM's weights ({e.vllm_weights_gb:.0f} GB per GPU) leave no room for its KV cache in "
             f"{e.vllm_budget_gb:.0f} GB: raise vllm.tensor_parallel_size"
@@ -338,7 +390,8 @@ def report(shape: ModelShape, lay: Layout, opt: Options) -> list[str]:
             + (
                 f"it fits with {fix.describe().replace('none', 'trainer.model_loading=sharded')}"
                 if fix
-                else "no option fits: more nodes with trainer.fsdp=fsdp (shards over every rank), or fewer completions per rank"
+                else f"no option fits on {lay.nodes} node(s), trainer.fsdp=fsdp (shards over every rank) included: more "
+                "nodes, or fewer completions per rank"
             )
         )
     return lines
@@ -415,6 +468,32 @@ def plan_report(p: Plan) -> list[str]:
     return [*report(shape, lay, opt), disk_line(shape, lay, opt, t.keep_checkpoints, t.save_model)]
 
 
+def memory_problems(p: Plan) -> list[str] | None:
+    """What cannot run whatever the trainer's options: vLLM's bf16 weights over the memory it gets of its GPUs (the
+    server never loads them), each a one-line refusal naming the tensor_parallel_size that fits. None: cannot tell
+    here (the model's config.json unreadable, or the GPU's memory unknown)."""
+    shape = ModelShape.read(p.config.vllm.model)
+    lay = layout(p)
+    if not shape or not lay.gpu_gb:
+        return None
+    vllm_gb = lay.gpu_gb * lay.vllm_fraction
+    weights = 2 * shape.params / lay.tensor_parallel_size / GB
+    if weights <= vllm_gb:
+        return []
+    g, v = p.config.slurm.gpus_per_node, p.config.vllm
+    tps = vllm_tp_choices(shape.heads, g, v.data_parallel_size, lay.shared_gpu)
+    tp = smallest_vllm_tp(shape, vllm_gb, [t for t in tps if t > lay.tensor_parallel_size])
+    fix = (
+        f"set vllm.tensor_parallel_size={tp} ({2 * shape.params / tp / GB:.0f} GB per GPU)"
+        if tp
+        else f"no tensor_parallel_size of a {g}-GPU node holds them: GPUs with more memory, or a smaller model"
+    )
+    return [
+        f"vllm.tensor_parallel_size {lay.tensor_parallel_size}: vLLM's bf16 weights ({weights:.0f} GB per GPU) do not "
+        f"fit the {vllm_gb:.0f} GB it gets of a {lay.gpu_gb:g} GB GPU (gpu_memory_utilization {lay.vllm_fraction:g}); {fix}"
+    ]
+
+
 def fit_table(lay: Layout, names: list[str] | None = None, base: Options | None = None) -> list[str]:
     """Which common model shapes fit nodes like this layout's: the smallest vLLM TP whose weights leave room for a
     KV cache, the trainer ranks left, and the cheapest options under hsdp and under fsdp. base: the config's LoRA
@@ -430,7 +509,7 @@ def fit_table(lay: Layout, names: list[str] | None = None, base: Options | None 
     for name in names or [*COMMON_SHAPES, *COMMON_MOE_SHAPES]:
         shape = common_shape(name)
         tps = [t for t in (1, 2, 4, 8) if t < gpus and shape.heads % t == 0] if not lay.shared_gpu else [1]
-        tp = next((t for t in tps if 2 * shape.params / t / GB <= 0.8 * lay.gpu_gb * lay.vllm_fraction), None)
+        tp = smallest_vllm_tp(shape, lay.gpu_gb * lay.vllm_fraction, tps)
         if tp is None:
             lines.append(f"  {name:<14} {shape.params / 1e9:>6.1f}B   -     -  vLLM does not fit on {gpus} GPUs of a node")
             continue
@@ -438,7 +517,7 @@ def fit_table(lay: Layout, names: list[str] | None = None, base: Options | None 
         cells = []
         for shard in (ranks, ranks * lay.nodes):
             sub = Layout(**{**lay.__dict__, "tensor_parallel_size": tp, "ranks_per_node": ranks, "shard_ranks": shard})
-            fix = cheapest_fit(shape, sub, base=base)
+            fix = cheapest_fit(shape, sub, base=base, try_fsdp=False)  # each column keeps its own sharding
             if fix is None:
                 cells.append("does not fit")
                 continue

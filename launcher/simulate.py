@@ -21,13 +21,25 @@ from __future__ import annotations
 
 import json
 import math
+from collections.abc import Callable
 from dataclasses import asdict, dataclass
 from pathlib import Path
 
 from launcher.core.config import ConfigError, JobConfig, load
 from launcher.core.plan import plan, shared_runs
 from launcher.core.shape import ModelShape
-from launcher.memory import Layout, fit_table, gpu_name, layout, options
+from launcher.memory import (
+    Layout,
+    Options,
+    fit_table,
+    gpu_name,
+    layout,
+    options,
+    smallest_vllm_tp,
+    split_fits,
+    vllm_tp_choices,
+    vllm_weights_fit,
+)
 from launcher.startup import STARTUP_DEFAULTS, predict_startup, processes_per_node, startup_table
 
 DEFAULTS = {
@@ -117,6 +129,8 @@ class SplitRow:
     sync_s: float
     async_s: float | None
     """None: the layout cannot overlap generation with training (TRL colocate time-shares each GPU)."""
+    fits: bool = True
+    """False: vLLM's weights or a trainer rank do not fit this split's GPUs (launcher/memory.py): never recommended."""
 
 
 def split_rows(
@@ -129,10 +143,12 @@ def split_rows(
     train_rank_s: float,
     f: dict,
     active_b: float | None = None,
+    fits: Callable[[int], bool] | None = None,
 ):
     """Step seconds of one node (the job's nodes run the same in parallel) for each split of its G GPUs, and the
     alternatives, all on the same work: `completions` of `tokens` per node per step, `train_rank_s` seconds for one
-    rank to train on all of them (training is data parallel: divided by the ranks).
+    rank to train on all of them (training is data parallel: divided by the ranks). fits(v): whether the split with v
+    GPUs serving runs in memory (memory_fit); a split that does not is listed, marked, and never the best.
       per-node split  v GPUs serve (tps per GPU x v), G - v train, push over NVLink; sync = gen + train + push,
                       async (max_staleness >= 1, per node) = max(gen, train + push) x (1 + async_overhead)
       TRL colocate    all G GPUs train and serve in turns, vLLM at colocate_gen_efficiency; no overlap
@@ -157,9 +173,10 @@ def split_rows(
                 push_local,
                 gen + train + push_local,
                 max(gen, train + push_local) * over,
+                fits(v) if fits else True,
             )
         )
-    best = min(rows, key=lambda r: r.async_s or r.sync_s) if rows else None
+    best = min((r for r in rows if r.fits), key=lambda r: r.async_s or r.sync_s, default=None)
     gen = work / (tps * gpus * f["colocate_gen_efficiency"])
     rows.append(
         SplitRow("TRL colocate", gpus, gpus, gen, train_rank_s / gpus, push_local, gen + train_rank_s / gpus + push_local, None)
@@ -237,8 +254,11 @@ def shared_rows(
 
 def layout_choice(rows: list[SplitRow], shared: SplitRow, shared_can_run: bool = True) -> tuple[str, str]:
     """Which layout wins (split or shared) and why, on the model's numbers: the shortest step of each, sync and async.
-    shared_can_run False (GPU nodes of 2+ GPUs, launcher.core.plan.shared_runs): split, whatever the numbers say."""
-    best_sync, best_async = recommend(rows)
+    shared_can_run False (GPU nodes of 2+ GPUs, launcher.core.plan.shared_runs): split, whatever the numbers say.
+    Call it only where a split fits (recommend is not None)."""
+    best = recommend(rows)
+    assert best is not None, "layout_choice needs a split that fits"
+    best_sync, best_async = best
     split_async = best_async.async_s or best_async.sync_s
     shared_async = shared.async_s or shared.sync_s
     if not shared_can_run:
@@ -290,27 +310,48 @@ def layout_verdict(cfg: JobConfig) -> str | None:
     f = {**DEFAULTS, **LAYOUT_DEFAULTS, **SHARED_CALIBRATION}
     completions = cfg.trainer.per_device_train_batch_size * max(per, 1)
     tokens = cfg.trainer.max_completion_length
-    rows = split_rows(g, tp, cfg.slurm.nodes, params, completions, tokens, f["train_s"] * max(per, 1), f, active)
+    p = plan(cfg, "")
+    fits = memory_fit(shape, layout(p), options(p), g, tp, completions) if shape else None
+    rows = split_rows(g, tp, cfg.slurm.nodes, params, completions, tokens, f["train_s"] * max(per, 1), f, active, fits)
     shared = shared_rows(g, tp, params, completions, tokens, f["train_s"] * max(per, 1), f, active)[0]
-    which, why = layout_choice(rows, shared, shared_runs(cfg.job.device, g))
     size = "" if shape else "; a 7 B model assumed, its config.json is not readable here"
+    if recommend(rows) is None:
+        return (
+            f"layout = {cfg.slurm.layout} (slurm.layout); no split of this node's {g} GPUs at vllm.tensor_parallel_size "
+            f"{tp} fits in memory (the memory estimate below): no layout to recommend"
+        )
+    which, why = layout_choice(rows, shared, shared_runs(cfg.job.device, g))
     return (
         f"layout = {cfg.slurm.layout} (slurm.layout); the step model (`slurm-grpo simulate`{size}) predicts {which} "
         f"faster per step on this node: {why}"
     )
 
 
-def recommend(rows: list[SplitRow]) -> tuple[SplitRow, SplitRow]:
-    """The per-node splits with the shortest synchronous and asynchronous steps."""
-    ours = [r for r in rows if r.layout.startswith("per-node")]
+def memory_fit(
+    shape: ModelShape, lay: Layout, base: Options, gpus: int, tp: int, completions: int
+) -> Callable[[int], bool] | None:
+    """fits(v) for split_rows: the memory estimate of a split with v of the node's GPUs serving at TP tp (None where
+    the GPU's memory is unknown: nothing to filter on)."""
+    if not lay.gpu_gb:
+        return None
+    return lambda v: split_fits(shape, lay, gpus, v, tp, completions, base)
+
+
+def recommend(rows: list[SplitRow]) -> tuple[SplitRow, SplitRow] | None:
+    """The per-node splits with the shortest synchronous and asynchronous steps, among those that fit in memory
+    (None: none fits)."""
+    ours = [r for r in rows if r.layout.startswith("per-node") and r.fits]
+    if not ours:
+        return None
     return min(ours, key=lambda r: r.sync_s), min(ours, key=lambda r: r.async_s or r.sync_s)
 
 
 def split_table(rows: list[SplitRow]) -> list[str]:
-    best_sync, best_async = recommend(rows)
+    best_sync, best_async = recommend(rows) or (None, None)
     out = [f"  {'layout':<44} {'gen s':>7} {'train s':>8} {'push s':>7} {'sync step':>10} {'async step':>11}"]
     for r in rows:
         mark = (" <- best sync" if r is best_sync else "") + (" <- best async" if r is best_async else "")
+        mark += "" if r.fits else "  (does not fit in memory)"
         a = f"{r.async_s:>11.2f}" if r.async_s is not None else f"{'-':>11}"
         out.append(f"  {r.layout:<44} {r.gen_s:>7.2f} {r.train_s:>8.2f} {r.push_s:>7.3f} {r.sync_s:>10.2f} {a}{mark}")
     return out
@@ -373,17 +414,40 @@ def print_scaling(
 
 
 def print_split(
-    cfg: JobConfig, nodes: int, params: float, per: int, figures: dict[str, float], active: float | None = None
+    cfg: JobConfig,
+    nodes: int,
+    params: float,
+    per: int,
+    figures: dict[str, float],
+    active: float | None = None,
+    mem: tuple[ModelShape, Layout, Options] | None = None,
 ) -> None:
-    """The split of one node's GPUs between vLLM and training, and the recommended one (nothing on a TP-wide node)."""
+    """The split of one node's GPUs between vLLM and training, and the recommended one (nothing on a TP-wide node).
+    mem (the model's shape, the config's layout and options): splits that do not fit in memory are never recommended,
+    and a TP too small for vLLM's weights is replaced by the smallest that holds them."""
     g, tp = cfg.slurm.gpus_per_node, cfg.vllm.tensor_parallel_size
     f2 = {**figures, **LAYOUT_DEFAULTS}
     # the split table trains the config's own batch on every split: the node's completions per step stay fixed
     completions = cfg.trainer.per_device_train_batch_size * per
-    rows2 = split_rows(g, tp, nodes, params, completions, cfg.trainer.max_completion_length, figures["train_s"] * per, f2, active)
+    fits = None
+    if mem and g > tp:
+        shape, lay, base = mem
+        vllm_gb = lay.gpu_gb * lay.vllm_fraction
+        if not vllm_weights_fit(shape, tp, vllm_gb):
+            bigger = smallest_vllm_tp(shape, vllm_gb, [t for t in vllm_tp_choices(shape.heads, g, 1, False) if t > tp])
+            print(
+                f"\nvllm.tensor_parallel_size {tp} cannot hold vLLM's weights ({2 * shape.params / tp / 1e9:.0f} GB per GPU "
+                f"in {vllm_gb:.0f} GB): "
+                + (f"the splits below serve at TP {bigger}, the smallest that does" if bigger else "no TP of this node does")
+            )
+            tp = bigger or tp
+        fits = memory_fit(shape, lay, base, g, tp, completions)
+    rows2 = split_rows(
+        g, tp, nodes, params, completions, cfg.trainer.max_completion_length, figures["train_s"] * per, f2, active, fits
+    )
     if g <= tp:
         return
-    best_sync, best_async = recommend(rows2)
+    best = recommend(rows2)
     print()
     print(
         f"split of one node's {g} GPUs between vLLM (TP {tp} x DP) and training, the same {completions} completions of "
@@ -392,6 +456,13 @@ def print_split(
         + "):"
     )
     print("\n".join(split_table(rows2)))
+    if best is None:
+        print(
+            f"recommended: none: no split of the node's {g} GPUs fits in memory at {completions} completions per node "
+            "(the memory table below; fewer: trainer.per_device_train_batch_size)"
+        )
+        return
+    best_sync, best_async = best
     f3 = {**f2, **SHARED_CALIBRATION}
     shared = shared_rows(g, tp, params, completions, cfg.trainer.max_completion_length, figures["train_s"] * per, f3, active)
     print(
@@ -467,12 +538,15 @@ def main(a) -> int:
     batch, tokens = cfg.trainer.per_device_train_batch_size, cfg.trainer.max_completion_length
     rows = predict(nodes, params, per, batch, tokens, figures, active)
     print_scaling(rows, params, per, cfg, figures, active)
-    print_split(cfg, nodes[-1], params, per, figures, active)
     p = plan(cfg, "")
     lay = layout(p)
-    if not lay.gpu_gb:
+    assumed = not lay.gpu_gb
+    if assumed:
         lay = Layout(**{**lay.__dict__, "gpu_gb": 80.0})
-        print("(GPU memory not in the config: the memory table assumes 80 GB; set slurm.gpu_memory_gb)")
+    # the split's memory filter: the config's model and GPU (at --params-b the shape is not this model's)
+    print_split(cfg, nodes[-1], params, per, figures, active, (shape, lay, options(p)) if shape and not a.params_b else None)
+    if assumed:
+        print("(GPU memory not in the config: the memory tables assume 80 GB; set slurm.gpu_memory_gb)")
     print()
     print("\n".join(fit_table(lay, base=options(p))))
     print_startup(cfg, nodes)

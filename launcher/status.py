@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import json
 import re
 import shlex
 import subprocess
@@ -12,7 +11,19 @@ from typing import Any
 
 from launcher.core.config import ConfigError
 from launcher.core.jobdir import JobDir
-from launcher.core.records import Event, eval_rows, format_eval, format_summary, read_events, read_rows, summarize
+from launcher.core.records import (
+    Event,
+    FinalRow,
+    eval_rows,
+    format_eval,
+    format_final,
+    format_step,
+    format_summary,
+    read_events,
+    read_rows,
+    step_rows,
+    summarize,
+)
 
 
 def q(path: str | Path) -> str:
@@ -232,8 +243,11 @@ def status(job_dir: Path) -> str:
             lines.append("  starting: " + now)
         lines += startup_lines(job_dir, n)
     rows = read_rows(jd.metrics)
-    if rows:
-        lines.append("last metrics: " + json.dumps(rows[-1].to_dict()))
+    steps = step_rows(rows)
+    if steps:  # readable lines; the raw rows are in metrics.jsonl
+        lines.append("last step: " + format_step(steps[-1]))
+    if rows and isinstance(rows[-1], FinalRow):
+        lines.append("end: " + format_final(rows[-1]))
     lines.append("summary: " + format_summary(summarize(rows)))
     evals = eval_rows(rows)
     if evals or plan.config.trainer.eval.enabled:

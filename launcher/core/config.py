@@ -550,7 +550,8 @@ def did_you_mean(word: str, options: typing.Iterable[str]) -> str:
 def unknown_key(where: str, key: str, cls: type) -> ConfigError:
     """A misspelt key: the nearest valid one, and where the full list is (not in the message: it is long)."""
     names = [f.name for f in dataclasses.fields(cls)]
-    hint = did_you_mean(key, names) or f"; keys of {where}: slurm-grpo config-reference {where}"
+    close = difflib.get_close_matches(key, names, n=1, cutoff=0.7)  # on the bare names: a shared prefix matches nothing
+    hint = f"; did you mean '{where}.{close[0]}'?" if close else f"; keys of {where}: slurm-grpo config-reference {where}"
     return ConfigError(f"unknown key '{where}.{key}'{hint}")
 
 
@@ -626,6 +627,8 @@ def _coerce(where: str, value: Any, annotation: Any) -> Any:
             return int(value)
         if isinstance(value, str) and re.fullmatch(r"[-+]?0[0-9_]+", value.strip()):
             raise ConfigError(f"{where} {value!r} has a leading zero (YAML 1.1 reads octal there); write it without")
+        if isinstance(value, str) and re.fullmatch(r"[-+]?[0-9_]+", value.strip()):  # "8": YAML reads quotes as text
+            raise ConfigError(f"{where} must be an integer, got the string {value!r}: write {value.strip()} unquoted")
         raise ConfigError(f"{where} must be an integer, got {value!r}")
     if annotation is float:
         # a quoted '1e-5' too: a learning rate written that way is what everyone types (and YAML 1.1 reads it as a

@@ -444,23 +444,6 @@ def unchecked(config: JobConfig) -> dict[str, str]:
     return out
 
 
-def check_report(config: JobConfig, skip: Iterable[str] = ()) -> tuple[list[str], list[str]]:
-    """dry-run's check section: (one line per kind, ok, PROBLEM with its problems indented below, or skipped with why;
-    the kinds that found problems)."""
-    lines, failed, nothing = [], [], unchecked(config)
-    for kind, check in submit_checks(config).items():
-        if kind in skip:
-            lines.append(f"  {kind:<8} {'skipped':<8} {CHECK_KINDS[kind]} (--skip-checks)")
-            continue
-        found = check()
-        failed += [kind] * bool(found)
-        if not found and kind in nothing:
-            lines.append(f"  {kind:<8} {'skipped':<8} {nothing[kind]}")
-            continue
-        lines.append(f"  {kind:<8} {'PROBLEM' if found else 'ok':<8} {CHECK_KINDS[kind]}" + "".join(f"\n    {p}" for p in found))
-    return lines, failed
-
-
 def submit_path_problems(config: JobConfig, skip: Iterable[str] = ()) -> list[str]:
     """What the nodes would find missing, checked on the submit host (but the kinds in skip): each a one-line error."""
     return [p for kind, check in submit_checks(config).items() if kind not in skip for p in check()]

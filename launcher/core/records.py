@@ -554,16 +554,55 @@ def summarize(rows: Iterable[Row], k: int = 0) -> Summary | None:
 
 
 def format_summary(s: Summary | None) -> str:
+    """One line; a figure the run did not record is left out (never printed as None)."""
     if s is None:
         return "no training steps recorded yet"
     push = ", ".join(f"node {n}: {v:.3f} s" for n, v in s.push_s_median.items()) or "none"
     checks = ", ".join(f"node {n}: {v:.3f} s" for n, v in s.parity_s_median.items())
-    parity_s = f" (its checks, median per step: {checks})" if checks else ""
-    return (
-        f"steps {s.steps} (last {s.last_step}); reward first {s.window} steps {s.reward_first:.4f} -> "
-        f"last {s.window} {s.reward_last:.4f}; push median {push}; parity max {s.parity_max}{parity_s}; "
-        f"generation {s.gen_tokens_per_s_median} tokens/s; step {s.step_s_median} s"
-    )
+    parts = [
+        f"steps {s.steps} (last {s.last_step})",
+        f"reward first {s.window} steps {s.reward_first:.4f} -> last {s.window} {s.reward_last:.4f}",
+        f"push median {push}",
+    ]
+    if s.parity_max is not None:
+        parts.append(f"parity max {s.parity_max}" + (f" (its checks, median per step: {checks})" if checks else ""))
+    elif checks:
+        parts.append(f"parity checks, median per step: {checks}")
+    if s.gen_tokens_per_s_median is not None:
+        parts.append(f"generation {s.gen_tokens_per_s_median} tokens/s")
+    if s.step_s_median is not None:
+        parts.append(f"step {s.step_s_median} s")
+    return "; ".join(parts)
+
+
+def _per_node(values: Mapping[str, Any], fmt: str) -> str:
+    return ", ".join(f"node {n}: {format(v, fmt)}" for n, v in values.items() if v is not None)
+
+
+def format_step(r: StepRow) -> str:
+    """A step row as `status` shows it: the figures it recorded, one line (the raw row is in metrics.jsonl)."""
+    head = [f"reward {r.reward:.4f}" + (f" (std {r.reward_std:.4f})" if r.reward_std is not None else "")]
+    head += [f"{name} {v:.4g}" for name, v in (("loss", r.loss), ("kl", r.kl), ("lr", r.lr)) if v is not None]
+    head += [f"{r.step_s:.2f} s"] if r.step_s is not None else []
+    parts = [", ".join(head)]
+    push, parity = _per_node(r.push_s, ".3f"), _per_node(r.parity, ".3g")
+    parts += [f"push {push} s"] if push else []
+    parts += [f"parity {parity}"] if parity else []
+    parts += [f"generation {r.gen_tokens_per_s:.0f} tokens/s"] if r.gen_tokens_per_s else []
+    return f"step {r.step}: " + "; ".join(parts)
+
+
+def format_final(r: FinalRow) -> str:
+    """The run's end row: each node's last parity, push and peak, one line."""
+    nodes = []
+    for n, f in r.nodes.items():
+        what = [f"{f.pushes} pushes"]
+        what += [f"last push {f.push_s_final:.3f} s"] if f.push_s_final is not None else []
+        what += [f"final parity {f.parity_final:.3g}"] if f.parity_final is not None else []
+        what += [f"{len(f.parity_history)} parity checks"] if f.parity_history else []
+        what += [f"trainer peak {f.trainer_peak_gpu_gb:.1f} GB GPU"] if f.trainer_peak_gpu_gb is not None else []
+        nodes.append(f"node {n}: " + ", ".join(what))
+    return f"finished at step {r.step}" + (": " + "; ".join(nodes) if nodes else "")
 
 
 # ---------------------------------------------------------------------------------------------------- checkpoints

@@ -57,11 +57,11 @@ def test_scientific_notation_is_a_number_as_written_in_yaml_and_set(tmp_path):
 def test_unknown_key_names_the_nearest_and_where_the_list_is():
     with pytest.raises(ConfigError) as e:
         C.from_dict({**BASE, "trainer": {"learnig_rate": 1e-6}})
-    assert str(e.value) == "unknown key 'trainer.learnig_rate'; did you mean 'learning_rate'?"
+    assert str(e.value) == "unknown key 'trainer.learnig_rate'; did you mean 'trainer.learning_rate'?"
     with pytest.raises(ConfigError) as e:
         C.from_dict({**BASE, "vllm": {"model": "m", "tp": 2}})  # nothing near: the command with the full list
     assert str(e.value) == "unknown key 'vllm.tp'; keys of vllm: slurm-grpo config-reference vllm"
-    with pytest.raises(ConfigError, match="unknown key 'slurm.container.imag'; did you mean 'image'"):
+    with pytest.raises(ConfigError, match="unknown key 'slurm.container.imag'; did you mean 'slurm.container.image'"):
         C.load(None, ["vllm.model=/m", "slurm.container.imag=x"])
 
 
@@ -86,6 +86,7 @@ BAD = [
     (_with("slurm", nodes=-3), "slurm.nodes must be positive"),
     (_with("slurm", nodes="two"), "slurm.nodes must be an integer"),
     (_with("slurm", nodes=2.5), "slurm.nodes must be an integer"),
+    (_with("slurm", gpus_per_node="8"), "slurm.gpus_per_node must be an integer, got the string '8': write 8 unquoted"),
     (_with("slurm", gpus_per_node=0), "slurm.gpus_per_node must be positive"),
     (_with("slurm", time="1 hour"), "not a SLURM time"),
     (_with("slurm", time="10:7"), "not a SLURM time"),
@@ -445,9 +446,9 @@ def test_a_dotted_set_reaches_into_every_nested_group_and_keeps_its_other_keys(t
     [
         (
             "slurm.container.imag=x",
-            "unknown key 'slurm.container.imag'; did you mean 'image'?",
+            "unknown key 'slurm.container.imag'; did you mean 'slurm.container.image'?",
         ),
-        ("slurm.contaner.image=x", "unknown key 'slurm.contaner'; did you mean 'container'?"),
+        ("slurm.contaner.image=x", "unknown key 'slurm.contaner'; did you mean 'slurm.container'?"),
         ("slurm.nodes.count=2", "slurm.nodes is a single value, not a group of keys; set it as --set slurm.nodes=VALUE"),
         ("slurm.setup_vars.venv.x=1", "slurm.setup_vars.venv is a single value, not a group of keys"),
         ("slurm.container.image.tag=1", "slurm.container.image is a single value, not a group of keys"),
@@ -562,7 +563,7 @@ def test_base_files_deep_merge_in_order_and_the_job_folder_gets_the_flat_result(
     assert cfg.slurm.time == "01:00:00"  # --set still comes last
     r = cli("dry-run", str(tmp_path / "job.yaml"), "--skip-checks", "all")
     assert r.returncode == 0, r.stderr
-    resolved = r.stdout.split("# plan")[0]
+    resolved = r.stdout.split("# resolved config")[1].split("# per-node commands")[0]
     assert "base" not in resolved and "partition: big" in resolved and "loss_type: dapo" in resolved
 
     (tmp_path / "a.yaml").write_text("base: b.yaml\n")

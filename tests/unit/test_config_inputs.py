@@ -116,7 +116,7 @@ BAD = [
     (["trainer.grpo.epsilon=wide"], "trainer.grpo.epsilon must be float, got 'wide'"),
     (["trainer.grpo.epsilom=0.3"], "trainer.grpo.epsilom is not a trl.GRPOConfig field; did you mean 'epsilon'?"),
     (["slurm.gpus_per_node=3", "trainer.per_device_train_batch_size=3"], "completions per generation (3 per rank x 2 ranks"),
-    (["trainer.learnig_rate=1e-6"], "unknown key 'trainer.learnig_rate'; did you mean 'learning_rate'?"),
+    (["trainer.learnig_rate=1e-6"], "unknown key 'trainer.learnig_rate'; did you mean 'trainer.learning_rate'?"),
     (["trainr.max_steps=3"], "unknown section 'trainr'; did you mean 'trainer'?"),
     (["slurm.container.workdir=work"], "slurm.container.workdir 'work' must be an absolute path"),
     (["slurm.time=00:10:00"], "vllm.health_timeout_s (900) is not below slurm.time (00:10:00 = 600 s)"),

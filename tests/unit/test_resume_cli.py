@@ -44,7 +44,8 @@ def checkpoint(d: Path, step: int) -> None:
 def test_resume_on_fewer_nodes_keeps_the_folder_and_its_config(job_dir, fake_slurm: FakeSlurm, capsys):
     checkpoint(job_dir, 8)
     (job_dir / "checkpoints" / "step-000012.tmp").mkdir()  # an interrupted write never counts
-    assert cli.main(["resume", str(job_dir), "--set", "slurm.nodes=2", "--dry-run"]) == 0
+    # its model /m exists only on the nodes: a dry-run runs submit's checks, so it is told so
+    assert cli.main(["resume", str(job_dir), "--set", "slurm.nodes=2", "--dry-run", "--skip-path-checks"]) == 0
     out = capsys.readouterr().out
     assert f"# would resume {job_dir} from step 8 (step-000008) on 2 nodes x 2 ranks" in out, out
     assert "max_steps: 40" in out and "resume: true" in out  # the folder's own config, resume forced on
@@ -133,7 +134,8 @@ def test_an_ended_job_without_a_checkpoint_is_submitted_again_not_resumed(job_di
     # the printed command, pasted: the folder's config, planned into a new folder under the current one
     argv = pasted(hint)
     assert argv[:3] == ["slurm-grpo", "submit", str(job_dir / "config.yaml")], argv
-    r = subprocess.run([sys.executable, "-m", "launcher", *argv[1:], "--dry-run"], capture_output=True, text=True, cwd=tmp_path)
+    dry = [*argv[1:], "--dry-run", "--skip-path-checks"]  # its model /m exists only on the nodes
+    r = subprocess.run([sys.executable, "-m", "launcher", *dry], capture_output=True, text=True, cwd=tmp_path)
     assert r.returncode == 0, r.stderr
     assert f"-m launcher.node.bootstrap {tmp_path}/runs/grpo-" in r.stdout, r.stdout
 

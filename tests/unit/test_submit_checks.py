@@ -182,13 +182,19 @@ def test_bad_grids_are_one_line_errors(fake_slurm: FakeSlurm, grid, needle):
 
 def test_the_check_report_says_skipped_with_why_where_there_was_nothing_to_check(tmp_path):
     """REVIEW-newcomer item 10: `venv ok` with no venv set and `model ok` for a hub name not downloaded said ok for
-    checks that looked at nothing. launcher.core.inputs.check_report (dry-run's check section) says skipped and why."""
-    from launcher.core.inputs import check_report
+    checks that looked at nothing. launcher.submit_checks (every dry-run's check section) says skipped and why."""
+    from launcher.core.jobdir import make_plan
+    from launcher.submit_checks import refusal, run_checks, section
+
+    def report(cfg, skip=frozenset()):
+        results = run_checks([make_plan(cfg)], skip)
+        lines = [ln for ln in section(results).splitlines()[1:] if not ln.startswith("    ")]
+        return lines, refusal(results, listed=True)
 
     hub = C.load("configs/math_example.yaml")  # a hub name, no venv, no agents
-    lines, failed = check_report(hub, skip={"rewards"})
+    lines, err = report(hub, skip=frozenset({"rewards"}))
     by_kind = {ln.split()[0]: ln.split(None, 2)[1:] for ln in lines}
-    assert failed == [] and by_kind["data"][0] == "ok"
+    assert err is None and by_kind["data"][0] == "ok"
     assert by_kind["model"] == ["skipped", "hub name 'Qwen/Qwen2.5-0.5B-Instruct': checked after the download at submit"]
     assert by_kind["venv"][0] == "skipped" and by_kind["venv"][1].startswith("none set: the nodes run job.python (python)")
     assert by_kind["agents"] == ["skipped", "none set (trainer.tools, trainer.environment, trainer.rollout_func)"]
@@ -196,6 +202,6 @@ def test_the_check_report_says_skipped_with_why_where_there_was_nothing_to_check
     (tmp_path / "venv" / "bin").mkdir(parents=True)
     (tmp_path / "venv" / "bin" / "activate").write_text("")
     for venv, state in ((tmp_path / "venv", "ok"), (tmp_path / "nowhere", "PROBLEM")):
-        lines, failed = check_report(C.load("configs/math_example.yaml", [f"slurm.setup_vars={{venv: {venv}}}"]))
+        lines, err = report(C.load("configs/math_example.yaml", [f"slurm.setup_vars={{venv: {venv}}}"]))
         (venv_line,) = [ln for ln in lines if ln.startswith("  venv")]
-        assert venv_line.split()[1] == state and failed == ["venv"] * (state == "PROBLEM"), lines
+        assert venv_line.split()[1] == state and (err is not None) == (state == "PROBLEM"), lines
