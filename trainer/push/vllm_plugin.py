@@ -5,7 +5,8 @@ weights as plain tensors and re-prepacks MoE experts after each update so that p
 (from tensors or read once from its folder),
 makes the push's prefix-cache reset cost the blocks that hold a cached hash, not the whole KV cache
 (trainer/push/prefix_reset.py says why that leaves the same state; on a vLLM whose code it was not checked against it keeps vLLM's own, with a warning),
-keeps an orderly shutdown's expected EngineDeadError traceback out of the log (trainer/push/clean_shutdown.py), and with
+keeps an orderly shutdown's expected EngineDeadError traceback out of the log (trainer/push/clean_shutdown.py), splits a
+push's fused experts for models whose loader takes per-expert names only (DeepSeek-V2/V3, GLM-4.7-Flash), and with
 vllm.inspect_in_process has vLLM inspect the model class in the API server's own process.
 
 Why the second part: vLLM's CPU linear layers prepack weights into oneDNN handles and drop the weight
