@@ -4,7 +4,11 @@ make a tiny body vLLM's CPU build serves (trainer.tiny_model builds it; tests/un
 Shapes: head_dim 64 (vLLM's CPU attention), hidden 128 (a multiple of 32: vLLM's CPU MoE kernel), every dimension
 at least 2 (transformers' expert split squeezes a size-1 dimension away), 3 experts (not a multiple of an even shard
 group: FSDP2 then gives the ranks unequal expert blocks) and, for qwen3_moe, an expert width that is not a multiple
-of 32 (vLLM's CPU kernel pads it)."""
+of 32 (vLLM's CPU kernel pads it). MLA (deepseek_v2/v3, glm4_moe_lite): qk_rope_head_dim = head_dim (transformers'
+rotary is sized by head_dim) and as many kv heads as heads. Fields real checkpoints carry that vLLM reads and
+transformers does not default: DeepSeek-V3's topk_method noaux_tc (vLLM makes e_score_correction_bias only then),
+GLM-4.7-Flash's first_k_dense_replace. Each DeepSeek/GLM body has a dense layer 0 before its MoE layer 1; qwen3_next
+alternates linear and full attention."""
 
 from __future__ import annotations
 
@@ -22,6 +26,21 @@ DENSE: dict[str, dict[str, Any]] = {
     "olmo2": {},
     "glm4": {},
     "granite": {},
+    "smollm3": {},
+    "cohere": {},
+    "cohere2": {},
+    "starcoder2": {},
+    "stablelm": {},
+    "olmo": {},
+    "olmo3": {},
+    "exaone4": {},
+    "ernie4_5": {},
+    "seed_oss": {},
+    "hunyuan_v1_dense": {},
+    "apertus": {},
+    "arcee": {},
+    "phi": {},
+    "gpt_neox": {},
 }
 """model_type -> fields beyond the common ones."""
 
@@ -35,9 +54,93 @@ MOE: dict[str, dict[str, Any]] = {
     },
     "olmoe": {"num_experts": 3, "num_experts_per_tok": 2},
     "mixtral": {"num_local_experts": 3, "num_experts_per_tok": 2},
+    "deepseek_v3": {
+        "n_routed_experts": 3,
+        "num_experts_per_tok": 2,
+        "moe_intermediate_size": 32,
+        "n_shared_experts": 1,
+        "first_k_dense_replace": 1,
+        "kv_lora_rank": 32,
+        "q_lora_rank": 64,
+        "qk_nope_head_dim": 64,
+        "qk_rope_head_dim": 64,
+        "v_head_dim": 64,
+        "n_group": 1,
+        "topk_group": 1,
+        "topk_method": "noaux_tc",
+    },
+    "deepseek_v2": {
+        "n_routed_experts": 3,
+        "num_experts_per_tok": 2,
+        "moe_intermediate_size": 32,
+        "n_shared_experts": 1,
+        "first_k_dense_replace": 1,
+        "kv_lora_rank": 32,
+        "q_lora_rank": None,
+        "qk_nope_head_dim": 64,
+        "qk_rope_head_dim": 64,
+        "v_head_dim": 64,
+    },
+    "glm4_moe": {
+        "n_routed_experts": 3,
+        "num_experts_per_tok": 2,
+        "moe_intermediate_size": 32,
+        "n_shared_experts": 1,
+        "first_k_dense_replace": 1,
+    },
+    "glm4_moe_lite": {
+        "first_k_dense_replace": 1,
+        "n_routed_experts": 3,
+        "num_experts_per_tok": 2,
+        "moe_intermediate_size": 32,
+        "n_shared_experts": 1,
+        "kv_lora_rank": 32,
+        "q_lora_rank": 64,
+        "qk_nope_head_dim": 64,
+        "qk_rope_head_dim": 64,
+        "v_head_dim": 64,
+    },
+    "ernie4_5_moe": {"moe_num_experts": 3, "moe_k": 2, "moe_intermediate_size": 32, "moe_num_shared_experts": 1},
+    "granitemoe": {"num_local_experts": 3, "num_experts_per_tok": 2, "intermediate_size": 64},
+    "hunyuan_v1_moe": {"num_experts": 3, "moe_topk": 2, "intermediate_size": 64},
+    "llama4_text": {"num_local_experts": 3, "num_experts_per_tok": 1, "intermediate_size": 64, "intermediate_size_mlp": 256},
+    "qwen3_next": {
+        "num_experts": 3,
+        "num_experts_per_tok": 2,
+        "moe_intermediate_size": 32,
+        "shared_expert_intermediate_size": 64,
+        "linear_key_head_dim": 32,
+        "linear_value_head_dim": 32,
+        "linear_num_key_heads": 2,
+        "linear_num_value_heads": 4,
+        "full_attention_interval": 2,  # linear, full, linear, ...: both kinds in 2 layers
+    },
 }
 
 FAMILIES = {**DENSE, **MOE}
+
+SWEEP_ONLY = frozenset(
+    {
+        "cohere",
+        "stablelm",
+        "olmo",
+        "exaone4",
+        "ernie4_5",
+        "seed_oss",
+        "hunyuan_v1_dense",
+        "apertus",
+        "arcee",
+        "phi",
+        "deepseek_v2",
+        "ernie4_5_moe",
+        "granitemoe",
+        "hunyuan_v1_moe",
+    }
+)
+"""Families the unit tier's matrix leaves to the full sweep (`SLURM_GRPO_TEST_ALL_FAMILIES=1 pytest
+tests/unit/test_families.py`, ~20 s more on 2 cores), for the tier's time budget: each has the layout of a family that
+stays (Llama-style GQA/SwiGLU, DeepSeek-V3's MLA and experts, Mixtral-style experts) with other config fields. All passed
+the sweep when they were added."""
 
 
 def config_fields(
@@ -63,7 +166,7 @@ def config_fields(
         "intermediate_size": intermediate,
         "num_hidden_layers": layers,
         "num_attention_heads": heads,
-        "num_key_value_heads": kv_heads,
+        "num_key_value_heads": heads if "kv_lora_rank" in FAMILIES[family] else kv_heads,  # MLA: a latent kv per head
         "head_dim": head_dim,
         "max_position_embeddings": 512,
         "eos_token_id": token_id,
@@ -75,24 +178,27 @@ def config_fields(
     }
 
 
-EXPERT_WIDTH_IS_INTERMEDIATE = ("olmoe", "mixtral")
-"""MoE families whose experts take `intermediate_size` as their width (no moe_intermediate_size field)."""
+EXPERT_COUNT = ("num_experts", "num_local_experts", "n_routed_experts", "moe_num_experts")
+EXPERTS_PER_TOKEN = ("num_experts_per_tok", "moe_k", "moe_topk")
+"""The names transformers' MoE configs give the routed experts and the top-k (each family uses one of each)."""
 
 
 def moe_fields(family: str, *, experts: int = 0, experts_per_token: int = 0, expert_intermediate: int = 0) -> dict[str, Any]:
     """The config fields that resize a MoE family's experts (0 keeps the tiny default), in the family's own names:
-    make-tiny-model's --experts / --top-k / --moe-intermediate, so a GPU-sized MoE body is built in one pass."""
+    make-tiny-model's --experts / --top-k / --moe-intermediate, so a GPU-sized MoE body is built in one pass. The expert
+    width is moe_intermediate_size where the family has one, else intermediate_size (mixtral, olmoe, granitemoe, ...)."""
     if not (experts or experts_per_token or expert_intermediate):
         return {}
     if family not in MOE:
         raise ValueError(f"--experts/--top-k/--moe-intermediate need an MoE family ({', '.join(MOE)}), not {family!r}")
-    count = "num_local_experts" if family == "mixtral" else "num_experts"
-    e = experts or MOE[family][count]
-    k = experts_per_token or MOE[family]["num_experts_per_tok"]
+    tiny = MOE[family]
+    count = next(k for k in EXPERT_COUNT if k in tiny)
+    top = next(k for k in EXPERTS_PER_TOKEN if k in tiny)
+    e = experts or tiny[count]
+    k = experts_per_token or tiny[top]
     if not 1 <= k <= e:
         raise ValueError(f"--top-k ({k}) must be between 1 and --experts ({e})")
-    out: dict[str, Any] = {count: e, "num_experts_per_tok": k}
+    out: dict[str, Any] = {count: e, top: k}
     if expert_intermediate:
-        width = "intermediate_size" if family in EXPERT_WIDTH_IS_INTERMEDIATE else "moe_intermediate_size"
-        out[width] = expert_intermediate
+        out["moe_intermediate_size" if "moe_intermediate_size" in tiny else "intermediate_size"] = expert_intermediate
     return out

@@ -135,7 +135,7 @@ def main(argv: list[str] | None = None) -> int:
         "--moe-intermediate",
         type=int,
         default=0,
-        help=f"each expert's MLP width (mixtral, olmoe: their intermediate_size){moe}",
+        help=f"each expert's MLP width (moe_intermediate_size, or intermediate_size where the family has no such field){moe}",
     )
     ap.add_argument("--device", default="cpu", help="where to initialise the weights (cuda is much faster for big bodies)")
     ap.add_argument("--untied", action="store_true", help="a separate lm_head instead of the tied embedding")

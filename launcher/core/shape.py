@@ -102,18 +102,23 @@ class ModelShape:
 
 def _moe_fields(c: dict) -> dict:
     """The MoE fields of a config.json (any of the naming schemes of transformers' MoE configs); {} for a dense one."""
-    experts = int(c.get("num_experts") or c.get("num_local_experts") or c.get("n_routed_experts") or 0)
+    experts = int(
+        c.get("num_experts") or c.get("num_local_experts") or c.get("n_routed_experts") or c.get("moe_num_experts") or 0
+    )
     if experts <= 0:
         return {}
     layers = c["num_hidden_layers"]
     width = int(c.get("moe_intermediate_size") or c["intermediate_size"])
-    step = int(c.get("decoder_sparse_step") or 1)
-    dense_only = set(c.get("mlp_only_layers") or []) | set(range(int(c.get("first_k_dense_replace") or 0)))
+    step = int(c.get("decoder_sparse_step") or c.get("moe_layer_interval") or 1)
+    first_sparse = int(c.get("first_k_dense_replace") or c.get("moe_layer_start_index") or 0)  # DeepSeek / ERNIE
+    dense_only = set(c.get("mlp_only_layers") or []) | set(range(first_sparse))
     moe = [i for i in range(layers) if i not in dense_only and (i + 1) % step == 0]
-    shared = int(c.get("shared_expert_intermediate_size") or 0) or int(c.get("n_shared_experts") or 0) * width
+    shared_count = int(c.get("n_shared_experts") or c.get("moe_num_shared_experts") or 0)
+    shared = int(c.get("shared_expert_intermediate_size") or 0) or shared_count * width
+    top_k = c.get("num_experts_per_tok") or c.get("moe_k") or c.get("moe_topk") or 0
     return {
         "experts": experts,
-        "experts_per_token": int(c.get("num_experts_per_tok") or 0),
+        "experts_per_token": int(top_k[0] if isinstance(top_k, list) else top_k),
         "expert_intermediate": width,
         "shared_intermediate": shared,
         "moe_layers": len(moe),

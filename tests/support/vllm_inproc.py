@@ -31,16 +31,27 @@ class InProcessVllm:
 
     def build(self, model_dir: str) -> tuple[Any, Any]:
         """(vLLM's model loaded from model_dir, its VllmConfig)."""
+        import json
+        from pathlib import Path
+
         from vllm.config import set_current_vllm_config
         from vllm.distributed import init_distributed_environment, initialize_model_parallel
         from vllm.engine.arg_utils import EngineArgs
         from vllm.model_executor.model_loader import get_model
         from vllm.model_executor.models.registry import ModelRegistry
+        from vllm.v1.attention.backends.registry import AttentionBackendEnum
 
-        args = EngineArgs(model=model_dir, dtype="float32", enforce_eager=True, max_model_len=256, skip_tokenizer_init=True)
-        import json
-        from pathlib import Path
-
+        # MLA (DeepSeek, GLM-4.7-Flash): vLLM picks AMX_MLA on a CPU with AMX, whose prepack takes bf16/fp16 weights only;
+        # CPU_MLA takes fp32 and derives its absorbed matrices as the GPU backends do (MLACommonImpl)
+        mla = "kv_lora_rank" in json.loads((Path(model_dir) / "config.json").read_text())
+        args = EngineArgs(
+            model=model_dir,
+            dtype="float32",
+            enforce_eager=True,
+            max_model_len=256,
+            skip_tokenizer_init=True,
+            attention_backend=AttentionBackendEnum.CPU_MLA if mla else None,
+        )
         for arch in json.loads((Path(model_dir) / "config.json").read_text())["architectures"]:
             # inspected in this process (the class is imported anyway) instead of one subprocess per architecture
             lazy = ModelRegistry.models.get(arch)

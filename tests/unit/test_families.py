@@ -1,4 +1,5 @@
-"""The family matrix, unit tier: a tiny random body of every family in trainer.tiny_families (dense and MoE) through
+"""The family matrix, unit tier: a tiny random body of every family in trainer.tiny_families (dense and MoE; those in
+SWEEP_ONLY with SLURM_GRPO_TEST_ALL_FAMILIES=1 only) through
 the default sharded loader on 2 gloo ranks, bit for bit what `from_pretrained` makes (Gemma's non-persistent embedding
 scale, MoE per-expert checkpoints into transformers' fused experts with 3 experts on 2 ranks), each checkpoint byte
 read by exactly one rank; and each MoE family trains under FSDP2 and resumes from a checkpoint bit for bit."""
@@ -6,21 +7,26 @@ read by exactly one rank; and each MoE family trains under FSDP2 and resumes fro
 from __future__ import annotations
 
 import functools
+import os
 from pathlib import Path
 
 import pytest
 
 from tests.support.ranks import cpu_parallel, run_ranks
-from trainer.tiny_families import FAMILIES, MOE
+from trainer.tiny_families import FAMILIES, MOE, SWEEP_ONLY
+
+ALL_FAMILIES = os.environ.get("SLURM_GRPO_TEST_ALL_FAMILIES") == "1"
+"""Every family of trainer.tiny_families, SWEEP_ONLY included (the unit tier runs without them)."""
 
 
 @pytest.fixture(scope="module")
 def family_dirs(tmp_path_factory) -> dict[str, str]:
     from trainer.tiny_model import make_tiny_model
 
+    assert SWEEP_ONLY <= set(FAMILIES), SWEEP_ONLY - set(FAMILIES)
     root = tmp_path_factory.mktemp("families")
     out = {}
-    for family in FAMILIES:
+    for family in (f for f in FAMILIES if ALL_FAMILIES or f not in SWEEP_ONLY):
         make_tiny_model(root / family, family=family, tie=family.startswith("gemma"))
         out[family] = str(root / family)
     return out
@@ -114,12 +120,13 @@ def push_and_compare(rank: int, world: int, _port: int, dirs: dict[str, str], ou
 
     from tests.support.vllm_inproc import InProcessVllm
     from trainer.checkpoint_names import served_names
+    from trainer.loading import persistent_buffers
 
     def as_pushed(model) -> list[tuple[str, torch.Tensor]]:
         names = served_names(model, [n for n, _ in model.named_parameters()])
         return [(names[n], p.detach().clone()) for n, p in model.named_parameters()]
 
-    before, after = {}, {}
+    before, after, frozen = {}, {}, {}
     torch.manual_seed(1)
     # every HF model before vLLM's classes are imported: vLLM's olmo2 decorates transformers' Olmo2Model in place
     for family, d in dirs.items():
@@ -129,6 +136,8 @@ def push_and_compare(rank: int, world: int, _port: int, dirs: dict[str, str], ou
             for p in model.parameters():  # "a training step": every parameter moves
                 p.add_(0.1 * torch.randn_like(p))
         after[family] = as_pushed(model)
+        # persistent buffers (DeepSeek's e_score_correction_bias) are not trained, so not pushed: vLLM keeps its own
+        frozen[family] = set(served_names(model, [n for n, _ in persistent_buffers(model)]).values())
         model.save_pretrained(f"{out_root}/{family}")  # the same weights as a checkpoint vLLM loads from scratch
     vllm = InProcessVllm()
     out = {}
@@ -140,9 +149,10 @@ def push_and_compare(rank: int, world: int, _port: int, dirs: dict[str, str], ou
         vllm.push(served, cfg, after[family])  # ...and a push of the trained weights must land exactly on the fresh load
         out[family] = {
             "renamed": sorted({n.split(".")[3] for n, _ in after[family] if ".block_sparse_moe." in n}),
-            "unmoved": sorted(set(fresh) - set(moved)),
+            "unmoved": sorted(set(fresh) - set(moved) - frozen[family]),
             "differ": [n for n, p in served.named_parameters() if not torch.equal(p, fresh[n])],
             "params": len(fresh),
+            "split": "load_weights" in vars(served),  # the plugin's per-expert split (trainer.push.vllm_plugin)
         }
     return out
 
@@ -151,10 +161,14 @@ def test_every_familys_push_lands_in_vllms_model_as_a_fresh_load(family_dirs, tm
     """The trainer's push (names from trainer.checkpoint_names.served_names, HF's fused experts as they are) through
     vLLM's own load_weights and layerwise reload, with the project's plugin: every parameter of vLLM's model then
     equals a fresh load of the same weights (Mixtral's experts under vLLM's names; Qwen3-MoE's expert width 48 padded
-    and re-prepacked by the CPU kernel). One vLLM model per family: loaded from the trained weights, pushed the
+    and re-prepacked by the CPU kernel; DeepSeek's fused experts split per expert by the plugin, its MLA's absorbed
+    W_UK_T / W_UV recomputed; its router's e_score_correction_bias, a buffer the trainer neither trains nor pushes, kept). One vLLM model per family: loaded from the trained weights, pushed the
     untrained ones (every parameter must move), then the trained ones (every parameter must be back, bit for bit)."""
     res = run_ranks(1, functools.partial(push_and_compare, dirs=family_dirs, out_root=str(tmp_path)), timeout_s=600)[0]
     for family, r in res.items():
         assert r["params"] > 0 and not r["unmoved"], f"{family}: a push left vLLM's parameters {r['unmoved']} as they were"
         assert not r["differ"], f"{family}: after a push, vLLM's parameters differ from a fresh load: {r}"
     assert res["mixtral"]["renamed"] == ["block_sparse_moe"], res["mixtral"]  # vLLM's module name, not HF's mlp
+    # only the loaders without fused expert names get the fused tensors split; the others keep one tensor per layer
+    split = {"deepseek_v2", "deepseek_v3", "glm4_moe_lite"} & set(res)
+    assert {f for f, r in res.items() if r["split"]} == split and "deepseek_v3" in split, res

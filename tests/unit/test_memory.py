@@ -125,6 +125,19 @@ QWEN3_30B_A3B = {
 }
 
 
+APPROXIMATED = {
+    "deepseek_v2": 0.03,
+    "deepseek_v3": 0.03,
+    "glm4_moe_lite": 0.03,
+    "hunyuan_v1_moe": 0.15,
+    "llama4_text": 0.15,
+    "qwen3_next": 0.15,
+}
+"""MoE families whose layout ModelShape approximates, and by how much the tiny bodies miss (relative): MLA's low-rank
+q/kv projections (DeepSeek, GLM-4.7-Flash); an always-on shared MLP no config key sizes (Hunyuan, Llama 4; at full size
+it is one expert's width beside many); Gated DeltaNet linear attention and gated queries (Qwen3-Next)."""
+
+
 def test_an_moe_counts_every_expert_in_total_and_the_routed_ones_as_active(tmp_path, capsys):
     """Published sizes (total / active): Qwen3-30B-A3B 30.53B / 3.35B, Mixtral-8x7B 46.70B / 12.88B; the tiny MoE bodies
     of every MoE family, with a dense layer among the sparse ones, to the parameter as transformers builds them; and
@@ -149,8 +162,10 @@ def test_an_moe_counts_every_expert_in_total_and_the_routed_ones_as_active(tmp_p
         cfg = json.loads((tmp_path / family / "config.json").read_text())
         shape = ModelShape.read(str(tmp_path / family))
         assert shape is not None and shape.experts == 3 and shape.active_params < shape.params, (family, shape)
-        # qwen2_moe has the q/k/v biases the count assumes; the others differ by them (and OLMoE's q/k norms) only
+        # qwen2_moe has the q/k/v biases the count assumes; the others differ by them (and OLMoE's q/k norms) only;
+        # APPROXIMATED's layouts are counted as the GQA/SwiGLU one of the same widths
         tolerance = 0 if family == "qwen2_moe" else 3 * (128 + 2 * 64 + 2 * 128)
+        tolerance = max(tolerance, int(APPROXIMATED.get(family, 0) * made["params"]))
         assert abs(shape.params - made["params"]) <= tolerance, (family, shape.params, made["params"], cfg)
     # layer 1 of 3 dense (qwen2_moe's mlp_only_layers): counted with the dense MLP, to the parameter
     import torch

@@ -56,6 +56,9 @@ def test_vllm_weight_transfer_hooks():
     for m in ("init_transfer_engine", "receive_weights", "update_weights", "parse_update_info"):
         assert hasattr(NCCLWeightTransferEngine, m), f"NCCLWeightTransferEngine.{m} is gone (trainer/push/gloo_engine.py)"
     assert hasattr(lu, "dispatch_cpu_unquantized_gemm"), "vLLM's CPU gemm dispatch moved (trainer/push/vllm_plugin.py patches it)"
+    from vllm.model_executor.model_loader.base_loader import BaseModelLoader
+
+    assert hasattr(BaseModelLoader, "load_model"), "BaseModelLoader.load_model is gone (trainer/push/vllm_plugin.py wraps it)"
     assert vllm.__version__.startswith("0.32"), vllm.__version__
 
 

@@ -64,6 +64,9 @@ def test_the_moe_flags_use_each_familys_field_names_and_refuse_what_cannot_be_bu
         "intermediate_size": 96,  # mixtral's experts are intermediate_size wide
     }
     assert moe_fields("olmoe", experts_per_token=1) == {"num_experts": 3, "num_experts_per_tok": 1}
+    deepseek = moe_fields("deepseek_v3", experts=64, experts_per_token=6, expert_intermediate=96)
+    assert deepseek == {"n_routed_experts": 64, "num_experts_per_tok": 6, "moe_intermediate_size": 96}
+    assert moe_fields("ernie4_5_moe", experts_per_token=1) == {"moe_num_experts": 3, "moe_k": 1}
     with pytest.raises(ValueError, match="need an MoE family"):
         moe_fields("qwen2", experts=8)
     with pytest.raises(ValueError, match=r"--top-k \(9\) must be between 1 and --experts \(8\)"):

@@ -5,7 +5,8 @@ weights as plain tensors and re-prepacks MoE experts after each update so that p
 (from tensors or read once from its folder),
 makes the push's prefix-cache reset cost the blocks that hold a cached hash, not the whole KV cache
 (trainer/push/prefix_reset.py says why that leaves the same state; on a vLLM whose code it was not checked against it keeps vLLM's own, with a warning),
-keeps an orderly shutdown's expected EngineDeadError traceback out of the log (trainer/push/clean_shutdown.py), and with
+keeps an orderly shutdown's expected EngineDeadError traceback out of the log (trainer/push/clean_shutdown.py), splits a
+push's fused experts for models whose loader takes per-expert names only (DeepSeek-V2/V3, GLM-4.7-Flash), and with
 vllm.inspect_in_process has vLLM inspect the model class in the API server's own process.
 
 Why the second part: vLLM's CPU linear layers prepack weights into oneDNN handles and drop the weight
@@ -57,6 +58,7 @@ def register() -> None:
 
         layer_utils.dispatch_cpu_unquantized_gemm = keep_weight
         reprepack_cpu_moe_on_update()
+    split_fused_experts_for_per_expert_loaders()
     from trainer.push import clean_shutdown, prefix_reset
 
     fast_reset = prefix_reset.install()
@@ -97,6 +99,64 @@ def reprepack_cpu_moe_on_update() -> None:
 
     _setup_kernel._slurm_grpo = True  # type: ignore[attr-defined]
     method._setup_kernel = _setup_kernel  # type: ignore[method-assign]
+
+
+FUSED_EXPERT_SHARDS = {"gate_up_proj": ("w1", "w3"), "w13": ("w1", "w3"), "down_proj": ("w2",), "w2": ("w2",)}
+"""The fused expert tensors a push sends (trainer.checkpoint_names.served_names: `experts.<leaf>` [E, rows, cols]) and
+the per-expert shards of vLLM's expert mapping that each is made of, in row order (gate rows first)."""
+
+
+def split_fused_experts_for_per_expert_loaders() -> None:
+    """Patch vLLM's model loading (idempotent): a model whose `load_weights` takes per-expert checkpoint names only gets
+    each fused expert tensor of a push split into them, by the model's own expert mapping, as it is received.
+
+    Why: vLLM 0.32's DeepSeek-V2/V3 (Kimi-K2) and GLM-4.7-Flash loaders are hand-written loops over
+    `get_expert_mapping()` (`experts.{e}.gate_proj.` -> w1 ...), without the fused entries that the models loading
+    through RoutedExperts take (`include_fused=True`): a fused `experts.gate_up_proj` fell through to a KeyError.
+    Splitting here keeps the trainer's push one fused tensor per layer for every family; the split tensors are views."""
+    from vllm.model_executor.model_loader.base_loader import BaseModelLoader
+
+    if getattr(BaseModelLoader.load_model, "_slurm_grpo", False):
+        return
+    load_model = BaseModelLoader.load_model
+
+    def load_model_then_wrap(self, *args, **kwargs):
+        model = load_model(self, *args, **kwargs)
+        wrap_per_expert_loader(model)
+        return model
+
+    load_model_then_wrap._slurm_grpo = True  # type: ignore[attr-defined]
+    BaseModelLoader.load_model = load_model_then_wrap  # type: ignore[method-assign]
+
+
+def wrap_per_expert_loader(model) -> bool:
+    """Wrap model.load_weights if the model's expert mapping has per-expert names only; True if wrapped."""
+    import re
+
+    mapping_of = getattr(model, "get_expert_mapping", None)
+    mapping = mapping_of() if callable(mapping_of) else []
+    if not mapping or not all(re.search(r"experts\.\d+\.", w) for _, w, _, _ in mapping):
+        return False
+    names = {(e, shard): w for _, w, e, shard in mapping}  # (expert, w1/w2/w3) -> "experts.{e}.gate_proj."
+    load_weights = model.load_weights
+
+    def split(weights):
+        for name, t in weights:
+            head, sep, leaf = name.rpartition("experts.")
+            shards = FUSED_EXPERT_SHARDS.get(leaf) if sep and t.dim() == 3 else None
+            if shards is None:
+                yield name, t
+                continue
+            rows = t.shape[1] // len(shards)
+            for e in range(t.shape[0]):
+                for i, shard in enumerate(shards):
+                    yield f"{head}{names[(e, shard)]}weight", t[e, i * rows : (i + 1) * rows]
+
+    def load_weights_split(weights, *args, **kwargs):
+        return load_weights(split(weights), *args, **kwargs)
+
+    model.load_weights = load_weights_split
+    return True
 
 
 def load_adapters_once() -> None:
