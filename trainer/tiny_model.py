@@ -53,13 +53,21 @@ def make_tiny_model(
     from transformers import AutoConfig, AutoModelForCausalLM, PreTrainedTokenizerFast
 
     from launcher.core.shape import ModelShape
-    from trainer.tiny_families import config_fields, moe_fields
+    from trainer.tiny_families import FAMILIES, config_fields, moe_fields
 
+    # every argument checked before anything is written: a refused call leaves no half-made folder behind
+    if family not in FAMILIES:
+        raise ValueError(f"unknown model family {family!r}; known: {', '.join(FAMILIES)}")
     if hidden % head_dim:
         raise ValueError(f"hidden ({hidden}) must be a multiple of head_dim ({head_dim}; vLLM's CPU attention needs 64)")
+    heads = hidden // head_dim
+    if heads % kv_heads:
+        raise ValueError(f"kv_heads ({kv_heads}) must divide the {heads} attention heads (hidden / head_dim)")
     resize = moe_fields(family, experts=experts, experts_per_token=experts_per_token, expert_intermediate=expert_intermediate)
     path = Path(out)
     path.mkdir(parents=True, exist_ok=True)
+    for old in [*path.glob("*.safetensors"), *path.glob("*.safetensors.index.json")]:
+        old.unlink()  # an earlier build's shards or index beside this one's would be loaded as part of it
     tok = Tokenizer(models.BPE(unk_token=None))
     tok.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False)
     tok.decoder = decoders.ByteLevel()
@@ -72,9 +80,6 @@ def make_tiny_model(
     hf = PreTrainedTokenizerFast(tokenizer_object=tok, eos_token="<|endoftext|>", pad_token="<|endoftext|>", bos_token=None)
     hf.chat_template = CHAT_TEMPLATE
     hf.save_pretrained(path)
-    heads = hidden // head_dim
-    if heads % kv_heads:
-        raise ValueError(f"kv_heads ({kv_heads}) must divide the {heads} attention heads (hidden / head_dim)")
     fields = config_fields(
         family,
         vocab=len(hf),
@@ -97,7 +102,9 @@ def make_tiny_model(
     return {
         "vocab": len(hf),
         "params": sum(p.numel() for p in model.parameters()),
-        "params_active": shape.active_params if shape else None,
+        # the dry-run's memory estimate counts from config.json alone (launcher.core.shape: close, not exact)
+        "params_estimated": shape.params if shape else None,
+        "params_active_estimated": shape.active_params if shape else None,
         "hidden": hidden,
         "layers": layers,
         "kv_heads": kv_heads,
@@ -112,7 +119,7 @@ def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(
         prog="slurm-grpo make-tiny-model",
         description=(
-            "Build a random Qwen2 (head_dim 64) and a locally trained tokenizer, no hub. "
+            "Build a random model of a family (default Qwen2, head_dim 64) and a locally trained tokenizer, no hub. "
             "E.g. --hidden 896 --layers 24 --kv-heads 2 --intermediate 4864 --dtype bfloat16 for a 0.5B-class body; "
             "--family qwen3_moe --hidden 2048 --layers 24 --head-dim 128 --kv-heads 4 --experts 64 --top-k 8 "
             "--moe-intermediate 256 --dtype bfloat16 --device cuda for an MoE of 2.7B parameters, 0.6B active."
@@ -127,7 +134,15 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--vocab", type=int, default=300, help="tokenizer vocabulary to train (default 300)")
     ap.add_argument("--dtype", default="float32", choices=["float32", "bfloat16"], help="saved weights (default float32)")
     ap.add_argument("--head-dim", type=int, default=64, help="attention head size (default 64, what vLLM's CPU build needs)")
-    ap.add_argument("--family", default="qwen2", help="model_type of the body (trainer.tiny_families; default qwen2)")
+    from trainer.tiny_families import FAMILIES
+
+    ap.add_argument(
+        "--family",
+        default="qwen2",
+        choices=list(FAMILIES),
+        metavar="FAMILY",
+        help=f"model_type of the body (default qwen2): {', '.join(FAMILIES)}",
+    )
     moe = "; MoE families only (trainer.tiny_families.MOE), 0 keeps the tiny default"
     ap.add_argument("--experts", type=int, default=0, help=f"routed experts per MoE layer{moe} (3)")
     ap.add_argument("--top-k", type=int, default=0, help=f"experts each token runs through{moe} (2)")

@@ -174,3 +174,19 @@ def test_the_replay_bench_run_one_arm_per_call_and_the_second_call_tables_both(t
     both = json.loads((tmp_path / "out" / "routing_replay.json").read_text())
     assert started == [False, True]  # each arm ran once, in its own call
     assert both["mean"] == {"false": pytest.approx(0.045), "true": pytest.approx(0.015)}
+
+
+def test_a_refused_build_writes_nothing_and_a_rebuild_leaves_no_shard_of_the_last_one(tmp_path):
+    """An unknown family or a head count kv_heads does not divide is refused before the folder exists; building into a
+    folder that holds an earlier sharded build removes its shards and index (else the index beside the new
+    model.safetensors would be loaded, and the model check finds its shards missing)."""
+    from trainer.tiny_model import make_tiny_model
+
+    for bad in ({"family": "llama3"}, {"kv_heads": 3}):
+        with pytest.raises(ValueError):
+            make_tiny_model(tmp_path / "refused", **bad)
+        assert not (tmp_path / "refused").exists(), bad
+    make_tiny_model(tmp_path / "m", max_shard_size="300KB")
+    assert len(list((tmp_path / "m").glob("*.safetensors"))) > 1
+    make_tiny_model(tmp_path / "m")
+    assert sorted(f.name for f in (tmp_path / "m").glob("*.safetensors*")) == ["model.safetensors"]
