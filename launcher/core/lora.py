@@ -15,6 +15,7 @@ torch.compile), so the CPU tiers test the adapter path for real.
 from __future__ import annotations
 
 import json
+from dataclasses import replace
 from pathlib import Path
 
 from launcher.core.config import LORA_REFUSED_TARGETS, LORA_TARGETS, ConfigError, JobConfig
@@ -98,6 +99,24 @@ def transport_why(cfg: JobConfig) -> str:
         "its tensors through the weight-transfer engine, from which each vLLM worker builds the LoRA model in memory, "
         "no file per push (trainer.lora.adapter_transport: engine; disk writes and loads a peft folder instead)"
     )
+
+
+MOE_TARGETS = ("q_proj", "k_proj", "v_proj", "o_proj")
+"""What LoRA adapts on a mixture of experts when trainer.lora.target_modules is left at its default (LORA_TARGETS):
+the attention projections (the default's MLP names are the experts', check_moe_targets)."""
+
+
+def resolve_targets(cfg: JobConfig) -> JobConfig:
+    """The config with LoRA's targets resolved for its model: on a mixture of experts the default targets become
+    MOE_TARGETS (a user's own list is kept and checked); every other config is returned as it is. The plan carries
+    the result to the trainer, and its LoRA line names the targets."""
+    lora = cfg.trainer.lora
+    if not lora.enabled or tuple(lora.target_modules) != LORA_TARGETS:
+        return cfg
+    shape = ModelShape.read(cfg.vllm.model)
+    if shape is None or not shape.experts:
+        return cfg
+    return replace(cfg, trainer=replace(cfg.trainer, lora=replace(lora, target_modules=list(MOE_TARGETS))))
 
 
 def check_moe_targets(cfg: JobConfig) -> None:

@@ -14,7 +14,7 @@ from typing import Any
 from launcher.core import emulation, vllm_start
 from launcher.core import platform as platform_mod
 from launcher.core.config import ROUTING_REPLAY_FAMILIES, ConfigError, JobConfig, rebuild
-from launcher.core.lora import architecture, lora_push
+from launcher.core.lora import architecture, lora_push, resolve_targets
 from launcher.core.shape import ModelShape
 
 # The rendezvous host is only known inside the allocation (the first hostname of SLURM_JOB_NODELIST);
@@ -238,6 +238,7 @@ def check_batch(cfg: JobConfig, world: int, per_node: int) -> None:
 
 def plan(cfg: JobConfig, job_dir: str) -> Plan:
     """The numbers; `derivation` writes the rule behind each one."""
+    cfg = resolve_targets(cfg)  # LoRA's default targets on an MoE: attention only
     s, v, t = cfg.slurm, cfg.vllm, cfg.trainer
     tp, dp, g = v.tensor_parallel_size, v.data_parallel_size, s.gpus_per_node
     shared = s.layout == "shared" or (g == 1 and tp * dp == 1)
@@ -315,6 +316,8 @@ def derivation(p: Plan) -> list[str]:
     n0, per_node, world = p.nodes[0], p.ranks_per_node, p.world_size
     shared, batch, steps = n0.shared_gpu, t.per_device_train_batch_size, generation_steps(p.config, p.world_size)
     how = "set" if v.weight_transfer_backend != "auto" else "auto: " + p.device + (", shared GPU" if shared else "")
+    shape = ModelShape.read(v.model) if p.lora_push else None
+    moe_lora = shape is not None and bool(shape.experts)
     sharding = "shard over the node's ranks, replicate across nodes" if t.fsdp == "hsdp" else "shard over all ranks"
     if shared and g > 1:
         gpus = [
@@ -351,4 +354,12 @@ def derivation(p: Plan) -> list[str]:
         f"process-group timeout = push_timeout_s + request_timeout_s = {t.push_timeout_s:g} + {t.request_timeout_s:g} s",
         f"trainer shutdown = max(30, signal_seconds - 30) = {p.trainer_shutdown_s} s (preemption checkpoint), "
         f"bootstrap grace {p.bootstrap_grace_s} s",
-    ] + ([f"LoRA push = {p.lora_push}: {lora_push(p.config, p.data_parallel_size)[1]}"] if p.lora_push else [])
+    ] + (
+        [
+            f"LoRA push = {p.lora_push}: {lora_push(p.config, p.data_parallel_size)[1]}",
+            f"LoRA targets = {', '.join(t.lora.target_modules)}"
+            + (" (a mixture of experts: attention only)" if moe_lora else ""),
+        ]
+        if p.lora_push
+        else []
+    )

@@ -51,10 +51,15 @@ def test_expert_parallel_reaches_vllms_command_line_only_where_it_means_somethin
 def test_lora_on_an_moe_adapts_attention_and_pushes_merged(tmp_path):
     p = plan(cfg(tmp_path, MOE, lora={"r": 8, "target_modules": ["q_proj", "k_proj", "v_proj", "o_proj"]}), "/jobs/x")
     assert p.lora_push == MERGED
-    # the default targets name the MLP projections, which peft maps onto the fused experts: refused with the fix
-    for bad in ([], ["q_proj", "experts"], ["gate"], ["mlp.experts.gate_up_proj"], ["v_proj", "down_proj"], ["all-linear"]):
+    assert "LoRA targets = q_proj, k_proj, v_proj, o_proj (a mixture of experts: attention only)" in p.derivation
+    # the default targets (they name the MLP projections, the experts' here) become attention only, in the plan the
+    # trainer reads; a user's own MLP or expert names are refused with the fix (peft maps them onto the fused experts)
+    default = plan(cfg(tmp_path, MOE, lora={"r": 8}), "/jobs/x")
+    assert default.config.trainer.lora.target_modules == ["q_proj", "k_proj", "v_proj", "o_proj"], default.config
+    assert default.derivation == p.derivation
+    for bad in (["q_proj", "experts"], ["gate"], ["mlp.experts.gate_up_proj"], ["v_proj", "down_proj"], ["all-linear"]):
         with pytest.raises(C.ConfigError, match=r"on a mixture of experts LoRA adapts attention only"):
-            plan(cfg(tmp_path, MOE, lora={"r": 8, **({"target_modules": bad} if bad else {})}), "/jobs/x")
+            plan(cfg(tmp_path, MOE, lora={"r": 8, "target_modules": bad}), "/jobs/x")
 
 
 def test_gpt_oss_is_refused_at_plan_time_because_vllm_drops_its_pushes(tmp_path):
