@@ -232,9 +232,9 @@ def cmd_local(a: argparse.Namespace) -> int:
         print(f"local: running as one node (the config asks for {cfg.slurm.nodes}; slurm.nodes is ignored here)")
         cfg = _load(a, **{"slurm.nodes": 1})
     p = make_plan(cfg)
-    problems = local_problems(cfg)
-    if problems:  # before the job folder and the server: a typo must not cost a vLLM start
-        raise ConfigError("; ".join(problems))
+    problems = local_problems(p.config)  # the plan's config: what the ranks will run (LoRA targets resolved)
+    if problems:  # before the job folder and the server: a typo must not cost a vLLM start; one line each
+        raise ConfigError("\n".join(problems))
     for line in plan_report(p):
         if line.startswith("WARNING"):
             print(line, file=sys.stderr)

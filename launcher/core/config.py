@@ -330,10 +330,10 @@ class TrainerConfig:
     """Completions per rank per step (prompts x generations)."""
     num_generations: int = 8
     """Completions sampled per prompt (the GRPO group size)."""
-    max_completion_length: int = 16
-    """Tokens generated per completion."""
-    learning_rate: float = 1e-5
-    """AdamW learning rate."""
+    max_completion_length: int = 256
+    """Tokens generated per completion (TRL's default; the CPU smoke configs set 16)."""
+    learning_rate: float = 1e-6
+    """AdamW learning rate (TRL's GRPO default; the CPU smoke configs set their own)."""
     beta: float = 0.0
     """KL coefficient; 0 = no reference model."""
     temperature: float = 1.0
@@ -547,10 +547,29 @@ def did_you_mean(word: str, options: typing.Iterable[str]) -> str:
     return f"; did you mean {close[0]!r}?" if close else ""
 
 
+KNOWN_AS = {
+    "rank": "r",
+    "lora_r": "r",
+    "alpha": "lora_alpha",
+    "dropout": "lora_dropout",
+    "lr": "learning_rate",
+    "kl_coef": "beta",
+    "kl": "beta",
+    "group_size": "num_generations",
+    "batch_size": "per_device_train_batch_size",
+    "tp": "tensor_parallel_size",
+    "dp": "data_parallel_size",
+    "max_new_tokens": "max_completion_length",
+    "max_tokens": "max_completion_length",
+}
+"""Other libraries' names for a key (peft's, TRL's, vLLM's shorthand): suggested where spelling alone finds nothing."""
+
+
 def unknown_key(where: str, key: str, cls: type) -> ConfigError:
     """A misspelt key: the nearest valid one, and where the full list is (not in the message: it is long)."""
     names = [f.name for f in dataclasses.fields(cls)]
     close = difflib.get_close_matches(key, names, n=1, cutoff=0.7)  # on the bare names: a shared prefix matches nothing
+    close = close or [n for n in (KNOWN_AS.get(key),) if n in names]
     hint = f"; did you mean '{where}.{close[0]}'?" if close else f"; keys of {where}: slurm-grpo config-reference {where}"
     return ConfigError(f"unknown key '{where}.{key}'{hint}")
 

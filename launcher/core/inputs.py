@@ -145,7 +145,11 @@ def check_dataset(
     missing = [name for name in needed if columns.get(name, name) not in schema.columns]
     if missing:  # every missing column in the one line: a fix per round trip would take several
         free = [c for c in schema.columns if c not in columns.values() and c not in needed]
-        guess = {name: free[i] if i < len(free) else "COLUMN" for i, name in enumerate(missing)}
+        guess: dict[str, str] = {}  # a column only where its name says it (GSM8K's question/answer), else a placeholder
+        for name in missing:
+            left = [c for c in free if c not in guess.values()]
+            known = [c for c in left if c.lower() in COLUMN_SYNONYMS.get(name, ())]
+            guess[name] = (known or difflib.get_close_matches(name, left, n=1, cutoff=0.6) or ["COLUMN"])[0]
         raise PreflightError(
             f"trainer.dataset {path} has no "
             + " and no ".join(f"{n!r} column{why.get(n, '')}" for n in missing)
@@ -155,6 +159,13 @@ def check_dataset(
             + "}"
         )
     return schema
+
+
+COLUMN_SYNONYMS = {
+    "prompt": ("question", "problem", "query", "instruction", "input", "text", "messages", "conversations"),
+    "solution": ("answer", "answers", "ans", "target", "label", "output", "ground_truth", "reference", "final_answer"),
+}
+"""What datasets call the columns the run needs (the missing-column hint suggests these, never an arbitrary column)."""
 
 
 def data_needs(config: JobConfig, rewards: list[str] | None = None) -> tuple[tuple[str, ...], dict[str, str]]:

@@ -59,8 +59,14 @@ def test_unknown_key_names_the_nearest_and_where_the_list_is():
         C.from_dict({**BASE, "trainer": {"learnig_rate": 1e-6}})
     assert str(e.value) == "unknown key 'trainer.learnig_rate'; did you mean 'trainer.learning_rate'?"
     with pytest.raises(ConfigError) as e:
-        C.from_dict({**BASE, "vllm": {"model": "m", "tp": 2}})  # nothing near: the command with the full list
-    assert str(e.value) == "unknown key 'vllm.tp'; keys of vllm: slurm-grpo config-reference vllm"
+        C.from_dict({**BASE, "vllm": {"model": "m", "tpsize": 2}})  # nothing near: the command with the full list
+    assert str(e.value) == "unknown key 'vllm.tpsize'; keys of vllm: slurm-grpo config-reference vllm"
+    # another library's name for a key (peft's rank, vLLM's tp, TRL's lr) names ours
+    for where, key, ours in (("vllm", "tp", "tensor_parallel_size"), ("trainer", "lr", "learning_rate")):
+        with pytest.raises(ConfigError, match=f"unknown key '{where}.{key}'; did you mean '{where}.{ours}'"):
+            C.load(None, ["vllm.model=/m", f"{where}.{key}=1"])
+    with pytest.raises(ConfigError, match="did you mean 'trainer.lora.r'"):
+        C.load(None, ["vllm.model=/m", "trainer.lora.rank=8"])
     with pytest.raises(ConfigError, match="unknown key 'slurm.container.imag'; did you mean 'slurm.container.image'"):
         C.load(None, ["vllm.model=/m", "slurm.container.imag=x"])
 

@@ -138,6 +138,11 @@ def test_submit_names_the_column_a_reward_needs(tmp_path):
         f"trainer.dataset {path} has no 'solution' column (reward math_accuracy needs it) (columns: question, answer); map one with trainer.columns={{solution: answer}}"
         in problems
     )
+    # no column named like it: a placeholder, never an arbitrary column (REVIEW-newcomer 16: {solution: difficulty})
+    other = tmp_path / "other.jsonl"
+    other.write_text('{"problem": "1+1", "difficulty": 1}\n')
+    (problem,) = submit_path_problems(cfg(str(other), reward_funcs=["math_accuracy"]))
+    assert problem.endswith("map them with trainer.columns={prompt: problem, solution: COLUMN}"), problem
     assert submit_path_problems(cfg(path, reward_funcs=["math_accuracy"], columns=MATH)) == []
 
 

@@ -23,10 +23,11 @@ from trainer.push.pusher import PushSettings
 from trainer.rollout.node import GenerationSettings, NodeRollout, TrlAdapter
 from trainer.rollout.server import RoutedExperts, decode_routed_experts
 from trainer.routing_replay import RouteTable, RoutingReplay
+from launcher.core.config import ROUTING_REPLAY_FAMILIES
 from trainer.tiny_families import MOE, config_fields
 
 FAMILIES = ["qwen3_moe", "mixtral", "qwen2_moe", "olmoe"]
-assert set(FAMILIES) == set(MOE)
+assert set(FAMILIES) == set(ROUTING_REPLAY_FAMILIES) and set(FAMILIES) <= set(MOE)  # every family replay serves
 
 
 def tiny(family: str, layers: int = 2, seed: int = 0) -> Any:
