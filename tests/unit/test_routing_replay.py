@@ -17,13 +17,13 @@ import pytest
 import torch
 from transformers import AutoTokenizer
 
+from launcher.core.config import ROUTING_REPLAY_FAMILIES
 from tests.unit.test_rollout import load, par  # noqa: F401 (a fixture: a world-1 gloo group)
 from tests.unit.test_server_client import client_of, fake_vllm  # noqa: F401 (a fixture)
 from trainer.push.pusher import PushSettings
 from trainer.rollout.node import GenerationSettings, NodeRollout, TrlAdapter
 from trainer.rollout.server import RoutedExperts, decode_routed_experts
 from trainer.routing_replay import RouteTable, RoutingReplay
-from launcher.core.config import ROUTING_REPLAY_FAMILIES
 from trainer.tiny_families import MOE, config_fields
 
 FAMILIES = ["qwen3_moe", "mixtral", "qwen2_moe", "olmoe"]
