@@ -122,7 +122,7 @@ def _show_or_submit(cfg: JobConfig, p: Plan, dry_run: bool, preface: str = "", s
 
     from launcher.core.jobdir import write_job_dir
     from launcher.simulate import timeout_warning
-    from launcher.submit import check_submittable, submit
+    from launcher.submit import SbatchFailed, check_submittable, submit
     from launcher.submit_checks import refusal, run_checks
 
     if dry_run:
@@ -139,12 +139,12 @@ def _show_or_submit(cfg: JobConfig, p: Plan, dry_run: bool, preface: str = "", s
     write_job_dir(cfg, p)
     try:
         return submit(cfg, p)
-    except RuntimeError as e:
-        if not fresh:  # a resumed folder keeps its checkpoints, and now the refused sbatch text
+    except SbatchFailed as e:
+        # a resumed folder keeps its checkpoints; a job sbatch may have queued (a timeout) keeps its folder
+        if not fresh or not e.refused:
             raise
         shutil.rmtree(p.job_dir, ignore_errors=True)  # no orphan folder of a job that never existed
-        first = str(e).splitlines()[0]
-        raise RuntimeError(f"{first}\nno job folder kept; `slurm-grpo dry-run` prints the sbatch text") from None
+        raise RuntimeError(f"{e.reason()}\nno job folder kept; `slurm-grpo dry-run` prints the sbatch text") from None
 
 
 def cmd_submit(a: argparse.Namespace) -> int:

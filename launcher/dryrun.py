@@ -77,7 +77,7 @@ def render_dry_run(cfg: JobConfig, p: Plan) -> str:
         sbatch_text(cfg, p).rstrip(),
         "",
         "# resolved config",
-        config_mod.to_yaml(cfg, redact=True).rstrip(),
+        config_mod.to_yaml(p.config, redact=True).rstrip(),
         "",
         "# per-node commands (run by launcher.node.bootstrap on each node)",
     ]

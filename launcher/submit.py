@@ -212,6 +212,23 @@ def check_submittable(cfg: JobConfig) -> None:
         )
 
 
+REFUSED = "Batch job submission failed"
+"""sbatch's own words when slurmctld refused the job: only then is it sure that no job exists."""
+
+
+class SbatchFailed(RuntimeError):
+    """sbatch did not return a job id; refused: slurmctld said no (no job exists), else the job may exist."""
+
+    def __init__(self, message: str, refused: bool) -> None:
+        super().__init__(message)
+        self.refused = refused
+
+    def reason(self) -> str:
+        """sbatch's error line (its first line is often a warning), else the message's first line."""
+        lines = str(self).splitlines()
+        return next((ln.strip() for ln in lines if "error:" in ln), lines[0])
+
+
 def submit(cfg: JobConfig, p: Plan, array: ArraySpec | None = None) -> Submitted:
     """sbatch the job (or the sweep's array, from its first point's config and plan); job.sbatch and job_id go into
     the job (or sweep) folder."""
@@ -223,7 +240,8 @@ def submit(cfg: JobConfig, p: Plan, array: ArraySpec | None = None) -> Submitted
     try:
         job = ex._submit_command(command)
     except Exception as e:  # submitit raises its own FailedJobError/OSError with sbatch's stderr
-        raise RuntimeError(f"sbatch refused the job: {e}\nThe sbatch text is in {q(root.sbatch)}") from None
+        refused = REFUSED in str(e)  # else (a timeout, a reply not parsed) the job may be in the queue all the same
+        raise SbatchFailed(f"sbatch refused the job: {e}\nThe sbatch text is in {q(root.sbatch)}", refused) from None
     finally:
         root.sbatch.write_text(text)
     root.job_id.write_text(str(job.job_id) + "\n")

@@ -152,7 +152,8 @@ def copy_model_files(base_model: str | Path, out: Path, dtype: torch.dtype, chat
     (trainer.chat_template: the Jinja text or a file holding it; "" keeps the base's) becomes the folder's template."""
     base = Path(base_model)
     for f in base.iterdir():
-        if f.is_file() and not f.name.endswith(WEIGHT_SUFFIXES) and not f.name.endswith(".index.json"):
+        hidden = f.name.startswith(".")  # .gitattributes, make-tiny-model's marker: not the model's
+        if f.is_file() and not hidden and not f.name.endswith(WEIGHT_SUFFIXES) and not f.name.endswith(".index.json"):
             shutil.copy2(f, out / f.name)
     if chat_template:
         write_chat_template(out, chat_template)

@@ -17,6 +17,10 @@ CHAT_TEMPLATE = (
 )
 
 
+MARKER = ".slurm-grpo-tiny-model"
+"""Marks a folder make-tiny-model built: only there does a rebuild delete the weights it finds (never a real model's)."""
+
+
 def _corpus() -> list[str]:
     words = "the quick brown fox jumps over a lazy dog and a cat sat on a mat banana apple".split()
     lines = [" ".join(words[(i + j) % len(words)] for j in range(8)) + f" {i}" for i in range(200)]
@@ -65,9 +69,13 @@ def make_tiny_model(
         raise ValueError(f"kv_heads ({kv_heads}) must divide the {heads} attention heads (hidden / head_dim)")
     resize = moe_fields(family, experts=experts, experts_per_token=experts_per_token, expert_intermediate=expert_intermediate)
     path = Path(out)
+    weights = [*path.glob("*.safetensors"), *path.glob("*.safetensors.index.json"), *path.glob("*.bin")]
+    if weights and not (path / MARKER).is_file():
+        raise ValueError(f"{path} holds model weights make-tiny-model did not write ({weights[0].name}); choose an empty folder")
     path.mkdir(parents=True, exist_ok=True)
-    for old in [*path.glob("*.safetensors"), *path.glob("*.safetensors.index.json")]:
-        old.unlink()  # an earlier build's shards or index beside this one's would be loaded as part of it
+    for old in weights:
+        old.unlink()  # an earlier tiny build's shards or index beside this one's would be loaded as part of it
+    (path / MARKER).write_text("written by slurm-grpo make-tiny-model: a rebuild here replaces its weights\n")
     tok = Tokenizer(models.BPE(unk_token=None))
     tok.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False)
     tok.decoder = decoders.ByteLevel()

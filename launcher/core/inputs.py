@@ -104,7 +104,10 @@ def check_lora_targets(config: JobConfig) -> None:
 
 
 def has_tokenizer_vocab(folder: Path) -> bool:
-    return any(all((folder / f).is_file() for f in files) for files in TOKENIZER_VOCABS) or any(folder.glob("*.tiktoken"))
+    """One whole set of TOKENIZER_VOCABS, or a tiktoken or sentencepiece file of another name (Kimi-K2's and
+    Moonlight's custom tokenizers load tiktoken.model; a custom tokenizer names its own file)."""
+    whole = any(all((folder / f).is_file() for f in files) for files in TOKENIZER_VOCABS)
+    return whole or any(folder.glob("*.tiktoken")) or any(f.is_file() for f in folder.glob("*.model"))
 
 
 def read_jsonl_prompts(path: str) -> list[dict]:

@@ -101,7 +101,11 @@ class Plan:
         p = Path(path)
         if not p.is_file():
             raise ConfigError(f"plan file {str(p)!r} not found; it is written by `slurm-grpo submit|local` into the job folder")
-        return Plan.from_dict(json.loads(p.read_text()))
+        plan = Plan.from_dict(json.loads(p.read_text()))
+        # LoRA's default targets on an MoE, settled again where the model is read (the nodes): a submit host that could
+        # not read vllm.model left them as they were (launcher.core.lora.resolve_targets; a no-op once settled)
+        resolved = resolve_targets(plan.config)
+        return plan if resolved is plan.config else replace(plan, config=resolved)
 
     def server_port(self, node: int) -> int:
         """The port of the node's vLLM server (vllm.port; + node index when emulated nodes share a host)."""

@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import ast
 import importlib.util
+import sys
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -170,7 +171,11 @@ def parse_source(source: Path) -> ast.Module:
         compile(text, str(source), "exec", dont_inherit=True)
     except SyntaxError as e:  # IndentationError and TabError are SyntaxErrors
         line = f" line {e.lineno}" if e.lineno else ""
-        raise Unparsable(f"{source}{line}: {type(e).__name__}: {e.msg}") from None
+        here = "Python {}.{}".format(*sys.version_info[:2])  # a job whose Python is newer may accept newer syntax
+        raise Unparsable(
+            f"{source}{line}: {type(e).__name__}: {e.msg} (compiled by {here} here; if the job's Python is newer "
+            "and accepts it: --skip-checks rewards)"
+        ) from None
     except ValueError as e:  # source with a null byte
         raise Unparsable(f"{source}: {e}") from None
     return ast.parse(text)

@@ -100,25 +100,33 @@ class ModelShape:
         return max(self.vocab * self.hidden, self.hidden * self.intermediate, fused_experts)
 
 
+def _first(value: object) -> int:
+    """A config number that some families give per modality as a list (ERNIE-4.5-VL: moe_num_experts [64, 64]): the
+    text model's, the first."""
+    if isinstance(value, (list, tuple)):
+        value = value[0] if value else 0
+    return int(value or 0)  # type: ignore[call-overload]
+
+
 def _moe_fields(c: dict) -> dict:
     """The MoE fields of a config.json (any of the naming schemes of transformers' MoE configs); {} for a dense one."""
-    experts = int(
+    experts = _first(
         c.get("num_experts") or c.get("num_local_experts") or c.get("n_routed_experts") or c.get("moe_num_experts") or 0
     )
     if experts <= 0:
         return {}
     layers = c["num_hidden_layers"]
-    width = int(c.get("moe_intermediate_size") or c["intermediate_size"])
-    step = int(c.get("decoder_sparse_step") or c.get("moe_layer_interval") or 1)
-    first_sparse = int(c.get("first_k_dense_replace") or c.get("moe_layer_start_index") or 0)  # DeepSeek / ERNIE
+    width = _first(c.get("moe_intermediate_size") or c["intermediate_size"])
+    step = _first(c.get("decoder_sparse_step") or c.get("moe_layer_interval") or 1)
+    first_sparse = _first(c.get("first_k_dense_replace") or c.get("moe_layer_start_index") or 0)  # DeepSeek / ERNIE
     dense_only = set(c.get("mlp_only_layers") or []) | set(range(first_sparse))
     moe = [i for i in range(layers) if i not in dense_only and (i + 1) % step == 0]
-    shared_count = int(c.get("n_shared_experts") or c.get("moe_num_shared_experts") or 0)
-    shared = int(c.get("shared_expert_intermediate_size") or 0) or shared_count * width
+    shared_count = _first(c.get("n_shared_experts") or c.get("moe_num_shared_experts") or 0)
+    shared = _first(c.get("shared_expert_intermediate_size") or 0) or shared_count * width
     top_k = c.get("num_experts_per_tok") or c.get("moe_k") or c.get("moe_topk") or 0
     return {
         "experts": experts,
-        "experts_per_token": int(top_k[0] if isinstance(top_k, list) else top_k),
+        "experts_per_token": _first(top_k),
         "expert_intermediate": width,
         "shared_intermediate": shared,
         "moe_layers": len(moe),

@@ -66,7 +66,10 @@ def weight_shapes(folder: Path) -> dict[str, list[int]] | None:
     """Every tensor's shape, by name, from the folder's safetensors (the shards its index names, else every
     *.safetensors file): WeightsError if a file is missing or cannot load. None when the folder holds only pickled
     weights (*.bin: not readable without torch; nothing checked)."""
-    indexes = sorted(folder.glob("*.safetensors.index.json"))
+    # transformers' own index first, as vLLM and transformers pick it: a Mistral repo also holds consolidated.* (Mistral's
+    # format, other tensor names), which a download of the HF shards alone leaves without its shards
+    own = folder / "model.safetensors.index.json"
+    indexes = [own] if own.is_file() else sorted(folder.glob("*.safetensors.index.json"))
     if indexes:  # vLLM and transformers load the index's shards (a file it does not name is skipped)
         shards = sorted(set(index_shards(indexes[0]).values()))
         missing = [s for s in shards if not (folder / s).is_file()]
@@ -78,6 +81,8 @@ def weight_shapes(folder: Path) -> dict[str, list[int]] | None:
         files = [folder / s for s in shards]
     else:
         files = sorted(folder.glob("*.safetensors"))
+        if (folder / "model.safetensors").is_file():
+            files = [folder / "model.safetensors"]  # as transformers and vLLM load it, beside a consolidated.safetensors
     if not files:
         return None
     shapes: dict[str, list[int]] = {}

@@ -187,3 +187,15 @@ def test_an_moe_counts_every_expert_in_total_and_the_routed_ones_as_active(tmp_p
     warn = [x for x in report(big, _lay(push_buffer_bytes=2048 * 2**20), Options()) if "ipc push buffer" in x and "WARN" in x]
     assert warn and "trainer.ipc_buffer_mb >= 3072" in warn[0], warn
     assert not [x for x in report(shape, _lay(push_buffer_bytes=2048 * 2**20), Options()) if "WARNING: the largest" in x]
+
+
+def test_per_modality_moe_fields_read_as_the_text_models(tmp_path):
+    """ERNIE-4.5-VL gives moe_num_experts, moe_k and moe_intermediate_size per modality (lists): read as the text
+    model's (the first), never a crash of every dry-run (REVIEW-diff 5)."""
+    vl = {"model_type": "ernie4_5_moe_vl", "hidden_size": 2560, "num_hidden_layers": 28, "intermediate_size": 12288,
+          "num_attention_heads": 20, "num_key_value_heads": 4, "vocab_size": 103424, "moe_num_experts": [64, 64],
+          "moe_k": 6, "moe_intermediate_size": [1536, 512], "moe_layer_start_index": 1, "moe_num_shared_experts": 2}  # fmt: skip
+    (tmp_path / "config.json").write_text(json.dumps(vl))
+    shape = ModelShape.read(str(tmp_path))
+    assert shape is not None and (shape.experts, shape.experts_per_token, shape.expert_intermediate) == (64, 6, 1536)
+    assert shape.moe_layers == 27 and shape.params > shape.active_params

@@ -47,6 +47,18 @@ def test_complete_folders_pass_and_their_tensor_names_are_read(tmp_path):
     (slow / "vocab.json").write_text("{}")
     (slow / "merges.txt").write_text("")
     check_model(str(slow))
+    kimi = model_folder(tmp_path / "kimi")  # Kimi-K2 and Moonlight: a custom tokenizer reading tiktoken.model
+    (kimi / "tokenizer.json").unlink()
+    (kimi / "tiktoken.model").write_text("")
+    check_model(str(kimi))
+    # a Mistral repo downloaded with the HF shards only: consolidated.safetensors.index.json (Mistral's own format)
+    # names shards that are not there; vLLM and transformers read model.safetensors.index.json, and so does the check
+    mistral = model_folder(tmp_path / "mistral", shards=2)
+    (mistral / "consolidated.safetensors.index.json").write_text(
+        '{"weight_map": {"layers.0.attention.wq.weight": "consolidated-00001-of-00002.safetensors"}}'
+    )
+    check_model(str(mistral))
+    assert weight_shapes(mistral) == {n: [4, 2] for n in NAMES}
 
 
 def break_folder(m: Path, how: str) -> None:
@@ -94,7 +106,7 @@ def test_a_folder_that_cannot_load_is_refused_in_one_line(tmp_path, how, needle)
     assert "\n" not in str(got.value)
 
 
-def test_a_header_is_read_without_reading_the_data(tmp_path):
+def test_a_header_is_read_from_the_first_bytes_and_garbage_refused(tmp_path):
     f = tmp_path / "w.safetensors"
     save_file({"a": np.zeros((1000, 100), dtype=np.float32)}, str(f))
     assert safetensors_header(f)["a"]["shape"] == [1000, 100]

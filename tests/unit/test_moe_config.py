@@ -9,7 +9,7 @@ import pytest
 
 from launcher.core import config as C
 from launcher.core.lora import MERGED
-from launcher.core.plan import plan
+from launcher.core.plan import Plan, plan
 from launcher.node.commands import vllm_command
 
 MOE = {
@@ -57,6 +57,17 @@ def test_lora_on_an_moe_adapts_attention_and_pushes_merged(tmp_path):
     default = plan(cfg(tmp_path, MOE, lora={"r": 8}), "/jobs/x")
     assert default.config.trainer.lora.target_modules == ["q_proj", "k_proj", "v_proj", "o_proj"], default.config
     assert default.derivation == p.derivation
+    # a submit host that cannot read the model (it lives on the nodes' file system) leaves the default; the nodes,
+    # loading the plan where the model is, settle it the same way
+    (tmp_path / "later").mkdir()
+    later = cfg(tmp_path / "later", MOE, lora={"r": 8})
+    (tmp_path / "later" / "config.json").unlink()
+    unread = plan(later, "/jobs/x")
+    assert "gate_proj" in unread.config.trainer.lora.target_modules
+    (tmp_path / "plan.json").write_text(unread.to_json())
+    assert "gate_proj" in Plan.load(tmp_path / "plan.json").config.trainer.lora.target_modules
+    (tmp_path / "later" / "config.json").write_text(json.dumps(MOE))
+    assert Plan.load(tmp_path / "plan.json").config.trainer.lora.target_modules == ["q_proj", "k_proj", "v_proj", "o_proj"]
     for bad in (["q_proj", "experts"], ["gate"], ["mlp.experts.gate_up_proj"], ["v_proj", "down_proj"], ["all-linear"]):
         with pytest.raises(C.ConfigError, match=r"on a mixture of experts LoRA adapts attention only"):
             plan(cfg(tmp_path, MOE, lora={"r": 8, "target_modules": bad}), "/jobs/x")

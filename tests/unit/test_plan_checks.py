@@ -95,13 +95,23 @@ def test_a_refused_submit_prints_one_line_per_problem_and_writes_nothing(tmp_pat
 
 
 def test_a_job_sbatch_refuses_leaves_no_job_folder(tmp_path, capsys, fake_slurm: FakeSlurm):
-    fake_slurm.answer("sbatch", stderr="sbatch: error: invalid partition specified: gpux", rc=1)
+    """slurmctld's refusal (sbatch's own "Batch job submission failed"): no job exists, no folder is kept, and the
+    error line is sbatch's reason (not its first line, often a warning). Any other failure (a timeout: the job may be
+    queued all the same) keeps the folder, whose job.sbatch says what was sent."""
+    refused = (
+        "sbatch: warning: can't honor --ntasks-per-node set to 1\nsbatch: error: invalid partition specified: gpux\n"
+        "sbatch: error: Batch job submission failed: Invalid partition name specified"
+    )
+    fake_slurm.answer("sbatch", stderr=refused, rc=1)
     job = tmp_path / "job"
     argv = ["submit", SMOKE, "--set", f"job.job_dir={job}", "--skip-path-checks"]
     assert cli.main(argv) == 1
     err = capsys.readouterr().err
-    assert "invalid partition specified: gpux" in err and "no job folder kept" in err, err
+    assert "slurm-grpo submit: sbatch: error: invalid partition specified: gpux\nno job folder kept" in err, err
     assert [c["cmd"] for c in fake_slurm.calls()] == ["sbatch"] and not job.exists()
+    fake_slurm.answer("sbatch", stderr="sbatch: error: Socket timed out on send/recv operation", rc=1)
+    assert cli.main(argv) == 1
+    assert "Socket timed out" in capsys.readouterr().err and (job / "job.sbatch").is_file()
 
 
 def test_dry_run_takes_skip_path_checks_and_each_command_reports_its_own_usage(tmp_path, capsys):

@@ -190,3 +190,10 @@ def test_a_refused_build_writes_nothing_and_a_rebuild_leaves_no_shard_of_the_las
     assert len(list((tmp_path / "m").glob("*.safetensors"))) > 1
     make_tiny_model(tmp_path / "m")
     assert sorted(f.name for f in (tmp_path / "m").glob("*.safetensors*")) == ["model.safetensors"]
+    # a folder of weights it did not write (a real model, by mistake) is refused and left as it was
+    real = tmp_path / "real"
+    real.mkdir()
+    (real / "model-00001-of-00002.safetensors").write_bytes(b"weights")
+    with pytest.raises(ValueError, match="did not write"):
+        make_tiny_model(real)
+    assert (real / "model-00001-of-00002.safetensors").read_bytes() == b"weights"
