@@ -432,7 +432,8 @@ def _add_skip_checks(p: argparse.ArgumentParser) -> None:
         "--skip-checks",
         default="",
         metavar="KIND,...",
-        help="skip these kinds of submit-host checks: model, data, rewards, agents, venv (or all)",
+        help="skip these kinds of submit-host checks: model, data, rewards, agents, venv (or all of those), memory (only "
+        "by name: vLLM's weights estimate)",
     )
 
 

@@ -19,8 +19,10 @@ common model shapes. An estimate with stated terms, not a measurement (gpu/RESUL
   MoE            P counts every expert (FSDP shards them, AdamW holds them, a push sends them, vLLM serves them);
                  a gathered unit is a whole MoE layer (all its experts); activations take the experts_per_token
                  experts a token runs through; the largest tensor read at load is a layer's fused gate_up_proj
-  vLLM           bf16 weights 2P / tensor_parallel_size; needs to fit in gpu_memory_utilization of its GPUs with
-                 room for the KV cache
+  vLLM           bf16 weights per GPU (vllm_weights_gb): 2P / tensor_parallel_size; with vllm.enable_expert_parallel
+                 the routed experts split over TP x DP (2 (P - E) / TP + 2 E / (TP x DP), E = the routed experts'
+                 parameters); they fit when they leave VLLM_HEADROOM_GB of the memory vLLM gets of a GPU
+                 (gpu_memory_utilization x the GPU) for the rest (vllm_weights_fit)
   with LoRA      (trainer.lora.r = r > 0; A = adapter parameters, r x (in + out) per adapted projection)
                  state: the frozen base in the compute dtype bP/S (no gradients, no AdamW) + the adapters 16A/S;
                  gathered: the base units in the compute dtype, the adapters too, and one layer's adapter gradient;
@@ -47,6 +49,12 @@ GB = 1e9
 PROMPT_TOKENS = 256
 """Prompt length assumed for the activation estimate (GRPO prompts are short next to completions)."""
 OVERHEAD_GB = 2.0
+VLLM_HEADROOM_GB = 4.0
+"""The one fit threshold for vLLM's weights (vllm_weights_fit): its bf16 weights per GPU must leave this much of the
+memory it gets (gpu_memory_utilization x the GPU) for the rest: its profile run's activations, CUDA graphs and a KV
+cache (vLLM refuses to start with none). A fixed amount, not a share: Qwen3-30B-A3B at TP 1 on an 80 GB GPU (61 of
+68 GB) runs. The refusal (memory_problems), the dry-run's line, the split/layout fits and simulate's TP suggestion
+all use it."""
 
 KNOWN_GPUS_GB = {"b200": 180, "h200": 141, "gh200": 96, "h100": 80, "h800": 80, "a100": 80, "l40s": 48, "a6000": 48, "a10": 24}
 """Memory of a GPU by the name a cluster puts in its partition or constraint (an '-40gb'-style suffix wins)."""
@@ -97,6 +105,10 @@ class Layout:
     completion_tokens: int
     push_buffer_bytes: int = 0
     """ipc push (shared GPU): the staging buffer the node leader keeps on its GPU (trainer.ipc_buffer_mb); 0 otherwise."""
+    vllm_data_parallel: int = 1
+    """vllm.data_parallel_size: engines per node (they split the routed experts with expert_parallel)."""
+    expert_parallel: bool = False
+    """vllm.enable_expert_parallel: vLLM splits an MoE's routed experts over TP x DP."""
 
 
 @dataclass(frozen=True)
@@ -162,7 +174,7 @@ class Estimate:
     def fits(self) -> bool | None:
         if self.budget_gb is None or self.vllm_budget_gb is None:
             return None
-        return bool(self.trainer_fits) and self.vllm_weights_gb <= 0.8 * self.vllm_budget_gb
+        return bool(self.trainer_fits) and self.vllm_weights_gb + VLLM_HEADROOM_GB <= self.vllm_budget_gb
 
     @property
     def trainer_fits(self) -> bool | None:
@@ -238,7 +250,7 @@ def estimate(shape: ModelShape, lay: Layout, opt: Options) -> Estimate:
         host_gb_per_node=lay.ranks_per_node * state / GB if opt.cpu_offload else 0.0,
         load_gpu_gb=load_gpu,
         load_host_gb_per_node=load_host,
-        vllm_weights_gb=2 * p / lay.tensor_parallel_size / GB,
+        vllm_weights_gb=vllm_weights_gb(shape, lay.tensor_parallel_size, lay.vllm_data_parallel, lay.expert_parallel),
         budget_gb=budget,
         vllm_budget_gb=vllm_share,
         adapter_params_m=a / 1e6,
@@ -305,20 +317,33 @@ def vllm_tp_choices(heads: int, gpus: int, data_parallel: int, shared: bool) -> 
     return [t for t in tps if (gpus % t == 0 if shared else t * data_parallel < gpus)]
 
 
-def vllm_weights_fit(shape: ModelShape, tp: int, vllm_gb: float) -> bool:
-    """bf16 weights per GPU leave a KV cache room in vLLM's share (the 80% rule of Estimate.fits)."""
-    return 2 * shape.params / tp / GB <= 0.8 * vllm_gb
+def routed_expert_params(shape: ModelShape) -> int:
+    """The routed experts' parameters (0 for a dense model): what expert parallelism splits; the router and a shared
+    expert stay with the dense part."""
+    return shape.moe_layers * (shape.moe_mlp_params(shape.experts) - shape.moe_mlp_params(0))
 
 
-def smallest_vllm_tp(shape: ModelShape, vllm_gb: float, tps: list[int]) -> int | None:
-    return next((t for t in sorted(tps) if vllm_weights_fit(shape, t, vllm_gb)), None)
+def vllm_weights_gb(shape: ModelShape, tp: int, dp: int = 1, expert_parallel: bool = False) -> float:
+    """vLLM's bf16 weights on each of its GPUs: every engine holds the model / TP; with vllm.enable_expert_parallel
+    vLLM splits the routed experts over all TP x DP GPUs of the server instead (the dense part still / TP)."""
+    experts = routed_expert_params(shape) if expert_parallel else 0
+    return 2 * ((shape.params - experts) / tp + experts / (tp * dp)) / GB
+
+
+def vllm_weights_fit(shape: ModelShape, tp: int, vllm_gb: float, dp: int = 1, expert_parallel: bool = False) -> bool:
+    """vLLM's weights per GPU leave VLLM_HEADROOM_GB of the vllm_gb it gets of a GPU (the one fit threshold)."""
+    return vllm_weights_gb(shape, tp, dp, expert_parallel) + VLLM_HEADROOM_GB <= vllm_gb
+
+
+def smallest_vllm_tp(shape: ModelShape, vllm_gb: float, tps: list[int], dp: int = 1, expert_parallel: bool = False) -> int | None:
+    return next((t for t in sorted(tps) if vllm_weights_fit(shape, t, vllm_gb, dp, expert_parallel)), None)
 
 
 def split_fits(shape: ModelShape, lay: Layout, gpus: int, vllm_gpus: int, tp: int, completions: int, base: Options) -> bool:
     """Whether a split of a node's `gpus` GPUs (vllm_gpus serving at TP tp, the rest training, `completions` per node
     per step) runs in memory: vLLM's weights fit its GPUs and some trainer option set (cheapest_fit) fits a rank."""
     ranks = gpus - vllm_gpus
-    if ranks < 1 or not vllm_weights_fit(shape, tp, lay.gpu_gb * lay.vllm_fraction):
+    if ranks < 1 or not vllm_weights_fit(shape, tp, lay.gpu_gb * lay.vllm_fraction, vllm_gpus // tp, lay.expert_parallel):
         return False
     sub = Layout(
         **{
@@ -376,12 +401,10 @@ def report(shape: ModelShape, lay: Layout, opt: Options) -> list[str]:
         f"budget: {e.budget_gb:.0f} GB per trainer rank"
         + (f" (GPU {lay.gpu_gb:g} GB minus vLLM's {lay.vllm_fraction:g})" if lay.shared_gpu else f" (GPU {lay.gpu_gb:g} GB)")
     )
-    if e.vllm_weights_gb > (e.vllm_budget_gb or 0):
-        lines.append(f"PROBLEM: vLLM's weights ({e.vllm_weights_gb:.0f} GB per GPU) cannot load in {e.vllm_budget_gb:.0f} GB")
-    elif e.vllm_weights_gb > 0.8 * (e.vllm_budget_gb or 0):
+    if e.vllm_weights_gb + VLLM_HEADROOM_GB > (e.vllm_budget_gb or 0):
         lines.append(
-            f"WARNING: vLLM's weights ({e.vllm_weights_gb:.0f} GB per GPU) leave no room for its KV cache in "
-            f"{e.vllm_budget_gb:.0f} GB: raise vllm.tensor_parallel_size"
+            f"PROBLEM: vLLM's weights ({e.vllm_weights_gb:.0f} GB per GPU) leave under {VLLM_HEADROOM_GB:g} GB for its "
+            f"KV cache in {e.vllm_budget_gb:.0f} GB: raise vllm.tensor_parallel_size"
         )
     if max(e.gpu_gb, e.load_gpu_gb) > e.budget_gb:
         fix = cheapest_fit(shape, lay, opt.reference_model, opt)
@@ -411,6 +434,8 @@ def layout(p: Plan) -> Layout:
         completions_per_rank=t.per_device_train_batch_size,
         completion_tokens=t.max_completion_length,
         push_buffer_bytes=t.ipc_buffer_mb * 2**20 if p.weight_transfer_backend == "ipc" else 0,
+        vllm_data_parallel=v.data_parallel_size,
+        expert_parallel=v.enable_expert_parallel,
     )
 
 
@@ -469,28 +494,30 @@ def plan_report(p: Plan) -> list[str]:
 
 
 def memory_problems(p: Plan) -> list[str] | None:
-    """What cannot run whatever the trainer's options: vLLM's bf16 weights over the memory it gets of its GPUs (the
-    server never loads them), each a one-line refusal naming the tensor_parallel_size that fits. None: cannot tell
-    here (the model's config.json unreadable, or the GPU's memory unknown)."""
+    """What cannot run whatever the trainer's options: vLLM's bf16 weights leaving under VLLM_HEADROOM_GB of the
+    memory it gets of its GPUs (vllm_weights_fit), each a one-line refusal naming the tensor_parallel_size that fits
+    (--skip-checks memory overrides it). None: cannot tell here (the model's config.json unreadable, or the GPU's
+    memory unknown)."""
     shape = ModelShape.read(p.config.vllm.model)
     lay = layout(p)
     if not shape or not lay.gpu_gb:
         return None
     vllm_gb = lay.gpu_gb * lay.vllm_fraction
-    weights = 2 * shape.params / lay.tensor_parallel_size / GB
-    if weights <= vllm_gb:
+    dp, ep = lay.vllm_data_parallel, lay.expert_parallel
+    weights = vllm_weights_gb(shape, lay.tensor_parallel_size, dp, ep)
+    if vllm_weights_fit(shape, lay.tensor_parallel_size, vllm_gb, dp, ep):
         return []
-    g, v = p.config.slurm.gpus_per_node, p.config.vllm
-    tps = vllm_tp_choices(shape.heads, g, v.data_parallel_size, lay.shared_gpu)
-    tp = smallest_vllm_tp(shape, vllm_gb, [t for t in tps if t > lay.tensor_parallel_size])
+    g = p.config.slurm.gpus_per_node
+    tps = vllm_tp_choices(shape.heads, g, dp, lay.shared_gpu)
+    tp = smallest_vllm_tp(shape, vllm_gb, [t for t in tps if t > lay.tensor_parallel_size], dp, ep)
     fix = (
-        f"set vllm.tensor_parallel_size={tp} ({2 * shape.params / tp / GB:.0f} GB per GPU)"
+        f"set vllm.tensor_parallel_size={tp} ({vllm_weights_gb(shape, tp, dp, ep):.0f} GB per GPU)"
         if tp
         else f"no tensor_parallel_size of a {g}-GPU node holds them: GPUs with more memory, or a smaller model"
     )
     return [
-        f"vllm.tensor_parallel_size {lay.tensor_parallel_size}: vLLM's bf16 weights ({weights:.0f} GB per GPU) do not "
-        f"fit the {vllm_gb:.0f} GB it gets of a {lay.gpu_gb:g} GB GPU (gpu_memory_utilization {lay.vllm_fraction:g}); {fix}"
+        f"vllm.tensor_parallel_size {lay.tensor_parallel_size}: vLLM's bf16 weights ({weights:.0f} GB per GPU) leave "
+        f"under {VLLM_HEADROOM_GB:g} GB for its KV cache in the {vllm_gb:.0f} GB it gets of a {lay.gpu_gb:g} GB GPU (gpu_memory_utilization {lay.vllm_fraction:g}); {fix}"
     ]
 
 

@@ -39,6 +39,7 @@ from launcher.memory import (
     split_fits,
     vllm_tp_choices,
     vllm_weights_fit,
+    vllm_weights_gb,
 )
 from launcher.startup import STARTUP_DEFAULTS, predict_startup, processes_per_node, startup_table
 
@@ -432,11 +433,12 @@ def print_split(
     fits = None
     if mem and g > tp:
         shape, lay, base = mem
-        vllm_gb = lay.gpu_gb * lay.vllm_fraction
-        if not vllm_weights_fit(shape, tp, vllm_gb):
-            bigger = smallest_vllm_tp(shape, vllm_gb, [t for t in vllm_tp_choices(shape.heads, g, 1, False) if t > tp])
+        vllm_gb, dp, ep = lay.gpu_gb * lay.vllm_fraction, cfg.vllm.data_parallel_size, cfg.vllm.enable_expert_parallel
+        if not vllm_weights_fit(shape, tp, vllm_gb, dp, ep):
+            tps = [t for t in vllm_tp_choices(shape.heads, g, dp, False) if t > tp]
+            bigger = smallest_vllm_tp(shape, vllm_gb, tps, dp, ep)
             print(
-                f"\nvllm.tensor_parallel_size {tp} cannot hold vLLM's weights ({2 * shape.params / tp / 1e9:.0f} GB per GPU "
+                f"\nvllm.tensor_parallel_size {tp} cannot hold vLLM's weights ({vllm_weights_gb(shape, tp, dp, ep):.0f} GB per GPU "
                 f"in {vllm_gb:.0f} GB): "
                 + (f"the splits below serve at TP {bigger}, the smallest that does" if bigger else "no TP of this node does")
             )

@@ -7,13 +7,14 @@ from __future__ import annotations
 from collections.abc import Iterable
 
 from launcher.core.config import ConfigError
-from launcher.core.inputs import CHECK_KINDS, submit_checks, unchecked
+from launcher.core.inputs import CHECK_KINDS, MEMORY, submit_checks, unchecked
 from launcher.core.plan import Plan
 from launcher.memory import memory_problems
 
-MEMORY = "memory"
 MEMORY_WHAT = "vLLM's bf16 weights fit the memory it gets of its GPUs (launcher/memory.py estimate)"
-"""Not a path: never skipped (--skip-checks names the path kinds only); unknown where the estimate cannot tell."""
+"""Not a path: skipped only by --skip-checks memory (not all, not --skip-path-checks); unknown where the estimate
+cannot tell."""
+MEMORY_HINT = "if the memory estimate is wrong for this layout: --skip-checks memory"
 
 Results = dict[str, "list[str] | str | None"]
 """kind -> its problems, one line each ([] = ok); None = skipped (--skip-checks; for memory, unknown here); a string =
@@ -33,6 +34,9 @@ def run_checks(plans: Iterable[Plan], skip: frozenset[str]) -> Results:
             found += [x for x in submit_checks(p.config)[kind]() if x not in found]
         why = {unchecked(p.config).get(kind) for p in plans}
         out[kind] = why.pop() if not found and len(why) == 1 and None not in why else found
+    if MEMORY in skip:  # a string: shown as skipped, never as ok or unknown
+        out[MEMORY] = f"{MEMORY_WHAT} (--skip-checks memory)"
+        return out
     mem = [memory_problems(p) for p in plans]
     out[MEMORY] = None if all(m is None for m in mem) else list(dict.fromkeys(x for m in mem for x in m or []))
     return out
@@ -61,11 +65,12 @@ def refusal(results: Results, listed: bool) -> ConfigError | None:
     if not failed:
         return None
     paths = [k for k in failed if k != MEMORY]
-    hint = f"if those paths exist only on the nodes: --skip-checks {','.join(paths)}, or --skip-path-checks for all"
+    hints = [f"if those paths exist only on the nodes: --skip-checks {','.join(paths)}, or --skip-path-checks for all"]
+    hint = "; ".join([*(hints if paths else []), *([MEMORY_HINT] if MEMORY in failed else [])])
     if listed:
         head = f"submit would refuse this: the {', '.join(failed)} check found problems (above)"
-        return ConfigError(f"{head}; fix them" + (f", or {hint}" if paths else ""))
+        return ConfigError(f"{head}; fix them" + (f", or {hint}" if hint else ""))
     problems = [
         x for k in failed for x in results[k] or [] if isinstance(results[k], list)
     ]  # one line each, the way out closing the last
-    return ConfigError("\n".join(problems) + (f" ({hint})" if paths else ""))
+    return ConfigError("\n".join(problems) + (f" ({hint})" if hint else ""))

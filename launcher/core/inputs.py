@@ -415,7 +415,12 @@ CHECK_KINDS = {
     "agents": "trainer.tools/environment/rollout_func modules importable",
     "venv": "slurm.setup_vars.venv has bin/activate",
 }
-"""The kinds of submit-host checks, each skippable on its own (--skip-checks KIND,...)."""
+"""The kinds of submit-host path checks, each skippable on its own (--skip-checks KIND,...; all of them: all, or
+--skip-path-checks)."""
+MEMORY = "memory"
+"""The memory check (launcher/memory.py's estimate of vLLM's weights): no path, so neither `all` nor
+--skip-path-checks skips it; only --skip-checks memory, for when the estimate is wrong."""
+SKIP_KINDS = (*CHECK_KINDS, MEMORY)
 
 
 def venv_problems(config: JobConfig) -> list[str]:
@@ -464,16 +469,15 @@ def submit_path_problems(config: JobConfig, skip: Iterable[str] = ()) -> list[st
 
 
 def parse_skip(text: str) -> frozenset[str]:
-    """--skip-checks model,data (or all) -> the kinds; an unknown kind is a one-line error with the menu."""
+    """--skip-checks model,data (or all: the path kinds; memory only by name) -> the kinds; an unknown kind is a
+    one-line error with the menu."""
     kinds = {k.strip() for k in text.split(",") if k.strip()}
-    if "all" in kinds:
-        return frozenset(CHECK_KINDS)
-    bad = sorted(kinds - set(CHECK_KINDS))
+    bad = sorted(kinds - {*SKIP_KINDS, "all"})
     if bad:
-        close = difflib.get_close_matches(bad[0], list(CHECK_KINDS), n=1)
+        close = difflib.get_close_matches(bad[0], SKIP_KINDS, n=1)
         hint = f"did you mean {close[0]!r}? " if close else ""
-        raise ConfigError(f"--skip-checks {bad[0]!r} is not a kind of check; {hint}kinds: {', '.join(CHECK_KINDS)} or all")
-    return frozenset(kinds)
+        raise ConfigError(f"--skip-checks {bad[0]!r} is not a kind of check; {hint}kinds: {', '.join(SKIP_KINDS)} or all")
+    return frozenset((kinds - {"all"}) | (set(CHECK_KINDS) if "all" in kinds else set()))
 
 
 REWARD_CHECK_TIMEOUT_S = 300

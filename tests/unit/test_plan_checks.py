@@ -14,12 +14,13 @@ import pytest
 
 from launcher import cli
 from launcher.core import config as C
+from launcher.core.inputs import parse_skip
 from launcher.core.jobdir import write_job_dir
 from launcher.core.plan import plan
 from launcher.core.records import FinalRow, NodeFinal, ParityRecord, StepRow
 from launcher.core.shape import ModelShape
 from launcher.dryrun import render_dry_run, utilization_note
-from launcher.memory import memory_problems, plan_report
+from launcher.memory import memory_problems, plan_report, vllm_weights_gb
 from launcher.simulate import layout_verdict
 from launcher.status import status
 from tests.conftest import FakeSlurm
@@ -41,6 +42,35 @@ LLAMA_31_70B = {  # the published config.json's shape fields (meta-llama/Llama-3
     "max_position_embeddings": 131072,
     "torch_dtype": "bfloat16",
 }
+
+
+QWEN3_30B_A3B = {  # the published config.json's shape fields (Qwen/Qwen3-30B-A3B): 128 experts, 8 per token
+    "architectures": ["Qwen3MoeForCausalLM"],
+    "model_type": "qwen3_moe",
+    "hidden_size": 2048,
+    "num_hidden_layers": 48,
+    "intermediate_size": 6144,
+    "moe_intermediate_size": 768,
+    "num_experts": 128,
+    "num_experts_per_tok": 8,
+    "decoder_sparse_step": 1,
+    "mlp_only_layers": [],
+    "vocab_size": 151936,
+    "num_attention_heads": 32,
+    "num_key_value_heads": 4,
+    "head_dim": 128,
+    "tie_word_embeddings": False,
+    "max_position_embeddings": 40960,
+    "torch_dtype": "bfloat16",
+}
+
+
+@pytest.fixture
+def q30(tmp_path: Path) -> str:
+    d = tmp_path / "qwen3-30b-a3b"
+    d.mkdir()
+    (d / "config.json").write_text(json.dumps(QWEN3_30B_A3B))
+    return str(d)
 
 
 @pytest.fixture
@@ -140,15 +170,46 @@ def test_vllm_weights_that_cannot_load_are_refused_with_the_tp_that_holds_them(m
     assert "set vllm.tensor_parallel_size=4" in line, line
     assert memory_problems(gpu_plan(m70, "vllm.tensor_parallel_size=4")) == []
     assert memory_problems(gpu_plan(str(tmp_path / "nope"))) is None  # no config.json here: cannot tell
-    # dry-run fails on it (not skippable: it is no path), and submit refuses before the folder and sbatch
+    # dry-run fails on it (`all` skips the path kinds only), and submit refuses before the folder and sbatch; the
+    # refusal names the way past a wrong estimate
     job = tmp_path / "job"
     sets = ["--set", f"vllm.model={m70}", "slurm.nodes=16", f"job.job_dir={job}", "--skip-checks", "all"]
     assert cli.main(["dry-run", GPU, *sets]) == 2
     out, err = capsys.readouterr()
     assert re.search(r"^  memory +PROBLEM", out, re.M) and "the memory check found problems" in err, err
+    assert "--skip-checks memory" in err and "--skip-path-checks" not in err, err
     assert cli.main(["submit", GPU, *sets]) == 2
-    assert "set vllm.tensor_parallel_size=4" in capsys.readouterr().err
+    err = capsys.readouterr().err
+    assert "set vllm.tensor_parallel_size=4" in err and "--skip-checks memory" in err, err
     assert fake_slurm.calls() == [] and not job.exists()
+    # --skip-checks memory is taken by name (never by all or --skip-path-checks) and the dry-run then passes
+    assert parse_skip("all") == parse_skip("model,data,rewards,agents,venv") and "memory" in parse_skip("memory,venv")
+    assert cli.main(["dry-run", GPU, *sets[:-1], "all,memory"]) == 0
+    assert re.search(r"^  memory +skipped .*--skip-checks memory", capsys.readouterr().out, re.M)
+
+
+def test_an_moe_with_expert_parallelism_splits_its_experts_over_tp_x_dp(q30, capsys):
+    """The reviewer's case: Qwen3-30B-A3B (61 GB of bf16 weights, 58 of them routed experts) served at TP 1 x DP 4
+    with vllm.enable_expert_parallel on 40 GB GPUs: each engine holds the dense part and a quarter of the experts
+    (~18 GB), which fits the 34 GB vLLM gets (0.85 x 40) with room for a KV cache; without EP every engine holds all
+    61 GB."""
+    small = ["trainer.per_device_train_batch_size=2", "trainer.max_completion_length=256", "slurm.gpu_memory_gb=40"]
+    ep = ["vllm.data_parallel_size=4", "vllm.enable_expert_parallel=true", *small]
+    assert memory_problems(gpu_plan(q30, *ep)) == []
+    (line,) = memory_problems(gpu_plan(q30, *ep[:1], *small)) or [None]  # no EP: all 61 GB on every engine's GPU
+    assert line is not None and "61 GB per GPU" in line, line
+    # the dry-run's layout line finds a split that fits (4 serving: the experts over 4 engines) ...
+    verdict = layout_verdict(gpu_plan(q30, *ep).config)
+    assert verdict is not None and "no split" not in verdict and "best split" in verdict, verdict
+    # ... and simulate's TP check takes the config's DP and EP: TP 1 holds the weights, nothing to replace
+    assert cli.main(["simulate", GPU, "--nodes", "16", "--set", f"vllm.model={q30}", "slurm.nodes=16", *ep]) == 0
+    out = capsys.readouterr().out
+    assert "cannot hold vLLM's weights" not in out and "recommended: none" not in out, out
+    # the one weights function: 2 bytes x (dense part / TP + routed experts / (TP x DP))
+    shape = ModelShape.read(q30)
+    assert shape is not None and abs(shape.params / 1e9 - 30.5) < 0.1 and abs(shape.active_params / 1e9 - 3.3) < 0.1
+    assert abs(vllm_weights_gb(shape, 1) - 61.1) < 0.2 and abs(vllm_weights_gb(shape, 1, 4, True) - 17.6) < 0.2
+    assert vllm_weights_gb(shape, 2, 1, True) == pytest.approx(vllm_weights_gb(shape, 2))  # DP 1: EP is TP's split
 
 
 def test_the_trainer_advice_tries_fsdp_at_the_current_node_count_and_holds_when_followed(m70):
