@@ -162,9 +162,9 @@ def _prompt_type(t) -> bool:
     """An Arrow type that holds prompts: a string, or a list of structs with role and content."""
     import pyarrow as pa
 
-    if pa.types.is_string(t) or pa.types.is_large_string(t):
+    if pa.types.is_string(t) or pa.types.is_large_string(t) or pa.types.is_string_view(t):  # string_view: Polars'
         return True
-    if pa.types.is_list(t) or pa.types.is_large_list(t):
+    if pa.types.is_list(t) or pa.types.is_large_list(t) or pa.types.is_list_view(t):
         v = t.value_type
         return pa.types.is_struct(v) and {"role", "content"} <= {v.field(i).name for i in range(v.num_fields)}
     return False

@@ -355,12 +355,6 @@ def check_node_inputs(config: JobConfig) -> None:
     check_eval_dataset(config)
 
 
-SKIP_HINT = (
-    "for paths that exist only on the compute nodes: --skip-checks KIND,... (model, data, rewards, agents, venv) "
-    "or --skip-path-checks for all"
-)
-
-
 def reward_problems(entries: list[str]) -> list[str]:
     """Each reward read from its source, not imported (launcher.core.reward_check): its module and function exist,
     its signature takes TRL's call, the modules it imports are installed here. One line each."""

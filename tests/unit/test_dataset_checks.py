@@ -359,3 +359,14 @@ def test_a_typed_prompt_column_must_hold_strings_or_messages(tmp_path, fmt):
         check_dataset(path, ("prompt",), MATH)
     conv = write(fmt, tmp_path / "conv", [{"prompt": [{"role": "user", "content": "hi"}], "answer": 5}])
     assert check_dataset(conv, ("prompt",)).list_columns == ("prompt",)  # messages are prompts; a non-prompt int is fine
+
+
+def test_arrow_prompt_types_polars_writes_are_prompts():
+    """string_view (Polars' strings) and list_view of {role, content} hold prompts; a number does not."""
+    import pyarrow as pa
+
+    from launcher.core.dataset_schema import _prompt_type
+
+    message = pa.struct([("role", pa.string()), ("content", pa.string())])
+    assert _prompt_type(pa.string_view()) and _prompt_type(pa.list_view(message)) and _prompt_type(pa.large_string())
+    assert not _prompt_type(pa.int64()) and not _prompt_type(pa.list_(pa.string()))
