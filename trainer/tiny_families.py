@@ -44,6 +44,17 @@ DENSE: dict[str, dict[str, Any]] = {
 }
 """model_type -> fields beyond the common ones."""
 
+DEEPSEEK_MOE = {
+    "n_routed_experts": 3,
+    "num_experts_per_tok": 2,
+    "moe_intermediate_size": 32,
+    "n_shared_experts": 1,
+    "first_k_dense_replace": 1,
+}
+"""DeepSeek's MoE fields (GLM-4.5 takes the same): routed and shared experts, the first layer dense."""
+MLA = {"kv_lora_rank": 32, "q_lora_rank": 64, "qk_nope_head_dim": 64, "qk_rope_head_dim": 64, "v_head_dim": 64}
+"""Multi-head latent attention's fields (DeepSeek-V2/V3, GLM-4.7-Flash): the rope head size is head_dim (64)."""
+
 MOE: dict[str, dict[str, Any]] = {
     "qwen3_moe": {"num_experts": 3, "num_experts_per_tok": 2, "moe_intermediate_size": 48},
     "qwen2_moe": {
@@ -54,52 +65,10 @@ MOE: dict[str, dict[str, Any]] = {
     },
     "olmoe": {"num_experts": 3, "num_experts_per_tok": 2},
     "mixtral": {"num_local_experts": 3, "num_experts_per_tok": 2},
-    "deepseek_v3": {
-        "n_routed_experts": 3,
-        "num_experts_per_tok": 2,
-        "moe_intermediate_size": 32,
-        "n_shared_experts": 1,
-        "first_k_dense_replace": 1,
-        "kv_lora_rank": 32,
-        "q_lora_rank": 64,
-        "qk_nope_head_dim": 64,
-        "qk_rope_head_dim": 64,
-        "v_head_dim": 64,
-        "n_group": 1,
-        "topk_group": 1,
-        "topk_method": "noaux_tc",
-    },
-    "deepseek_v2": {
-        "n_routed_experts": 3,
-        "num_experts_per_tok": 2,
-        "moe_intermediate_size": 32,
-        "n_shared_experts": 1,
-        "first_k_dense_replace": 1,
-        "kv_lora_rank": 32,
-        "q_lora_rank": None,
-        "qk_nope_head_dim": 64,
-        "qk_rope_head_dim": 64,
-        "v_head_dim": 64,
-    },
-    "glm4_moe": {
-        "n_routed_experts": 3,
-        "num_experts_per_tok": 2,
-        "moe_intermediate_size": 32,
-        "n_shared_experts": 1,
-        "first_k_dense_replace": 1,
-    },
-    "glm4_moe_lite": {
-        "first_k_dense_replace": 1,
-        "n_routed_experts": 3,
-        "num_experts_per_tok": 2,
-        "moe_intermediate_size": 32,
-        "n_shared_experts": 1,
-        "kv_lora_rank": 32,
-        "q_lora_rank": 64,
-        "qk_nope_head_dim": 64,
-        "qk_rope_head_dim": 64,
-        "v_head_dim": 64,
-    },
+    "deepseek_v3": {**DEEPSEEK_MOE, **MLA, "n_group": 1, "topk_group": 1, "topk_method": "noaux_tc"},
+    "deepseek_v2": {**DEEPSEEK_MOE, **MLA, "q_lora_rank": None},
+    "glm4_moe": DEEPSEEK_MOE,
+    "glm4_moe_lite": {**DEEPSEEK_MOE, **MLA},
     "ernie4_5_moe": {"moe_num_experts": 3, "moe_k": 2, "moe_intermediate_size": 32, "moe_num_shared_experts": 1},
     "granitemoe": {"num_local_experts": 3, "num_experts_per_tok": 2, "intermediate_size": 64},
     "hunyuan_v1_moe": {"num_experts": 3, "moe_topk": 2, "intermediate_size": 64},

@@ -24,6 +24,7 @@ from launcher.memory import memory_problems, plan_report, vllm_weights_gb
 from launcher.simulate import layout_verdict
 from launcher.status import status
 from tests.conftest import FakeSlurm
+from tests.unit.test_memory import QWEN3_30B_A3B as MEMORY_QWEN3_30B_A3B
 
 REPO = Path(__file__).resolve().parents[2]
 SMOKE = str(REPO / "configs" / "smoke_cpu.yaml")
@@ -44,41 +45,25 @@ LLAMA_31_70B = {  # the published config.json's shape fields (meta-llama/Llama-3
 }
 
 
-QWEN3_30B_A3B = {  # the published config.json's shape fields (Qwen/Qwen3-30B-A3B): 128 experts, 8 per token
-    "architectures": ["Qwen3MoeForCausalLM"],
-    "model_type": "qwen3_moe",
-    "hidden_size": 2048,
-    "num_hidden_layers": 48,
-    "intermediate_size": 6144,
-    "moe_intermediate_size": 768,
-    "num_experts": 128,
-    "num_experts_per_tok": 8,
-    "decoder_sparse_step": 1,
-    "mlp_only_layers": [],
-    "vocab_size": 151936,
-    "num_attention_heads": 32,
-    "num_key_value_heads": 4,
-    "head_dim": 128,
-    "tie_word_embeddings": False,
-    "max_position_embeddings": 40960,
-    "torch_dtype": "bfloat16",
-}
+QWEN3_30B_A3B = {"architectures": ["Qwen3MoeForCausalLM"], **MEMORY_QWEN3_30B_A3B, "max_position_embeddings": 40960}
+"""The published config.json's shape fields (Qwen/Qwen3-30B-A3B): 128 experts, 8 per token."""
+
+
+def config_folder(folder: Path, config: dict) -> str:
+    """A model folder holding only its config.json: all the estimate and the plan read."""
+    folder.mkdir()
+    (folder / "config.json").write_text(json.dumps(config))
+    return str(folder)
 
 
 @pytest.fixture
 def q30(tmp_path: Path) -> str:
-    d = tmp_path / "qwen3-30b-a3b"
-    d.mkdir()
-    (d / "config.json").write_text(json.dumps(QWEN3_30B_A3B))
-    return str(d)
+    return config_folder(tmp_path / "qwen3-30b-a3b", QWEN3_30B_A3B)
 
 
 @pytest.fixture
 def m70(tmp_path: Path) -> str:
-    d = tmp_path / "llama-70b"
-    d.mkdir()
-    (d / "config.json").write_text(json.dumps(LLAMA_31_70B))
-    return str(d)
+    return config_folder(tmp_path / "llama-70b", LLAMA_31_70B)
 
 
 def gpu_plan(model: str, *sets: str):
