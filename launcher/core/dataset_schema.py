@@ -10,7 +10,9 @@ trainer starts): its format, found from the content and not the file name, its c
 
 from __future__ import annotations
 
+import functools
 import json
+import os
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -43,12 +45,27 @@ def read_schema(path: str, required: tuple[str, ...] = (), prompt: str = "") -> 
     of `required` (the names as stored) that the first rows have, or the column `prompt` (its stored name) holds
     something other than prompts (a string, or a list of {role, content} messages): JSONL every line's value,
     Arrow and Parquet the column's type."""
-    schema = _read_schema(path, required, prompt)
+    schema = _read_once(path, required, prompt, _file_state(path))
     if prompt and schema.format != "jsonl" and prompt in schema.columns and prompt in schema.non_prompt_types:
         raise DatasetError(
             f"trainer.dataset {path}: column {prompt!r} holds {schema.non_prompt_types[prompt]}, not prompts; {PROMPT_IS}"
         )
     return schema
+
+
+@functools.lru_cache(maxsize=16)
+def _read_once(path: str, required: tuple[str, ...], prompt: str, state: tuple[int, int] | None) -> Schema:
+    """_read_schema once per file state: a dry-run's data check and its plan's epochs line read a multi-GB JSONL once."""
+    return _read_schema(path, required, prompt)
+
+
+def _file_state(path: str) -> tuple[int, int] | None:
+    """The file's (or folder's) modification time and size: a changed file is read again."""
+    try:
+        st = os.stat(path)
+    except OSError:
+        return None
+    return st.st_mtime_ns, st.st_size
 
 
 PROMPT_IS = "a prompt is a string or a list of {role, content} messages: fix the data or map another column with trainer.columns"

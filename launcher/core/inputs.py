@@ -248,9 +248,10 @@ def epochs_note(config: JobConfig) -> str | None:
     """The plan's line on how the dataset feeds the run: 'N rows = K steps per epoch; max_steps M = E epochs' (None
     when the dataset is not readable here or too small: the data check says why)."""
     draw = step_draw(config)
-    try:
-        rows = read_schema(config.trainer.dataset).rows
-    except (DatasetError, OSError):
+    needed, why = data_needs(config)
+    try:  # the data check's very call: its reading is reused (dataset_schema reads a file once per state)
+        rows = check_dataset(config.trainer.dataset, needed, config.trainer.columns, why).rows
+    except (PreflightError, OSError):
         return None
     if draw is None or rows is None or rows < draw.prompts:
         return None

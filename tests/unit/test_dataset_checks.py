@@ -370,3 +370,23 @@ def test_arrow_prompt_types_polars_writes_are_prompts():
     message = pa.struct([("role", pa.string()), ("content", pa.string())])
     assert _prompt_type(pa.string_view()) and _prompt_type(pa.list_view(message)) and _prompt_type(pa.large_string())
     assert not _prompt_type(pa.int64()) and not _prompt_type(pa.list_(pa.string()))
+
+
+def test_a_dry_run_reads_the_dataset_once(tmp_path, monkeypatch, capsys):
+    """The data check and the plan's epochs line share one reading (a multi-GB JSONL was read twice); a file that
+    changes is read again."""
+    from launcher import cli
+    from launcher.core import dataset_schema
+
+    data = tmp_path / "d.jsonl"
+    data.write_text("".join(f'{{"prompt": "p{i}"}}\n' for i in range(40)))
+    reads = []
+    real = dataset_schema._read_schema
+    monkeypatch.setattr(dataset_schema, "_read_schema", lambda *a: reads.append(a[0]) or real(*a))
+    dataset_schema._read_once.cache_clear()
+    argv = ["dry-run", "configs/smoke_cpu.yaml", "--set", f"trainer.dataset={data}", "--skip-checks", "model"]
+    assert cli.main(argv) == 0
+    assert "data: 40 rows = " in capsys.readouterr().out and reads.count(str(data)) == 1, reads  # (the eval set: its own)
+    data.write_text(data.read_text() + '{"prompt": "one more"}\n')
+    assert cli.main(argv) == 0
+    assert "data: 41 rows = " in capsys.readouterr().out and reads.count(str(data)) == 2, reads
