@@ -190,11 +190,15 @@ def target_problems(cfg: JobConfig, shapes: dict[str, list[int]]) -> tuple[list[
             f"trainer.lora.target_modules: {which} no module of {model} (its linear layers: {names}); name those to adapt"
         ], []
     reached = {leaf for leaf, ms in layers.items() if any(matches(t, m) for t in targets for m in ms)}
-    fused = [leaf for leaf in layers if leaf not in reached and leaf in FUSED_PROJECTIONS]
-    if not fused:
+    # a user's own list misses only what it must (a fused projection); the defaults, on a dense model, every linear
+    # layer they do not name (Phi-2's dense/fc1/fc2, Starcoder2's c_fc/c_proj); an MoE's defaults are attention only
+    moe = any(".experts." in m for m in modules)
+    left = [leaf for leaf in layers if leaf not in reached and (leaf in FUSED_PROJECTIONS or (default and not moe))]
+    if not left:
         return [], []
-    kept = [leaf for leaf in layers if leaf in reached or leaf in fused]
+    kept = [leaf for leaf in layers if leaf in reached or leaf in left]
+    what = "fused" if all(leaf in FUSED_PROJECTIONS for leaf in left) else "linear layers"
     return [], [
-        f"WARNING: trainer.lora.target_modules reach only {', '.join(sorted(reached))} of {model}: its fused "
-        f"{', '.join(fused)} get no adapter; add them: trainer.lora.target_modules=[{', '.join(kept)}]"
+        f"WARNING: trainer.lora.target_modules reach only {', '.join(sorted(reached))} of {model}: its {what} "
+        f"{', '.join(left)} get no adapter; add them: trainer.lora.target_modules=[{', '.join(kept)}]"
     ]

@@ -74,6 +74,17 @@ def test_the_defaults_warn_where_a_fused_projection_gets_no_adapter_and_are_refu
     ]
     assert not [n for n in input_notes(cfg(phi3, target_modules=["o_proj", "down_proj", "gate_up_proj", "qkv_proj"]))
                 if "lora" in n]  # fmt: skip
+    # the defaults on a dense model name its unreached linear layers too (Phi-2), never an MoE's (attention only)
+    phi2 = model(
+        tmp_path, ["self_attn.q_proj", "self_attn.k_proj", "self_attn.v_proj", "self_attn.dense", "mlp.fc1", "mlp.fc2"], "phi2"
+    )
+    assert [n for n in input_notes(cfg(phi2)) if "lora" in n] == [
+        f"WARNING: trainer.lora.target_modules reach only k_proj, q_proj, v_proj of {phi2}: its linear layers dense, fc1, "
+        "fc2 get no adapter; add them: trainer.lora.target_modules=[q_proj, k_proj, v_proj, dense, fc1, fc2]"
+    ]
+    assert not [n for n in input_notes(cfg(phi2, target_modules=["q_proj", "v_proj"])) if "lora" in n]  # chosen: kept
+    moe = model(tmp_path, ["self_attn.q_proj", "self_attn.o_proj", "mlp.gate", "mlp.experts.0.up_proj"], "moe")
+    assert not [n for n in input_notes(cfg(moe, target_modules=["q_proj", "o_proj"])) if "lora" in n]
     gpt2 = model(tmp_path, GPT2, "gpt2")
     assert refusal(cfg(gpt2)) == (
         f"trainer.lora.target_modules: the default targets match no module of {gpt2} (its linear layers: c_attn, c_fc, "
