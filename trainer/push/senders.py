@@ -160,7 +160,8 @@ class BroadcastSender:
             except RuntimeError as e:  # the transport's own errors name neither the node nor the server
                 raise ServerError(
                     f"node {self.client.node}: sending weights ({self.backend}) to the vLLM server "
-                    f"{self.client.base_url} failed at step {step}: {str(e).splitlines()[0]} "
+                    f"{self.client.base_url} beside its {client.UPDATE_WEIGHTS} request failed at step {step}: "
+                    f"{str(e).splitlines()[0]} "
                     f"(see {server_log(self.client.node)})"
                 ) from e
 
