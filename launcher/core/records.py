@@ -156,6 +156,9 @@ class NodeFigures:
     """The same, before the push: how far the server's weights were behind."""
     parity_engines: list[float] | None = None
     """With vLLM data parallelism: the after-push parity of each engine of the node's server."""
+    probe_drift: float | None = None
+    """How far the trainer's probe logprobs have moved since the attempt's first push (largest difference): with the
+    parity holding, how far the server followed; near 0 after many steps, the model is barely learning."""
     gen_tokens: int | None = None
     server_requests: int | None = None
     prompts_digest: str | None = None
@@ -203,6 +206,7 @@ class StepRow:
     parity: dict[str, float | None] = field(default_factory=dict)
     parity_stale: dict[str, float | None] = field(default_factory=dict)
     parity_engines: dict[str, list[float] | None] = field(default_factory=dict)
+    probe_drift: dict[str, float | None] = field(default_factory=dict)
     parity_max: float | None = None
     gen_tokens: dict[str, int | None] = field(default_factory=dict)
     gen_tokens_per_s_node: dict[str, float] = field(default_factory=dict)
@@ -234,6 +238,7 @@ class StepRow:
         "parity",
         "parity_stale",
         "parity_engines",
+        "probe_drift",
         "gen_tokens",
         "gen_tokens_per_s_node",
         "server_requests",
@@ -274,6 +279,7 @@ class StepRow:
             parity={str(n): f.parity for n, f in nodes},
             parity_stale={str(n): f.parity_stale for n, f in nodes},
             parity_engines={str(n): f.parity_engines for n, f in nodes},
+            probe_drift={str(n): f.probe_drift for n, f in nodes},
             parity_max=max((f.parity for _, f in nodes if f.parity is not None), default=None),
             gen_tokens={str(n): f.gen_tokens for n, f in nodes},
             gen_tokens_per_s_node=tps,

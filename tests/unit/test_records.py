@@ -41,7 +41,7 @@ TRL_LOGS = {
 FIGURES = {
     0: NodeFigures(push_s=0.123456, gen_s=2.0, gen_wait_s=0.5, parity=1e-5, parity_stale=0.2, parity_engines=[1e-5],
                    gen_tokens=400, server_requests=3, prompts_digest="abc", staleness=1, ahead_misses=2,
-                   pushes_paused=1, pushes_paused_running=1, parity_s=0.031234),
+                   pushes_paused=1, pushes_paused_running=1, parity_s=0.031234, probe_drift=0.42),
     1: NodeFigures(push_s=0.2, gen_s=4.0, gen_wait_s=4.0, parity=3e-5, parity_stale=None, gen_tokens=200, staleness=0),
 }  # fmt: skip
 
@@ -58,13 +58,14 @@ def test_a_step_row_is_built_from_the_nodes_figures_with_todays_keys_and_values(
     row = StepRow.build(7, {**TRL_LOGS, "learning_rate": 3e-4}, 3.14159, FIGURES, rng_digest="0123456789ab")
     d = row.to_dict()
     assert d["lr"] == 3e-4 and d["rng_digest"] == "0123456789ab"
-    assert set(d) == TODAYS_STEP_KEYS | {"kind", "parity_s"} and d["kind"] == "step"
+    assert set(d) == TODAYS_STEP_KEYS | {"kind", "parity_s", "probe_drift"} and d["kind"] == "step"
     assert d["push_s"] == {"0": 0.1235, "1": 0.2} and d["step_s"] == 3.142
     assert d["gen_tokens_per_s_node"] == {"0": 200.0, "1": 50.0} and d["gen_tokens_per_s"] == 250.0
     assert d["parity_max"] == 3e-5 and d["parity_stale"] == {"0": 0.2, "1": None}
     assert d["parity_engines"] == {"0": [1e-5], "1": None} and d["ahead_misses"] == {"0": 2, "1": 0}
     assert d["is_ratio_mean"] == 1.02 and d["logp_mismatch_mean"] == 0.003
     assert d["parity_s"] == {"0": 0.0312}, "the parity seconds, their own column (node 1 measured none)"
+    assert d["probe_drift"] == {"0": 0.42, "1": None}
 
 
 def test_every_row_kind_survives_the_file(tmp_path):

@@ -304,7 +304,7 @@ def test_parity_every_n_proves_every_push_but_probes_staleness_every_n_steps_wit
     before it runs at steps 3 and 6 only (not at step 0: nothing trained yet); the trainer's side of both is one
     forward per push. The parity seconds are the node's own figure."""
     rollout = rollout_for(tiny, par, server, max_staleness=0, parity_every=3)
-    forwards = []
+    forwards, drifts = [], []
     rollout.pusher.model.register_forward_hook(lambda *_: forwards.append(rollout.step))
     for step in range(7):
         rollout.begin_step(step)
@@ -317,7 +317,13 @@ def test_parity_every_n_proves_every_push_but_probes_staleness_every_n_steps_wit
         if step in (3, 6):
             assert f.parity_stale is not None and f.parity_stale > 1e-3, "the server lagged one step behind"
         assert f.parity_s is not None and f.parity_s > 0
+        drifts.append(f.probe_drift)
     assert forwards == list(range(7)), "one trainer forward per push, shared by the stale and the after-push probe"
+    # the drift: 0 at the attempt's first push, then how far the trained model's probe moved from it (the server
+    # followed: every after-push parity held)
+    first = rollout.parity.history[0]["trainer"]
+    last = rollout.parity.history[-1]["trainer"]
+    assert drifts[0] == 0.0 and drifts[-1] == max(abs(a - b) for a, b in zip(last, first, strict=True)) > 1e-3, drifts
     kinds = [(h["step"], h["kind"]) for h in rollout.parity.history]
     assert [k for k in kinds if k[1] == "stale"] == [(3, "stale"), (6, "stale")], kinds
     assert [k[0] for k in kinds if k[1] == "after_push"] == list(range(7)), kinds

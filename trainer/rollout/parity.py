@@ -63,6 +63,8 @@ class ParityChecker:
         assert len(self.ids) >= 2, "parity probe text tokenizes to fewer than 2 tokens"
         self.tolerance = tolerance or DEFAULT_TOLERANCE.get(compute_dtype, 0.5)
         self.history: list[dict] = []
+        self.first: list[float] | None = None
+        """The trainer's probe logprobs at this attempt's first push: the origin of drift()."""
         self.checks = 0
         """Pushes checked so far in this attempt."""
         # with several engines, one client per engine so the probes go out at once (a Session is not shared by threads)
@@ -102,6 +104,15 @@ class ParityChecker:
         with ThreadPoolExecutor(self.engines) as pool:
             futures = [pool.submit(c.prompt_logprobs, self.ids, step, e) for e, c in enumerate(self._engine_clients)]
             return [f.result() for f in futures]
+
+    def drift(self, mine: list[float]) -> float:
+        """How far the trainer's probe logprobs (`mine`, from trainer_side) have moved since this attempt's first push
+        (the largest difference). With the after-push parity holding, the server followed the model this far: a drift
+        well above the parity's noise proves updates reach the server, one near 0 after many steps says the model is
+        barely learning (a LoRA learning rate too low, gpu/results/2026-12-05-emulated-2)."""
+        if self.first is None:
+            self.first = list(mine)
+        return max(abs(a - b) for a, b in zip(mine, self.first, strict=True))
 
     def compare(self, step: int, kind: str, mine: list[float]) -> float | None:
         """The server's probe against the trainer's (`mine`, from trainer_side). Leader: the largest difference (and
