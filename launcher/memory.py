@@ -41,13 +41,15 @@ import math
 import re
 from dataclasses import dataclass
 
+from launcher.core.inputs import prompt_length
 from launcher.core.lora import ADAPTER, ENGINE, MERGED
 from launcher.core.plan import Plan
 from launcher.core.shape import ModelShape
 
 GB = 1e9
 PROMPT_TOKENS = 256
-"""Prompt length assumed for the activation estimate (GRPO prompts are short next to completions)."""
+"""Prompt length the activation estimate assumes where the dataset's own cannot be measured here (not JSONL, not on
+this machine); else the longest prompt's (launcher.core.inputs.prompt_length)."""
 OVERHEAD_GB = 2.0
 VLLM_HEADROOM_GB = 4.0
 """The one fit threshold for vLLM's weights (vllm_weights_fit): its bf16 weights per GPU must leave this much of the
@@ -103,6 +105,9 @@ class Layout:
     compute_bytes: int
     completions_per_rank: int
     completion_tokens: int
+    prompt_tokens: int = PROMPT_TOKENS
+    """The longest prompt a batch is padded to (the dataset's, measured, where it can be; else assumed)."""
+    prompt_how: str = "assumed"
     push_buffer_bytes: int = 0
     """ipc push (shared GPU): the staging buffer the node leader keeps on its GPU (trainer.ipc_buffer_mb); 0 otherwise."""
     vllm_data_parallel: int = 1
@@ -207,7 +212,7 @@ def estimate(shape: ModelShape, lay: Layout, opt: Options) -> Estimate:
         s = max(s, lay.ranks_per_node * lay.nodes)
     a_layer = adapter_layer_params(shape, opt.lora_r, opt.lora_targets) if opt.lora_r else 0
     a = a_layer * shape.layers
-    t = lay.completions_per_rank * (PROMPT_TOKENS + lay.completion_tokens)
+    t = lay.completions_per_rank * (lay.prompt_tokens + lay.completion_tokens)
     if opt.lora_r:  # the base frozen in the compute dtype; fp32 params, grads and AdamW for the adapters only
         state = (b * p + 16 * a) / s
         gathered = b * shape.root_params + 2 * b * (shape.layer_params + a_layer) + 4 * a_layer
@@ -370,7 +375,8 @@ def report(shape: ModelShape, lay: Layout, opt: Options) -> list[str]:
             else ""
         )
         + f"; shards over {lay.shard_ranks} ranks; options: {opt.describe()}; "
-        f"T = {lay.completions_per_rank} completions x ({PROMPT_TOKENS} prompt + {lay.completion_tokens}) tokens per rank",
+        f"T = {lay.completions_per_rank} completions x ({lay.prompt_tokens} prompt ({lay.prompt_how}) + "
+        f"{lay.completion_tokens}) tokens per rank",
         f"per trainer rank: state {e.state_gb:.1f} GB on the {where} "
         + (
             f"(frozen base in {'bf16' if lay.compute_bytes == 2 else 'fp32'} + LoRA r={opt.lora_r} adapters "
@@ -422,6 +428,7 @@ def report(shape: ModelShape, lay: Layout, opt: Options) -> list[str]:
 
 def layout(p: Plan) -> Layout:
     s, v, t = p.config.slurm, p.config.vllm, p.config.trainer
+    prompt = prompt_length(p.config)
     return Layout(
         nodes=p.num_nodes,
         ranks_per_node=p.ranks_per_node,
@@ -433,6 +440,8 @@ def layout(p: Plan) -> Layout:
         compute_bytes=2 if t.dtype == "bfloat16" else 4,
         completions_per_rank=t.per_device_train_batch_size,
         completion_tokens=t.max_completion_length,
+        prompt_tokens=prompt.tokens if prompt else PROMPT_TOKENS,
+        prompt_how=prompt.how if prompt else "assumed",
         push_buffer_bytes=t.ipc_buffer_mb * 2**20 if p.weight_transfer_backend == "ipc" else 0,
         vllm_data_parallel=v.data_parallel_size,
         expert_parallel=v.enable_expert_parallel,
@@ -529,7 +538,7 @@ def fit_table(lay: Layout, names: list[str] | None = None, base: Options | None 
     lora = f"LoRA r={base.lora_r} on a frozen base, " if base is not None and base.lora_r else ""
     lines = [
         f"memory: {lora}which models fit {lay.nodes} node(s) x {gpus} GPU(s) of {lay.gpu_gb:g} GB, vLLM at "
-        f"gpu_memory_utilization {lay.vllm_fraction:g}, T = {lay.completions_per_rank} x ({PROMPT_TOKENS} + "
+        f"gpu_memory_utilization {lay.vllm_fraction:g}, T = {lay.completions_per_rank} x ({lay.prompt_tokens} + "
         f"{lay.completion_tokens}) tokens per rank (estimate: launcher/memory.py)",
         f"  {'model':<14} {'params':>7} {'TP':>3} {'ranks':>5}  {'hsdp: cheapest options that fit':<48} {'fsdp (shards over all ranks)'}",
     ]

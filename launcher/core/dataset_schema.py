@@ -11,6 +11,7 @@ trainer starts): its format, found from the content and not the file name, its c
 from __future__ import annotations
 
 import functools
+import heapq
 import json
 import os
 from dataclasses import dataclass, field
@@ -38,6 +39,9 @@ class Schema:
     non_prompt_types: dict[str, str] = field(default_factory=dict)
     """Arrow and Parquet: column -> its type, for the columns whose type can hold no prompt (neither a string nor a
     list of {role, content} structs)."""
+    longest_prompts: tuple[str, ...] = ()
+    """JSONL read with its prompt column named: the LONGEST_KEPT longest prompts by characters (a conversation as its
+    messages' contents joined), for the memory estimate's prompt length (TRL pads a batch to its longest prompt)."""
 
 
 def read_schema(path: str, required: tuple[str, ...] = (), prompt: str = "") -> Schema:
@@ -69,6 +73,17 @@ def _file_state(path: str) -> tuple[int, int] | None:
 
 
 PROMPT_IS = "a prompt is a string or a list of {role, content} messages: fix the data or map another column with trainer.columns"
+
+
+LONGEST_KEPT = 8
+"""Prompts kept by length for the memory estimate: characters rank them, the tokenizer measures these few."""
+
+
+def prompt_text(value: str | list) -> str:
+    """A prompt's text: the string, or a conversation's message contents joined (what the tokenizer mostly sees)."""
+    if isinstance(value, str):
+        return value
+    return "\n".join(m["content"] if isinstance(m["content"], str) else json.dumps(m["content"]) for m in value)
 
 
 def prompt_problem(value: object) -> str | None:
@@ -105,12 +120,16 @@ def _read_schema(path: str, required: tuple[str, ...], prompt: str) -> Schema:
         columns = tuple(dict.fromkeys(k for _, row in lines[:100] for k in row))  # the first rows' keys, in order
         # a column no first row has is the caller's one-line column error; one that only some lines lack, this one's
         _require(path, lines, [c for c in required if c in columns])
+        texts = []
         for i, row in lines if prompt else ():  # a null or a number fails in the chat template, on the nodes
             bad = prompt_problem(row[prompt]) if prompt in row else None
             if bad:
                 raise DatasetError(f"trainer.dataset {path}: line {i}'s {prompt!r} is {bad}; {PROMPT_IS}")
+            if prompt in row:
+                texts.append(prompt_text(row[prompt]))
         lists = tuple(k for k, v in lines[0][1].items() if isinstance(v, list))
-        return Schema("jsonl", columns, list_columns=lists, rows=len(lines))
+        longest = tuple(heapq.nlargest(LONGEST_KEPT, texts, key=len))
+        return Schema("jsonl", columns, list_columns=lists, rows=len(lines), longest_prompts=longest)
     raise DatasetError(f"trainer.dataset {path!r}: not a format slurm-grpo reads; use {FORMATS}")
 
 

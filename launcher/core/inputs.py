@@ -12,8 +12,11 @@ them before `slurm-grpo local` starts anything, and resolves the rewards, tools,
 from __future__ import annotations
 
 import difflib
+import functools
 import importlib.util
 import json
+import math
+import os
 import shutil
 import subprocess
 import sys
@@ -263,6 +266,65 @@ def epochs_note(config: JobConfig) -> str | None:
         f"data: {rows} rows = {per_epoch} step{'s' * (per_epoch != 1)} per epoch of {draw.prompts} prompts{unused}; "
         f"max_steps {config.trainer.max_steps} = {epochs:.3g} epochs"
     )
+
+
+CHAT_TEMPLATE_TOKENS = 32
+"""What a chat template adds around a prompt (role markers, a default system line), allowed on top of its text."""
+CHARS_PER_TOKEN = 3
+"""Without the model's tokenizer.json here: a token per 3 characters (English runs nearer 4: the estimate errs long)."""
+
+
+@dataclass(frozen=True)
+class PromptLength:
+    tokens: int
+    how: str
+    """Where the figure comes from, for the estimate's line."""
+
+
+def prompt_length(config: JobConfig) -> PromptLength | None:
+    """The dataset's longest prompt in tokens, for the memory estimate (TRL pads a batch to its longest prompt): the
+    longest few by characters measured with the model's tokenizer.json where the model is a folder here, else
+    CHARS_PER_TOKEN; plus the chat template's CHAT_TEMPLATE_TOKENS. None: the dataset is not readable here or not
+    JSONL (the estimate then assumes its default)."""
+    needed, why = data_needs(config)
+    try:  # the data check's very call: its reading is reused (dataset_schema reads a file once per state)
+        texts = check_dataset(config.trainer.dataset, needed, config.trainer.columns, why).longest_prompts
+    except (PreflightError, OSError):
+        return None
+    if not texts:
+        return None
+    system = config.trainer.system_prompt
+    if system:  # prepended to every prompt by the trainer
+        texts = tuple(f"{system}\n{t}" for t in texts)
+    extra = " + system prompt" if system else ""
+    counted = count_tokens(str(Path(config.vllm.model) / "tokenizer.json"), texts)
+    if counted is not None:
+        how = f"the dataset's longest prompt{extra}, by its tokenizer, + template"
+        return PromptLength(counted + CHAT_TEMPLATE_TOKENS, how)
+    chars = max(len(t) for t in texts)
+    tokens = math.ceil(chars / CHARS_PER_TOKEN) + CHAT_TEMPLATE_TOKENS
+    return PromptLength(tokens, f"the dataset's longest prompt{extra}, {chars} chars / {CHARS_PER_TOKEN}, + template")
+
+
+def count_tokens(tokenizer_json: str, texts: tuple[str, ...]) -> int | None:
+    """The most tokens of `texts` under the tokenizer file (the `tokenizers` library, no torch); None without it.
+    Cached per file state: simulate lays out many plans of one config."""
+    try:
+        st = os.stat(tokenizer_json)
+    except OSError:
+        return None
+    return _count_tokens(tokenizer_json, (st.st_mtime_ns, st.st_size), texts)
+
+
+@functools.lru_cache(maxsize=8)
+def _count_tokens(tokenizer_json: str, state: tuple[int, int], texts: tuple[str, ...]) -> int | None:
+    try:
+        from tokenizers import Tokenizer
+
+        tok = Tokenizer.from_file(tokenizer_json)
+        return max(len(e.ids) for e in tok.encode_batch(list(texts), add_special_tokens=False))
+    except Exception:  # an unreadable or newer-format file: the character rule instead
+        return None
 
 
 def input_notes(config: JobConfig) -> list[str]:

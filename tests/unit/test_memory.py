@@ -199,3 +199,48 @@ def test_per_modality_moe_fields_read_as_the_text_models(tmp_path):
     shape = ModelShape.read(str(tmp_path))
     assert shape is not None and (shape.experts, shape.experts_per_token, shape.expert_intermediate) == (64, 6, 1536)
     assert shape.moe_layers == 27 and shape.params > shape.active_params
+
+
+def test_the_activation_estimate_takes_the_datasets_longest_prompt(tmp_path, capsys):
+    """TRL pads a batch to its longest prompt: the estimate's T counts the dataset's longest (its tokenizer.json's
+    count where the model folder has one, else 3 characters a token; + the chat template's allowance), and assumes
+    256 tokens only where it cannot read the prompts (here: Parquet)."""
+    from tokenizers import Tokenizer, models, pre_tokenizers
+
+    from launcher.core.inputs import CHAT_TEMPLATE_TOKENS
+
+    model = tmp_path / "qwen7b"
+    model.mkdir()
+    (model / "config.json").write_text(json.dumps(QWEN7B))
+    tok = Tokenizer(models.WordLevel({"[UNK]": 0, "a": 1}, unk_token="[UNK]"))
+    tok.pre_tokenizer = pre_tokenizers.Whitespace()  # one token a word
+    tok.save(str(model / "tokenizer.json"))
+    data = tmp_path / "d.jsonl"
+    long = " ".join(["word"] * 900)  # 900 tokens, 4499 characters
+    rows = [{"prompt": "short one", "answer": "1"}] * 300 + [{"prompt": [{"role": "user", "content": long}], "answer": "2"}]
+    data.write_text("".join(json.dumps(r) + "\n" for r in rows))
+
+    def t_line(*sets: str) -> str:
+        argv = ["dry-run", str(REPO / "configs" / "gpu_7b_4nodes.yaml"), "--skip-checks", "all"]
+        for s in (f"vllm.model={model}", f"trainer.dataset={data}", *sets):
+            argv += ["--set", s]
+        assert cli_main(argv) == 0
+        out = capsys.readouterr().out
+        return next(line for line in out.split("# memory estimate")[1].splitlines() if "T = " in line)
+
+    assert (
+        f"T = 16 completions x ({900 + CHAT_TEMPLATE_TOKENS} prompt (the dataset's longest prompt, by its tokenizer, + template) + 1024)"
+        in t_line()
+    )
+    system = "three more words"  # trainer.system_prompt is prepended to every prompt
+    assert f"({903 + CHAT_TEMPLATE_TOKENS} prompt (the dataset's longest prompt + system prompt, by its" in t_line(
+        f"trainer.system_prompt={system}"
+    )
+    (model / "tokenizer.json").unlink()
+    assert f"({1500 + CHAT_TEMPLATE_TOKENS} prompt (the dataset's longest prompt, 4499 chars / 3, + template)" in t_line()
+    import pyarrow as pa
+    import pyarrow.parquet as pq
+
+    parquet = tmp_path / "d.parquet"
+    pq.write_table(pa.table({"prompt": [long] * 300, "answer": ["1"] * 300}), parquet)
+    assert "(256 prompt (assumed) + 1024)" in t_line(f"trainer.dataset={parquet}")
