@@ -4,6 +4,7 @@ and every node's commands (secrets redacted). Pure: it renders, it runs nothing.
 
 from __future__ import annotations
 
+import json
 import shlex
 
 from launcher.core import config as config_mod
@@ -76,7 +77,10 @@ def render_dry_run(cfg: JobConfig, p: Plan) -> str:
         "# sbatch text (what `submit` hands to sbatch)",
         sbatch_text(cfg, p).rstrip(),
         "",
-        "# resolved config",
+        "# settings not at their defaults (the YAML, its base files, --set; each key: slurm-grpo config-reference)",
+        *[f"  {k}: {json.dumps(v)}" for k, v in config_mod.non_defaults(p.config, redact=True)],
+        "",
+        "# resolved config (every setting)",
         config_mod.to_yaml(p.config, redact=True).rstrip(),
         "",
         "# per-node commands (run by launcher.node.bootstrap on each node)",

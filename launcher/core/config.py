@@ -967,6 +967,25 @@ def to_dict(cfg: JobConfig) -> dict[str, Any]:
     return dataclasses.asdict(cfg)
 
 
+def non_defaults(cfg: JobConfig, redact: bool = False) -> list[tuple[str, Any]]:
+    """(dotted key, value) of every setting not at its default, in the config's order: what a run sets, from its
+    YAML, its base files and --set (dry-run shows these before the whole resolved config). redact: as to_yaml."""
+    mine, default = to_dict(cfg), to_dict(JobConfig())
+    if redact:
+        mine["vllm"]["extra_args"] = redact_argv(mine["vllm"]["extra_args"])
+
+    def walk(a: dict[str, Any], b: dict[str, Any], prefix: str) -> list[tuple[str, Any]]:
+        out: list[tuple[str, Any]] = []
+        for k, v in a.items():
+            if isinstance(v, dict) and isinstance(b.get(k), dict) and v and b[k]:
+                out += walk(v, b[k], f"{prefix}{k}.")
+            elif v != b.get(k):
+                out.append((f"{prefix}{k}", v))
+        return out
+
+    return walk(mine, default, "")
+
+
 def to_yaml(cfg: JobConfig, redact: bool = False) -> str:
     """The config as YAML. redact: for showing it (dry-run), the value of a secret flag in vllm.extra_args
     (--hf-token X, --api-key=X) is *** as in the shown commands; the job folder's copy keeps it (resume reads it)."""

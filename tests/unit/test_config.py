@@ -571,6 +571,16 @@ def test_base_files_deep_merge_in_order_and_the_job_folder_gets_the_flat_result(
     assert r.returncode == 0, r.stderr
     resolved = r.stdout.split("# resolved config")[1].split("# per-node commands")[0]
     assert "base" not in resolved and "partition: big" in resolved and "loss_type: dapo" in resolved
+    # ... and before it, only what the files changed: the bases' and the job file's settings alike
+    mine = r.stdout.split("# settings not at their defaults")[1].split("# resolved config")[0].splitlines()[1:]
+    assert [ln for ln in mine if ln] == [
+        '  slurm.partition: "big"',
+        "  slurm.nodes: 4",
+        '  slurm.setup_vars: {"venv": "/v", "modules": ""}',  # gpus_per_node 8 is the default: not shown
+        '  vllm.model: "/m"',
+        '  vllm.dtype: "bfloat16"',
+        '  trainer.grpo: {"loss_type": "dapo", "epsilon": 0.3}',
+    ], mine
 
     (tmp_path / "a.yaml").write_text("base: b.yaml\n")
     (tmp_path / "b.yaml").write_text("base: a.yaml\n")
