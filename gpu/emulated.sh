@@ -8,6 +8,7 @@
 # Env: LAYOUTS, TEST_TIMEOUT (500), EMU_MODEL (/tmp/model-emu, built here once from a config).
 set -uo pipefail
 OUT=${OUT:-/tmp/out}
+mkdir -p "$OUT"  # a folder of its own per call (the queued commands tar it into the device's $OUT)
 cd "$(dirname "$0")/.."
 log() { echo "[emulated $(date +%T)] $*"; }
 if [ -z "${LAYOUTS:-}" ] && [ "${ALL:-0}" != 1 ]; then

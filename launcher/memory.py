@@ -41,7 +41,7 @@ import math
 import re
 from dataclasses import dataclass
 
-from launcher.core.inputs import prompt_length
+from launcher.core.inputs import PromptLength, prompt_length
 from launcher.core.lora import ADAPTER, ENGINE, MERGED
 from launcher.core.plan import Plan
 from launcher.core.shape import ModelShape
@@ -108,6 +108,7 @@ class Layout:
     prompt_tokens: int = PROMPT_TOKENS
     """The longest prompt a batch is padded to (the dataset's, measured, where it can be; else assumed)."""
     prompt_how: str = "assumed"
+    """Where prompt_tokens comes from, for the estimate's line."""
     push_buffer_bytes: int = 0
     """ipc push (shared GPU): the staging buffer the node leader keeps on its GPU (trainer.ipc_buffer_mb); 0 otherwise."""
     vllm_data_parallel: int = 1
@@ -224,7 +225,8 @@ def estimate(shape: ModelShape, lay: Layout, opt: Options) -> Estimate:
     adapted = sum(1 for name in projections(shape) if name in opt.lora_targets) if opt.lora_r else 0
     per_layer = t * (16 * shape.hidden + 8 * mlp_width(shape) + 2 * opt.lora_r * adapted)
     acts = (2 * t * shape.hidden * shape.layers + per_layer) if opt.activation_checkpointing else per_layer * shape.layers
-    logits = 6 * t * shape.vocab
+    # TRL scores the completion tokens only (its labels are -100 over the prompt): the prompt adds no logits
+    logits = 6 * lay.completions_per_rank * lay.completion_tokens * shape.vocab
     reference = 4 * p if opt.reference_model else 0
     staged = not opt.lora_r or opt.lora_merged  # an adapter push stages no full weights; a merged one does
     push_buffer = min(2 * p, lay.push_buffer_bytes) if staged else 0
@@ -426,9 +428,10 @@ def report(shape: ModelShape, lay: Layout, opt: Options) -> list[str]:
     return lines
 
 
-def layout(p: Plan) -> Layout:
+def layout(p: Plan, prompt: PromptLength | None = None) -> Layout:
+    """The estimate's view of a plan. prompt: the dataset's longest prompt (prompt_length(p.config), read where the
+    trainer's estimate is shown: dry-run, simulate); None assumes PROMPT_TOKENS (vLLM's weights need no prompt)."""
     s, v, t = p.config.slurm, p.config.vllm, p.config.trainer
-    prompt = prompt_length(p.config)
     return Layout(
         nodes=p.num_nodes,
         ranks_per_node=p.ranks_per_node,
@@ -498,7 +501,7 @@ def plan_report(p: Plan) -> list[str]:
     shape = ModelShape.read(p.config.vllm.model)
     if not shape:
         return []
-    t, lay, opt = p.config.trainer, layout(p), options(p)
+    t, lay, opt = p.config.trainer, layout(p, prompt_length(p.config)), options(p)
     return [*report(shape, lay, opt), disk_line(shape, lay, opt, t.keep_checkpoints, t.save_model)]
 
 

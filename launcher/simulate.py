@@ -26,6 +26,7 @@ from dataclasses import asdict, dataclass
 from pathlib import Path
 
 from launcher.core.config import ConfigError, JobConfig, load
+from launcher.core.inputs import prompt_length
 from launcher.core.plan import plan, shared_runs
 from launcher.core.shape import ModelShape
 from launcher.memory import (
@@ -312,7 +313,7 @@ def layout_verdict(cfg: JobConfig) -> str | None:
     completions = cfg.trainer.per_device_train_batch_size * max(per, 1)
     tokens = cfg.trainer.max_completion_length
     p = plan(cfg, "")
-    fits = memory_fit(shape, layout(p), options(p), g, tp, completions) if shape else None
+    fits = memory_fit(shape, layout(p, prompt_length(cfg)), options(p), g, tp, completions) if shape else None
     rows = split_rows(g, tp, cfg.slurm.nodes, params, completions, tokens, f["train_s"] * max(per, 1), f, active, fits)
     shared = shared_rows(g, tp, params, completions, tokens, f["train_s"] * max(per, 1), f, active)[0]
     size = "" if shape else "; a 7 B model assumed, its config.json is not readable here"
@@ -541,7 +542,7 @@ def main(a) -> int:
     rows = predict(nodes, params, per, batch, tokens, figures, active)
     print_scaling(rows, params, per, cfg, figures, active)
     p = plan(cfg, "")
-    lay = layout(p)
+    lay = layout(p, prompt_length(cfg))
     assumed = not lay.gpu_gb
     if assumed:
         lay = Layout(**{**lay.__dict__, "gpu_gb": 80.0})

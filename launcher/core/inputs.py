@@ -277,6 +277,7 @@ CHARS_PER_TOKEN = 3
 @dataclass(frozen=True)
 class PromptLength:
     tokens: int
+    """The longest prompt's tokens, the chat template's allowance included."""
     how: str
     """Where the figure comes from, for the estimate's line."""
 

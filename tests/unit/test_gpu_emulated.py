@@ -4,8 +4,9 @@ layout a whole job (tests/support/emulated.py). CUDA only: `bash gpu/emulated.sh
 pinned stack, one layout per call (`LAYOUTS=split3_k0 bash gpu/emulated.sh`); each writes $OUT/<layout>/gpu_results.json.
 
 What it asserts: the job ends by itself within its deadline; every node pushed at every step and its server's logprobs
-matched the trainer's after each push (trainer.rollout.parity's 0.25, every engine); the probe's drift since the first push stood well above that noise (the server followed the model, LoRA too); the
-reward rose under full fine-tuning (LoRA's is recorded); the faults end the job within their deadlines, the bootstrap naming the node, the process and
+matched the trainer's after each push (trainer.rollout.parity's 0.25, every engine); the probe's drift since the first
+push stood well above that noise (the server followed the model, LoRA too); the reward rose under full fine-tuning
+(LoRA's is recorded); the faults end the job within their deadlines, the bootstrap naming the node, the process and
 its log. What it cannot show (NVLink/InfiniBand speed, topology): gpu/RESULTS.md, waiting for real multi-GPU nodes.
 """
 

@@ -275,9 +275,14 @@ class NodeRollout:
         self.pushed_step = step
         if self.par.is_leader:
             per_engine = self.parity.history[-1]["per_engine"]
-            drift = self.parity.drift(mine)
-            self._note(push_s=push_s, parity=after, parity_stale=stale, parity_engines=per_engine, parity_s=parity_s)
-            self._note(probe_drift=drift)
+            self._note(
+                push_s=push_s,
+                parity=after,
+                parity_stale=stale,
+                parity_engines=per_engine,
+                parity_s=parity_s,
+                probe_drift=self.parity.drift(mine),
+            )
             self._note(push_bytes=push_bytes(self.pusher))
             if in_flight:  # pushes that paused later steps' requests; _running: one was still generating then
                 self._note(

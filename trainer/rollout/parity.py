@@ -109,7 +109,7 @@ class ParityChecker:
         """How far the trainer's probe logprobs (`mine`, from trainer_side) have moved since this attempt's first push
         (the largest difference). With the after-push parity holding, the server followed the model this far: a drift
         well above the parity's noise proves updates reach the server, one near 0 after many steps says the model is
-        barely learning (a LoRA learning rate too low, gpu/results/2026-12-05-emulated-2)."""
+        barely learning (a LoRA learning rate too low, say)."""
         if self.first is None:
             self.first = list(mine)
         return max(abs(a - b) for a, b in zip(mine, self.first, strict=True))
