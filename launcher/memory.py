@@ -377,8 +377,8 @@ def report(shape: ModelShape, lay: Layout, opt: Options) -> list[str]:
             else ""
         )
         + f"; shards over {lay.shard_ranks} ranks; options: {opt.describe()}; "
-        f"T = {lay.completions_per_rank} completions x ({lay.prompt_tokens} prompt ({lay.prompt_how}) + "
-        f"{lay.completion_tokens}) tokens per rank",
+        f"T = {lay.completions_per_rank} completions x ({lay.prompt_tokens} prompt + {lay.completion_tokens}) tokens "
+        f"per rank (prompt: {lay.prompt_how})",
         f"per trainer rank: state {e.state_gb:.1f} GB on the {where} "
         + (
             f"(frozen base in {'bf16' if lay.compute_bytes == 2 else 'fp32'} + LoRA r={opt.lora_r} adapters "

@@ -80,10 +80,19 @@ LONGEST_KEPT = 8
 
 
 def prompt_text(value: str | list) -> str:
-    """A prompt's text: the string, or a conversation's message contents joined (what the tokenizer mostly sees)."""
+    """A prompt's text: the string, or a conversation's message contents joined (what the tokenizer mostly sees); a
+    content of parts ([{type: text, text}], TRL's) counts its text parts."""
     if isinstance(value, str):
         return value
-    return "\n".join(m["content"] if isinstance(m["content"], str) else json.dumps(m["content"]) for m in value)
+    return "\n".join(_content_text(m["content"]) for m in value)
+
+
+def _content_text(content: object) -> str:
+    if isinstance(content, str):
+        return content
+    if isinstance(content, list):
+        return "\n".join(str(c.get("text", "")) for c in content if isinstance(c, dict))
+    return json.dumps(content)
 
 
 def prompt_problem(value: object) -> str | None:
@@ -120,16 +129,20 @@ def _read_schema(path: str, required: tuple[str, ...], prompt: str) -> Schema:
         columns = tuple(dict.fromkeys(k for _, row in lines[:100] for k in row))  # the first rows' keys, in order
         # a column no first row has is the caller's one-line column error; one that only some lines lack, this one's
         _require(path, lines, [c for c in required if c in columns])
-        texts = []
+        longest: list[tuple[int, int, str]] = []  # a bounded heap of (characters, line, text): the longest few only
         for i, row in lines if prompt else ():  # a null or a number fails in the chat template, on the nodes
             bad = prompt_problem(row[prompt]) if prompt in row else None
             if bad:
                 raise DatasetError(f"trainer.dataset {path}: line {i}'s {prompt!r} is {bad}; {PROMPT_IS}")
             if prompt in row:
-                texts.append(prompt_text(row[prompt]))
+                text = prompt_text(row[prompt])
+                if len(longest) < LONGEST_KEPT:
+                    heapq.heappush(longest, (len(text), i, text))
+                elif len(text) > longest[0][0]:
+                    heapq.heappushpop(longest, (len(text), i, text))
         lists = tuple(k for k, v in lines[0][1].items() if isinstance(v, list))
-        longest = tuple(heapq.nlargest(LONGEST_KEPT, texts, key=len))
-        return Schema("jsonl", columns, list_columns=lists, rows=len(lines), longest_prompts=longest)
+        kept = tuple(t for _, _, t in sorted(longest, reverse=True))
+        return Schema("jsonl", columns, list_columns=lists, rows=len(lines), longest_prompts=kept)
     raise DatasetError(f"trainer.dataset {path!r}: not a format slurm-grpo reads; use {FORMATS}")
 
 

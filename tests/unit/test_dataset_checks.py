@@ -390,3 +390,18 @@ def test_a_dry_run_reads_the_dataset_once(tmp_path, monkeypatch, capsys):
     data.write_text(data.read_text() + '{"prompt": "one more"}\n')
     assert cli.main(argv) == 0
     assert "data: 41 rows = " in capsys.readouterr().out and reads.count(str(data)) == 2, reads
+
+
+def test_the_schema_keeps_the_longest_prompts_for_the_memory_estimate(tmp_path):
+    """A bounded heap over every line keeps the LONGEST_KEPT longest prompts, longest first; a conversation counts its
+    messages' text, TRL's content parts their text parts (not their JSON)."""
+    from launcher.core.dataset_schema import LONGEST_KEPT, read_schema
+
+    parts = [{"role": "user", "content": [{"type": "text", "text": "x" * 500}, {"type": "text", "text": "y" * 10}]}]
+    rows = [{"prompt": "p" * n} for n in range(1, 40)] + [{"prompt": parts}, {"prompt": [{"role": "user", "content": "c" * 45}]}]
+    data = tmp_path / "d.jsonl"
+    data.write_text("".join(json.dumps(r) + "\n" for r in rows))
+    kept = read_schema(str(data), prompt="prompt").longest_prompts
+    assert kept[0] == "x" * 500 + "\n" + "y" * 10 and kept[1] == "c" * 45, kept[:2]
+    assert [len(t) for t in kept[2:]] == list(range(39, 39 - (LONGEST_KEPT - 2), -1))
+    assert read_schema(str(data)).longest_prompts == ()  # no prompt column named: nothing measured

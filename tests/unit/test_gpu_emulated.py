@@ -57,7 +57,7 @@ def test_an_emulated_layout_trains_pushes_to_every_worker_and_keeps_parity(name,
         for engines in r["parity_engines"][node]:  # DP: each engine's own parity
             assert engines is None or all(x <= PARITY_TOLERANCE for x in engines), (node, engines)
         # the server followed the model: it moved since the first push by well over the parity's bf16 noise
-        assert parity[-1] is not None and r["probe_drift"][node][-1] > 2 * max(parity), (r["probe_drift"][node], parity)
+        assert (r["probe_drift"][node][-1] or 0) > 2 * max(parity), (r["probe_drift"][node], parity)
     if not r["lora_push"]:  # full fine-tuning at lr 3e-4 rose within 5 steps; LoRA learns slower (emulated.LORA)
         assert r["reward_last3"] > r["reward_first3"], r["reward"]
     if r["max_staleness"]:

@@ -229,18 +229,22 @@ def test_the_activation_estimate_takes_the_datasets_longest_prompt(tmp_path, cap
         return next(line for line in out.split("# memory estimate")[1].splitlines() if "T = " in line)
 
     assert (
-        f"T = 16 completions x ({900 + CHAT_TEMPLATE_TOKENS} prompt (the dataset's longest prompt, by its tokenizer, + template) + 1024)"
+        f"T = 16 completions x ({900 + CHAT_TEMPLATE_TOKENS} prompt + 1024) tokens per rank (prompt: the dataset's longest prompt, by its tokenizer, + template)"
         in t_line()
     )
     system = "three more words"  # trainer.system_prompt is prepended to every prompt
-    assert f"({903 + CHAT_TEMPLATE_TOKENS} prompt (the dataset's longest prompt + system prompt, by its" in t_line(
-        f"trainer.system_prompt={system}"
+    assert (
+        f"({903 + CHAT_TEMPLATE_TOKENS} prompt + 1024) tokens per rank (prompt: the dataset's longest prompt + system prompt, by"
+        in t_line(f"trainer.system_prompt={system}")
     )
     (model / "tokenizer.json").unlink()
-    assert f"({1500 + CHAT_TEMPLATE_TOKENS} prompt (the dataset's longest prompt, 4499 chars / 3, + template)" in t_line()
+    assert (
+        f"({1500 + CHAT_TEMPLATE_TOKENS} prompt + 1024) tokens per rank (prompt: the dataset's longest prompt, 4499 chars / 3, + template)"
+        in t_line()
+    )
     import pyarrow as pa
     import pyarrow.parquet as pq
 
     parquet = tmp_path / "d.parquet"
     pq.write_table(pa.table({"prompt": [long] * 300, "answer": ["1"] * 300}), parquet)
-    assert "(256 prompt (assumed) + 1024)" in t_line(f"trainer.dataset={parquet}")
+    assert "(256 prompt + 1024) tokens per rank (prompt: assumed)" in t_line(f"trainer.dataset={parquet}")
