@@ -265,7 +265,8 @@ def dummy_srun(tmp_path: Path) -> tuple[Path, dict]:
     srun = tmp_path / "bin" / "srun"
     srun.write_text("#!/bin/sh\necho REAL-SRUN-RAN\n")
     srun.chmod(0o755)
-    env = {**os.environ, "PATH": f"{srun.parent}:{os.environ['PATH']}", "DUMMY": str(srun)}
+    outer = {k: v for k, v in os.environ.items() if not k.startswith("SLURM")}  # e.g. SLURM_GRPO_TINY of the caller
+    env = {**outer, "PATH": f"{srun.parent}:{os.environ['PATH']}", "DUMMY": str(srun)}
     return srun, {**env, "SLURM_JOB_ID": "5", "SLURM_CONF": "/etc/slurm/slurm.conf", "SLURM_GRPO_KEEP": "1"}
 
 
