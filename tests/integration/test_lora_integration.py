@@ -1,7 +1,6 @@
 """LoRA (trainer.lora) end to end on the real vLLM CPU build: two short local runs (the second resumes the first)
 carry every assertion, since a server takes a minute to start on 2 cores.
 
-  - LoRA learns: the reward rises within the 8 steps (on the tiny model with its final norm's gain x5: `lora_model`);
   - each push moves only the adapter (push_bytes = the adapter's bytes) and changes what vLLM returns (parity before
     the push stale, after it equal to the trainer's forward);
   - run 1 pushes it through the weight-transfer engine (trainer.lora.adapter_transport engine, the default): one
@@ -19,8 +18,6 @@ from __future__ import annotations
 
 import json
 import math
-import shutil
-import statistics
 import time
 from pathlib import Path
 
@@ -33,8 +30,7 @@ pytestmark = pytest.mark.integration
 
 R = 8
 # parity_every 1: a stale probe before every push, the proof below that every push changed what the server returns
-LORA = ("trainer.lora.r=8", "trainer.lora.save_merged=true", "trainer.parity_every=1", "trainer.learning_rate=0.03")
-"""LoRA at 10x the smoke config's full fine-tuning rate (LoRA's usual ratio)."""
+LORA = ("trainer.lora.r=8", "trainer.lora.save_merged=true", "trainer.parity_every=1")
 PROBE = "the quick brown fox jumps over a lazy dog"
 
 
@@ -55,24 +51,6 @@ def route_counts(vllm_log: str) -> dict[str, int]:
     return {route: vllm_log.count(f'"POST {route} ') for route in routes}
 
 
-@pytest.fixture(scope="module")
-def lora_model(tiny_model, tmp_path_factory) -> str:  # noqa: F811
-    """The tiny model with its final RMSNorm's gain x5. The random model's logits are capped at ~2.5 unless its tied
-    embedding moves, which LoRA leaves frozen: LoRA cannot learn the task on it, nor can TRL + peft (0.05 -> 0.05-0.07
-    in 40 steps); at gain x5 (logits x5, the residual stream unchanged) both reach 0.4 by step 5
-    (bench/results/2026-12-05-lora-vs-trl/)."""
-    from safetensors.torch import load_file, save_file
-
-    out = tmp_path_factory.mktemp("tiny-gain5")
-    for f in Path(tiny_model).iterdir():
-        if f.is_file():
-            shutil.copy(f, out / f.name)
-    tensors = load_file(out / "model.safetensors")
-    tensors["model.norm.weight"] *= 5
-    save_file(tensors, out / "model.safetensors", metadata={"format": "pt"})
-    return str(out)
-
-
 def hf_logprobs(model, ids: list[int]) -> list[float]:
     import torch
 
@@ -82,7 +60,7 @@ def hf_logprobs(model, ids: list[int]) -> list[float]:
     return lp[torch.arange(len(ids) - 1), torch.tensor(ids[1:])].tolist()
 
 
-def test_lora_pushes_only_the_adapter_keeps_the_base_resumes_and_writes_a_peft_adapter(tmp_path, lora_model, ports):  # noqa: F811
+def test_lora_pushes_only_the_adapter_keeps_the_base_resumes_and_writes_a_peft_adapter(tmp_path, tiny_model, ports):  # noqa: F811
     import torch
     from peft import PeftModel
     from transformers import AutoModelForCausalLM, AutoTokenizer
@@ -94,16 +72,16 @@ def test_lora_pushes_only_the_adapter_keeps_the_base_resumes_and_writes_a_peft_a
     from trainer.rollout.server import VllmServer
 
     job = tmp_path / "run"
-    tok = AutoTokenizer.from_pretrained(lora_model)
+    tok = AutoTokenizer.from_pretrained(tiny_model)
     ids = tok(PROBE)["input_ids"][:24]
-    base = AutoModelForCausalLM.from_pretrained(lora_model, dtype=torch.float32)
+    base = AutoModelForCausalLM.from_pretrained(tiny_model, dtype=torch.float32)
     base_lp = hf_logprobs(base, ids)
 
     # run 1: 8 steps; mid-run, ask the live server for the probe under the base's name and under the adapter's
-    p = start_local(job, lora_model, ports, "trainer.max_steps=8", "trainer.save_steps=4", *LORA)
+    p = start_local(job, tiny_model, ports, "trainer.max_steps=8", "trainer.save_steps=4", *LORA)
     metrics = job / "metrics.jsonl"
     wait_for_step(p, job, 2)
-    server = VllmServer(f"http://127.0.0.1:{ports.vllm}", lora_model, 0, 60)
+    server = VllmServer(f"http://127.0.0.1:{ports.vllm}", tiny_model, 0, 60)
     # the first base request mid-run has come back 0.139 off (twice, the same value), the next one equal: PROBE is a
     # prefix of the parity probe, whose KV the adapter requests cached; it looks like a prefix-cache hit across
     # adapter and base (not investigated; the trainer never asks the base). Ask again until one matches: weights that
@@ -131,10 +109,7 @@ def test_lora_pushes_only_the_adapter_keeps_the_base_resumes_and_writes_a_peft_a
     assert min(stale) > 1e-5, stale  # every push changed what the server returns
     rows = [r for r in read(metrics) if "reward" in r]
     assert len(rows) == 8 and all(math.isfinite(r["reward"]) and math.isfinite(r["loss"]) for r in rows), rows[-1]
-    rewards = [r["reward"] for r in rows]  # LoRA learns (0.01 -> 0.5 within 5 steps, bench/results/*-lora-vs-trl)
-    print(f"LoRA rewards per step: {[round(x, 3) for x in rewards]}")
-    assert statistics.mean(rewards[-3:]) > statistics.mean(rewards[:3]) + 0.1, rewards
-    expected = adapter_bytes(lora_model)
+    expected = adapter_bytes(tiny_model)
     assert {r["push_bytes"]["0"] for r in rows} == {expected}, rows[0]["push_bytes"]  # only the adapter's bytes move
     model_bytes = 4 * sum(p.numel() for p in base.parameters())
     print(f"adapter push {expected} bytes vs full push {model_bytes} bytes ({model_bytes / expected:.0f}x)")
@@ -175,7 +150,7 @@ def test_lora_pushes_only_the_adapter_keeps_the_base_resumes_and_writes_a_peft_a
     assert state["model"] and all(".lora_" in k for k in state["model"]), sorted(state["model"])[:3]
     # ... through disk this time: the fallback's own counts, on the same server start
     r = local(
-        job, lora_model, ports, "trainer.max_steps=11", "trainer.save_steps=4", *LORA, "trainer.lora.adapter_transport=disk"
+        job, tiny_model, ports, "trainer.max_steps=11", "trainer.save_steps=4", *LORA, "trainer.lora.adapter_transport=disk"
     )
     assert r.returncode == 0, r.stdout[-3000:] + r.stderr[-3000:]
     log2 = (job / "logs" / "node0-vllm.log").read_text()[len(vllm_log) :]  # the log is appended to
