@@ -30,8 +30,10 @@ from launcher.core.lora import target_problems
 from launcher.core.reward_check import reward_needs
 from launcher.core.weights import WeightsError, weight_shapes
 
+FAST_TOKENIZER = "tokenizer.json"
+"""The fast tokenizer's file: what transformers 5 and vLLM load first (and what the memory estimate counts with)."""
 TOKENIZER_VOCABS = (
-    ("tokenizer.json",),  # the fast tokenizer: what transformers 5 and vLLM load first
+    (FAST_TOKENIZER,),
     ("tokenizer.model",),  # sentencepiece (Llama, Mistral, Gemma) or tiktoken, converted at load
     ("spiece.model",),
     ("sentencepiece.bpe.model",),
@@ -247,15 +249,22 @@ def check_rows(config: JobConfig, schema: Schema) -> None:
     )
 
 
+def dataset_reading(config: JobConfig) -> Schema | None:
+    """The data check's very reading of trainer.dataset, reused (dataset_schema reads a file once per state); None
+    where it is not readable here (the data check says why)."""
+    needed, why = data_needs(config)
+    try:
+        return check_dataset(config.trainer.dataset, needed, config.trainer.columns, why)
+    except (PreflightError, OSError):
+        return None
+
+
 def epochs_note(config: JobConfig) -> str | None:
     """The plan's line on how the dataset feeds the run: 'N rows = K steps per epoch; max_steps M = E epochs' (None
     when the dataset is not readable here or too small: the data check says why)."""
     draw = step_draw(config)
-    needed, why = data_needs(config)
-    try:  # the data check's very call: its reading is reused (dataset_schema reads a file once per state)
-        rows = check_dataset(config.trainer.dataset, needed, config.trainer.columns, why).rows
-    except (PreflightError, OSError):
-        return None
+    schema = dataset_reading(config)
+    rows = schema.rows if schema else None
     if draw is None or rows is None or rows < draw.prompts:
         return None
     per_epoch = rows // draw.prompts * draw.steps
@@ -287,18 +296,15 @@ def prompt_length(config: JobConfig) -> PromptLength | None:
     longest few by characters measured with the model's tokenizer.json where the model is a folder here, else
     CHARS_PER_TOKEN; plus the chat template's CHAT_TEMPLATE_TOKENS. None: the dataset is not readable here or not
     JSONL (the estimate then assumes its default)."""
-    needed, why = data_needs(config)
-    try:  # the data check's very call: its reading is reused (dataset_schema reads a file once per state)
-        texts = check_dataset(config.trainer.dataset, needed, config.trainer.columns, why).longest_prompts
-    except (PreflightError, OSError):
-        return None
+    schema = dataset_reading(config)
+    texts = schema.longest_prompts if schema else ()
     if not texts:
         return None
     system = config.trainer.system_prompt
     if system:  # prepended to every prompt by the trainer
         texts = tuple(f"{system}\n{t}" for t in texts)
     extra = " + system prompt" if system else ""
-    counted = count_tokens(str(Path(config.vllm.model) / "tokenizer.json"), texts)
+    counted = count_tokens(str(Path(config.vllm.model) / FAST_TOKENIZER), texts)
     if counted is not None:
         how = f"the dataset's longest prompt{extra}, by its tokenizer, + template"
         return PromptLength(counted + CHAT_TEMPLATE_TOKENS, how)
