@@ -80,13 +80,20 @@ COMMON_MOE_SHAPES = {
     # intermediate) - the published config.json values; every layer an MoE layer
     "Qwen3-30B-A3B": (2048, 48, 6144, 151936, 32, 4, 128, False, 128, 8, 768),
     "Mixtral-8x7B": (4096, 32, 14336, 32000, 32, 8, 128, False, 8, 2, 14336),
+    "gpt-oss-20b": (2880, 24, 2880, 201088, 64, 8, 64, False, 32, 4, 2880),
+    "gpt-oss-120b": (2880, 36, 2880, 201088, 64, 8, 64, False, 128, 4, 2880),
 }
+GPT_OSS = frozenset({"gpt-oss-20b", "gpt-oss-120b"})
+"""COMMON_MOE_SHAPES with gpt-oss's biases and attention sinks (ModelShape.biases)."""
 
 
 def common_shape(name: str) -> ModelShape:
     if name in COMMON_MOE_SHAPES:
         h, n, i, v, heads, kv, hd, tied, e, k, ei = COMMON_MOE_SHAPES[name]
-        return ModelShape(h, n, i, v, heads, kv, hd, tied, experts=e, experts_per_token=k, expert_intermediate=ei, moe_layers=n)
+        return ModelShape(
+            h, n, i, v, heads, kv, hd, tied, experts=e, experts_per_token=k, expert_intermediate=ei, moe_layers=n,
+            biases=name in GPT_OSS,
+        )  # fmt: skip
     h, n, i, v, heads, kv, tied = COMMON_SHAPES[name]
     return ModelShape(h, n, i, v, heads, kv, h // heads, tied)
 

@@ -6,7 +6,7 @@ it to when it generated the sample, so the trainer's logprobs are those of the r
                  keyed by the sequence's tokens (prompt + completion), which is how a training row finds its own sample
                  whatever TRL's shuffling, splitting and chunking did to the batch.
   RoutingReplay  installed on the model: wraps each MoE layer's router (transformers 5.19's TopKRouter of qwen3_moe,
-                 qwen2_moe, olmoe, mixtral) and, while `armed` (trainer.trl_glue.around_logprobs: TRL's logprob
+                 qwen2_moe, olmoe, mixtral, gpt_oss) and, while `armed` (trainer.trl_glue.around_logprobs: TRL's logprob
                  forwards), looks up every row of each forward's input in the table. Rows replayed return vLLM's expert
                  ids with weights = the router's own softmax probabilities gathered at those ids (renormalized as the
                  family does), so router gradients and router_logits (the aux loss) stay. The indices stay set after the
@@ -37,9 +37,13 @@ ROUTERS = {
     "qwen2_moe": "Qwen2MoeTopKRouter",
     "olmoe": "OlmoeTopKRouter",
     "mixtral": "MixtralTopKRouter",
+    "gpt_oss": "GptOssTopKRouter",
 }
 """model_type -> transformers 5.19's router class: forward(hidden) -> (router_logits, weights, indices), softmax over
 the logits in fp32, top-k, renormalized when norm_topk_prob (mixtral: always); MOE-NOTES §5 gives file:line."""
+TOPK_SOFTMAX = frozenset({"gpt_oss"})
+"""Families whose router takes the top-k of the logits first and softmaxes those alone, in the logits' dtype (the same
+weights as a renormalized softmax, up to rounding): replay weighs the replayed ids the same way, bit for bit."""
 assert set(ROUTERS) == set(ROUTING_REPLAY_FAMILIES), "the launcher's menu and the trainer's overrides must agree"
 
 _LAYER = re.compile(r"(?:^|\.)layers\.(\d+)\.")
@@ -108,13 +112,13 @@ class RoutingReplay:
             if type(module).__name__ == ROUTERS[family]:
                 layer = _LAYER.search(name)
                 assert layer is not None, f"router {name} outside a decoder layer"
-                self._wrap(module, int(layer.group(1)))
+                self._wrap(module, int(layer.group(1)), family in TOPK_SOFTMAX)
                 self.routers += 1
         if not self.routers:
             raise ValueError(f"trainer.routing_replay: the model has no {ROUTERS[family]} module (transformers changed?)")
         model.register_forward_pre_hook(self._before_forward, with_kwargs=True)
 
-    def _wrap(self, router: torch.nn.Module, layer: int) -> None:
+    def _wrap(self, router: torch.nn.Module, layer: int, topk_softmax: bool) -> None:
         own = router.forward
         renormalize = bool(getattr(router, "norm_topk_prob", True))  # mixtral has no flag: it always renormalizes
 
@@ -125,10 +129,13 @@ class RoutingReplay:
                 return logits, weights, indices
             assert replay.indices.shape[0] == logits.shape[0], (replay.indices.shape, logits.shape)
             chosen = replay.indices[:, layer].long()
-            probs = torch.softmax(logits.float(), dim=-1)  # as the family's router: softmax in fp32
-            replayed = probs.gather(-1, chosen)
-            if renormalize:
-                replayed = replayed / replayed.sum(dim=-1, keepdim=True)
+            if topk_softmax:
+                replayed = torch.softmax(logits.gather(-1, chosen), dim=-1, dtype=logits.dtype)
+            else:
+                probs = torch.softmax(logits.float(), dim=-1)  # as the family's router: softmax in fp32
+                replayed = probs.gather(-1, chosen)
+                if renormalize:
+                    replayed = replayed / replayed.sum(dim=-1, keepdim=True)
             rows = replay.mask[:, None]
             return logits, torch.where(rows, replayed.to(weights.dtype), weights), torch.where(rows, chosen, indices)
 

@@ -73,6 +73,22 @@ MOE: dict[str, dict[str, Any]] = {
     "granitemoe": {"num_local_experts": 3, "num_experts_per_tok": 2, "intermediate_size": 64},
     "hunyuan_v1_moe": {"num_experts": 3, "moe_topk": 2, "intermediate_size": 64},
     "llama4_text": {"num_local_experts": 3, "num_experts_per_tok": 1, "intermediate_size": 64, "intermediate_size_mlp": 256},
+    "gpt_oss": {
+        "num_local_experts": 3,
+        "num_experts_per_tok": 2,
+        "intermediate_size": 64,
+        "sliding_window": 16,  # layer 0 slides, layer 1 is full: both kinds within the tests' sequences
+        # YaRN as the released models carry it, its original length scaled to the tiny max_position_embeddings (512)
+        "rope_parameters": {
+            "rope_type": "yarn",
+            "rope_theta": 150000.0,
+            "factor": 8.0,
+            "beta_fast": 32.0,
+            "beta_slow": 1.0,
+            "truncate": False,
+            "original_max_position_embeddings": 64,
+        },
+    },
     "qwen3_next": {
         "num_experts": 3,
         "num_experts_per_tok": 2,

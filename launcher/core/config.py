@@ -221,6 +221,7 @@ ROUTING_REPLAY_FAMILIES = {
     "qwen2_moe": "Qwen2MoeForCausalLM",
     "olmoe": "OlmoeForCausalLM",
     "mixtral": "MixtralForCausalLM",
+    "gpt_oss": "GptOssForCausalLM",
 }
 """trainer.routing_replay: model_type -> architecture of the MoE families with a router override (trainer.routing_replay)."""
 
@@ -375,7 +376,7 @@ class TrainerConfig:
     activation_checkpointing: bool = True
     """Recompute each decoder layer's activations in the backward instead of keeping them (less memory, about a third more compute); TRL's GRPOConfig default too."""
     routing_replay: bool = False
-    """MoE models (qwen3_moe, qwen2_moe, olmoe, mixtral): the trainer's forward and backward route each token to the experts vLLM routed it to when generating (vLLM --enable-return-routed-experts, Model Runner V2: GPU only), so its logprobs match vLLM's routing; the router still gets gradients."""
+    """MoE models (qwen3_moe, qwen2_moe, olmoe, mixtral, gpt_oss): the trainer's forward and backward route each token to the experts vLLM routed it to when generating (vLLM --enable-return-routed-experts, Model Runner V2: GPU only), so its logprobs match vLLM's routing; the router still gets gradients."""
     cpu_offload: bool = False
     """Keep the sharded fp32 parameters, gradients and optimizer state in host memory (FSDP2 CPUOffloadPolicy; the optimizer step runs on the CPU): a big model on few GPUs."""
     report_to: list[Literal["wandb", "tensorboard", "none"]] = field(default_factory=list)

@@ -169,8 +169,6 @@ def check_layout(cfg: JobConfig, shared: bool) -> None:
                 f"vllm.tensor_parallel_size ({tp}) does not divide the model's {nh} attention heads "
                 f"({cfg.vllm.model}/config.json); pick a TP size that divides {nh}"
             )
-    if architecture(cfg.vllm.model) in UNPUSHABLE:
-        raise ConfigError(f"vllm.model {cfg.vllm.model}: {UNPUSHABLE[architecture(cfg.vllm.model) or '']}")
     if cfg.vllm.enable_expert_parallel:
         engines = g // tp if shared else dp  # the shared layout's server spans every GPU of the node
         if tp * engines < 2:
@@ -197,13 +195,6 @@ def check_routing_replay(model: str) -> None:
             f"trainer.routing_replay: {arch} is not an MoE family it replays "
             f"({', '.join(ROUTING_REPLAY_FAMILIES)}); remove trainer.routing_replay"
         )
-
-
-UNPUSHABLE = {
-    "GptOssForCausalLM": "vLLM 0.32's gpt-oss loader writes weights with param.copy_, which its layerwise reload (every "
-    "push) discards: pushes would not land; gpt-oss is not supported for training here",
-}
-"""Architectures vLLM 0.32 serves but cannot take a weight push into, refused at plan time with why."""
 
 
 def generation_steps(cfg: JobConfig, world: int) -> int:

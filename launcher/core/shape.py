@@ -31,6 +31,9 @@ class ModelShape:
     """The always-active shared expert's width (Qwen2-MoE's shared_expert_intermediate_size; DeepSeek's
     n_shared_experts x moe_intermediate_size); 0 = none."""
     moe_layers: int = 0
+    biases: bool = False
+    """gpt-oss: the experts (each row of gate_up and down), the router and the attention output carry biases, and each
+    head an attention sink."""
 
     @classmethod
     def read(cls, model: str) -> ModelShape | None:
@@ -59,14 +62,16 @@ class ModelShape:
     @property
     def attention_params(self) -> int:
         h, q, kv = self.hidden, self.heads * self.head_dim, self.kv_heads * self.head_dim
-        return h * q + q + 2 * (h * kv + kv) + q * h + 2 * h
+        return h * q + q + 2 * (h * kv + kv) + q * h + 2 * h + (h + self.heads if self.biases else 0)
 
     def moe_mlp_params(self, experts: int) -> int:
         """One MoE layer's MLP with `experts` counted: SwiGLU experts, the router (E x H), the shared expert and its
         gate (H)."""
         h = self.hidden
         shared = 3 * h * self.shared_intermediate + h if self.shared_intermediate else 0
-        return experts * 3 * h * self.expert_intermediate + self.experts * h + shared
+        router = self.experts * (h + 1 if self.biases else h)
+        expert = 3 * h * self.expert_intermediate + (2 * self.expert_intermediate + h if self.biases else 0)
+        return experts * expert + router + shared
 
     @property
     def layer_params(self) -> int:
@@ -130,4 +135,5 @@ def _moe_fields(c: dict) -> dict:
         "expert_intermediate": width,
         "shared_intermediate": shared,
         "moe_layers": len(moe),
+        "biases": c.get("model_type") == "gpt_oss",
     }

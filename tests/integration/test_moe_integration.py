@@ -1,6 +1,7 @@
-"""Integration tier, MoE: a tiny Qwen3-MoE (3 experts, top-2, expert width 48: vLLM's CPU kernel pads it to 64) through
-the default sharded loader, a real vLLM CPU server and the gloo push: parity after every push, as for the dense model
-(the issue's failure: 0.064 after the first push, vLLM's CPU MoE kernel not re-prepacked). The other families are
+"""Integration tier, MoE: a tiny Qwen3-MoE (3 experts, top-2, expert width 48: vLLM's CPU kernel pads it to 64) and a
+tiny gpt-oss (biased experts, attention sinks, a sliding-window layer, YaRN) through the default sharded loader, a real
+vLLM CPU server and the gloo push: parity after every push, as for the dense model (the issue's failure: 0.064 after
+the first push, vLLM's CPU MoE kernel not re-prepacked; gpt-oss's pushes once did not land at all). The other families are
 checked against vLLM's own load_weights in-process (tests/unit/test_families.py); the dense qwen2 runs in every other
 integration test."""
 
@@ -17,10 +18,11 @@ from tests.integration.test_integration import Ports, local, ports  # noqa: F401
 pytestmark = pytest.mark.integration
 
 
-def test_an_moe_trains_with_parity_after_every_push(tmp_path, ports):  # noqa: F811 - the fixture
-    model = tmp_path / "qwen3-moe"
+@pytest.mark.parametrize("family", ["qwen3_moe", "gpt_oss"])
+def test_an_moe_trains_with_parity_after_every_push(tmp_path, ports, family):  # noqa: F811 - the fixture
+    model = tmp_path / family
     subprocess.run(
-        [PY, "-m", "launcher", "make-tiny-model", str(model), "--family", "qwen3_moe", "--untied"],
+        [PY, "-m", "launcher", "make-tiny-model", str(model), "--family", family, "--untied"],
         check=True,
         cwd=REPO,
         capture_output=True,

@@ -161,14 +161,15 @@ def test_every_familys_push_lands_in_vllms_model_as_a_fresh_load(family_dirs, tm
     """The trainer's push (names from trainer.checkpoint_names.served_names, HF's fused experts as they are) through
     vLLM's own load_weights and layerwise reload, with the project's plugin: every parameter of vLLM's model then
     equals a fresh load of the same weights (Mixtral's experts under vLLM's names; Qwen3-MoE's expert width 48 padded
-    and re-prepacked by the CPU kernel; DeepSeek's fused experts split per expert by the plugin, its MLA's absorbed
-    W_UK_T / W_UV recomputed; its router's e_score_correction_bias, a buffer the trainer neither trains nor pushes, kept). One vLLM model per family: loaded from the trained weights, pushed the
+    and re-prepacked by the CPU kernel; DeepSeek's and gpt-oss's fused experts split per expert by the plugin, DeepSeek's MLA's absorbed
+    W_UK_T / W_UV recomputed, gpt-oss's attention sinks loaded through their weight loader; its router's e_score_correction_bias, a buffer the trainer neither trains nor pushes, kept). One vLLM model per family: loaded from the trained weights, pushed the
     untrained ones (every parameter must move), then the trained ones (every parameter must be back, bit for bit)."""
     res = run_ranks(1, functools.partial(push_and_compare, dirs=family_dirs, out_root=str(tmp_path)), timeout_s=600)[0]
     for family, r in res.items():
         assert r["params"] > 0 and not r["unmoved"], f"{family}: a push left vLLM's parameters {r['unmoved']} as they were"
         assert not r["differ"], f"{family}: after a push, vLLM's parameters differ from a fresh load: {r}"
     assert res["mixtral"]["renamed"] == ["block_sparse_moe"], res["mixtral"]  # vLLM's module name, not HF's mlp
-    # only the loaders without fused expert names get the fused tensors split; the others keep one tensor per layer
-    split = {"deepseek_v2", "deepseek_v3", "glm4_moe_lite"} & set(res)
+    # only the loaders without fused expert names (DeepSeek, GLM-4.7-Flash) or that write them past the reload (gpt-oss)
+    # get the fused tensors split; the others keep one tensor per layer
+    split = {"deepseek_v2", "deepseek_v3", "glm4_moe_lite", "gpt_oss"} & set(res)
     assert {f for f, r in res.items() if r["split"]} == split and "deepseek_v3" in split, res

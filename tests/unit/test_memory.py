@@ -150,6 +150,12 @@ def test_an_moe_counts_every_expert_in_total_and_the_routed_ones_as_active(tmp_p
     assert abs(shape.params / 1e9 - 30.53) < 0.01 and abs(shape.active_params / 1e9 - 3.35) < 0.01, shape
     mixtral = common_shape("Mixtral-8x7B")
     assert abs(mixtral.params / 1e9 - 46.70) < 0.01 and abs(mixtral.active_params / 1e9 - 12.88) < 0.01
+    # gpt-oss: OpenAI's model card gives 20.91B / 3.61B and 116.83B / 5.13B, its active count without the input
+    # embedding (201088 x 2880 = 0.58B), which a token only looks up
+    embedding = 201088 * 2880 / 1e9
+    for name, total, active in (("gpt-oss-20b", 20.91, 3.61), ("gpt-oss-120b", 116.83, 5.13)):
+        oss = common_shape(name)
+        assert abs(oss.params / 1e9 - total) < 0.01 and abs(oss.active_params / 1e9 - embedding - active) < 0.01, oss
     assert common_shape("Qwen3-30B-A3B") == shape
     # a gathered unit is a whole MoE layer; its activations run only the routed experts
     e = estimate(shape, _lay(), Options())
@@ -162,9 +168,9 @@ def test_an_moe_counts_every_expert_in_total_and_the_routed_ones_as_active(tmp_p
         cfg = json.loads((tmp_path / family / "config.json").read_text())
         shape = ModelShape.read(str(tmp_path / family))
         assert shape is not None and shape.experts == 3 and shape.active_params < shape.params, (family, shape)
-        # qwen2_moe has the q/k/v biases the count assumes; the others differ by them (and OLMoE's q/k norms) only;
+        # qwen2_moe and gpt_oss have the q/k/v biases the count assumes; the others differ by them (and OLMoE's q/k norms) only;
         # APPROXIMATED's layouts are counted as the GQA/SwiGLU one of the same widths
-        tolerance = 0 if family == "qwen2_moe" else 3 * (128 + 2 * 64 + 2 * 128)
+        tolerance = 0 if family in ("qwen2_moe", "gpt_oss") else 3 * (128 + 2 * 64 + 2 * 128)
         tolerance = max(tolerance, int(APPROXIMATED.get(family, 0) * made["params"]))
         assert abs(shape.params - made["params"]) <= tolerance, (family, shape.params, made["params"], cfg)
     # layer 1 of 3 dense (qwen2_moe's mlp_only_layers): counted with the dense MLP, to the parameter

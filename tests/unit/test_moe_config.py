@@ -73,6 +73,11 @@ def test_lora_on_an_moe_adapts_attention_and_pushes_merged(tmp_path):
             plan(cfg(tmp_path, MOE, lora={"r": 8, "target_modules": bad}), "/jobs/x")
 
 
-def test_gpt_oss_is_refused_at_plan_time_because_vllm_drops_its_pushes(tmp_path):
-    with pytest.raises(C.ConfigError, match=r"gpt-oss loader writes weights with param.copy_.*not supported"):
-        plan(cfg(tmp_path, MOE | {"architectures": ["GptOssForCausalLM"], "num_local_experts": 4}), "/jobs/x")
+def test_gpt_oss_plans_with_lora_on_its_attention_pushed_merged(tmp_path):
+    """gpt-oss (once refused: vLLM's loader dropped its pushes; trainer.push.vllm_plugin.wrap_gpt_oss_loader) plans
+    like the other MoE families: LoRA adapts the attention and pushes merged."""
+    oss = MOE | {"architectures": ["GptOssForCausalLM"], "model_type": "gpt_oss", "num_local_experts": 4}
+    del oss["num_experts"], oss["moe_intermediate_size"]
+    p = plan(cfg(tmp_path, oss, lora={"r": 8}), "/jobs/x")
+    assert p.config.trainer.lora.target_modules == ["q_proj", "k_proj", "v_proj", "o_proj"]
+    assert p.lora_push == MERGED

@@ -26,7 +26,7 @@ from trainer.rollout.server import RoutedExperts, decode_routed_experts
 from trainer.routing_replay import RouteTable, RoutingReplay
 from trainer.tiny_families import MOE, config_fields
 
-FAMILIES = ["qwen3_moe", "mixtral", "qwen2_moe", "olmoe"]
+FAMILIES = ["qwen3_moe", "mixtral", "qwen2_moe", "olmoe", "gpt_oss"]
 assert set(FAMILIES) == set(ROUTING_REPLAY_FAMILIES) and set(FAMILIES) <= set(MOE)  # every family replay serves
 
 
@@ -84,8 +84,10 @@ def test_replaying_the_models_own_routes_is_exact_and_other_routes_change_the_lo
     out = model(input_ids=ids).logits
     assert (out - plain).abs().max() > 1e-3, "other experts must change the logits"
     torch.log_softmax(out, -1)[..., 5].sum().backward()
+    routers = [n for n, p in model.named_parameters() if n.endswith(("mlp.gate.weight", "mlp.router.weight"))]
+    assert len(routers) == 2, routers
     for name, p in model.named_parameters():
-        if name.endswith("mlp.gate.weight"):  # the routers: the weights are their softmax at the replayed ids
+        if name in routers:  # the routers: the weights are their softmax at the replayed ids
             assert p.grad is not None and p.grad.abs().max() > 0, name
 
 

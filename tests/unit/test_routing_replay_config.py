@@ -50,7 +50,7 @@ def test_refusals_name_the_key_and_the_fix(tmp_path):
     msg = refusal(lambda: plan(cfg(tmp_path, DENSE | {"architectures": ["Qwen3ForCausalLM"]}, trainer=replay), "/j"))
     assert "trainer.routing_replay: Qwen3ForCausalLM" in msg and "remove trainer.routing_replay" in msg
     msg = refusal(lambda: plan(cfg(tmp_path, MOE | {"architectures": ["DeepseekV3ForCausalLM"]}, trainer=replay), "/j"))
-    assert "not an MoE family it replays (qwen3_moe, qwen2_moe, olmoe, mixtral)" in msg
+    assert "not an MoE family it replays (qwen3_moe, qwen2_moe, olmoe, mixtral, gpt_oss)" in msg
     msg = refusal(lambda: cfg(tmp_path, MOE, trainer=replay, job={"device": "cpu"}))
     assert "trainer.routing_replay needs vLLM's Model Runner V2, GPU only" in msg
     msg = refusal(lambda: cfg(tmp_path, MOE, trainer=replay, vllm={"extra_args": ["--no-enable-prefix-caching"]}))

@@ -6,7 +6,8 @@ weights as plain tensors and re-prepacks MoE experts after each update so that p
 makes the push's prefix-cache reset cost the blocks that hold a cached hash, not the whole KV cache
 (trainer/push/prefix_reset.py says why that leaves the same state; on a vLLM whose code it was not checked against it keeps vLLM's own, with a warning),
 keeps an orderly shutdown's expected EngineDeadError traceback out of the log (trainer/push/clean_shutdown.py), splits a
-push's fused experts for models whose loader takes per-expert names only (DeepSeek-V2/V3, GLM-4.7-Flash), and with
+push's fused experts for models whose loader takes per-expert names only (DeepSeek-V2/V3, GLM-4.7-Flash) or would
+write the fused ones where a push's reload does not look (gpt-oss, its attention sinks too), and with
 vllm.inspect_in_process has vLLM inspect the model class in the API server's own process.
 
 Why the second part: vLLM's CPU linear layers prepack weights into oneDNN handles and drop the weight
@@ -122,7 +123,7 @@ def split_fused_experts_for_per_expert_loaders() -> None:
 
     def load_model_then_wrap(self, *args, **kwargs):
         model = load_model(self, *args, **kwargs)
-        wrap_per_expert_loader(model)
+        wrap_per_expert_loader(model) or wrap_gpt_oss_loader(model)
         return model
 
     load_model_then_wrap._slurm_grpo = True  # type: ignore[attr-defined]
@@ -154,6 +155,59 @@ def wrap_per_expert_loader(model) -> bool:
 
     def load_weights_split(weights, *args, **kwargs):
         return load_weights(split(weights), *args, **kwargs)
+
+    model.load_weights = load_weights_split
+    return True
+
+
+GPT_OSS_EXPERTS = {
+    "gate_up_proj": "w13_weight",
+    "gate_up_proj_bias": "w13_bias",
+    "down_proj": "w2_weight",
+    "down_proj_bias": "w2_bias",
+}
+"""gpt-oss's fused expert tensors as the trainer pushes them (transformers' names, [E, ...]) and the per-expert names
+vLLM's gpt-oss loader streams through the experts' own weight_loader (`experts.{e}.w13_weight`, ...)."""
+
+
+def wrap_gpt_oss_loader(model) -> bool:
+    """Wrap a GptOssForCausalLM's load_weights so that a push lands; True if wrapped.
+
+    Why: vLLM 0.32's unquantized gpt-oss loader writes the fused experts, their biases and the attention sinks with
+    `param.copy_`, not through the parameters' weight loaders; a push's layerwise reload puts every parameter on the
+    meta device and loads only through those loaders, so the copies went nowhere and the server kept its experts and
+    sinks. The same loader also takes one expert at a time (`experts.{e}.w13_weight`, through the experts'
+    weight_loader, TP and EP slicing included): each fused tensor is split into those, as views; the sinks go through
+    their parameter's weight_loader, narrowed to this TP rank's heads as the loader does."""
+    if type(model).__name__ != "GptOssForCausalLM":
+        return False
+    from vllm.distributed import get_tensor_model_parallel_rank, get_tensor_model_parallel_world_size
+    from vllm.model_executor.model_loader.weight_utils import default_weight_loader
+
+    load_weights = model.load_weights
+    heads = model.config.num_attention_heads
+
+    def load_sinks(name: str, t) -> None:
+        per_rank = heads // get_tensor_model_parallel_world_size()
+        param = dict(model.named_parameters())[name.replace(".self_attn.", ".attn.")]
+        loader = getattr(param, "weight_loader", default_weight_loader)
+        loader(param, t.narrow(0, get_tensor_model_parallel_rank() * per_rank, per_rank))
+
+    def split(weights, loaded: set):
+        for name, t in weights:
+            head, sep, leaf = name.rpartition(".experts.")
+            if sep and leaf in GPT_OSS_EXPERTS:
+                for e in range(t.shape[0]):
+                    yield f"{head}.experts.{e}.{GPT_OSS_EXPERTS[leaf]}", t[e]
+            elif name.endswith(".sinks"):
+                load_sinks(name, t)
+                loaded.add(name.replace(".self_attn.", ".attn."))
+            else:
+                yield name, t
+
+    def load_weights_split(weights, *args, **kwargs):
+        loaded: set = set()
+        return load_weights(split(weights, loaded), *args, **kwargs) | loaded
 
     model.load_weights = load_weights_split
     return True
