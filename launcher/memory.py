@@ -9,7 +9,10 @@ common model shapes. An estimate with stated terms, not a measurement (gpu/RESUL
                  gather) and no offload every unit stays in the compute dtype from forward to backward: bP
     activations  per decoder layer T x (16 H + 8 I) bytes in bf16 (inputs, q/k/v, attention out, MLP gate/up/act),
                  T = completions per rank x (prompt + completion tokens); with activation checkpointing only the
-                 layer inputs (2 T H per layer) plus one layer recomputed
+                 layer inputs (2 T H per layer) plus one layer recomputed; a family whose attention runs eagerly
+                 (gpt-oss: ModelShape.eager_attention) adds its scores, C x heads x L^2 per layer (C completions per
+                 rank of L tokens): bf16 probabilities kept for the backward (2 bytes) in every layer without
+                 checkpointing, and in the layer computing also the bf16 scores and their fp32 softmax (6 bytes)
     logits       T x V x 6 bytes (bf16 logits and their fp32 log-softmax)
     overhead     2 GB (CUDA context, allocator slack, NCCL buffers)
   at load        sharded: the fp32 parameter shards 4P/S, and in host memory one tensor's rows (largest/S, bf16);
@@ -84,7 +87,7 @@ COMMON_MOE_SHAPES = {
     "gpt-oss-120b": (2880, 36, 2880, 201088, 64, 8, 64, False, 128, 4, 2880),
 }
 GPT_OSS = frozenset({"gpt-oss-20b", "gpt-oss-120b"})
-"""COMMON_MOE_SHAPES with gpt-oss's biases and attention sinks (ModelShape.biases)."""
+"""COMMON_MOE_SHAPES with gpt-oss's biases and attention sinks (ModelShape.biases), attention run eagerly."""
 
 
 def common_shape(name: str) -> ModelShape:
@@ -92,7 +95,7 @@ def common_shape(name: str) -> ModelShape:
         h, n, i, v, heads, kv, hd, tied, e, k, ei = COMMON_MOE_SHAPES[name]
         return ModelShape(
             h, n, i, v, heads, kv, hd, tied, experts=e, experts_per_token=k, expert_intermediate=ei, moe_layers=n,
-            biases=name in GPT_OSS,
+            biases=name in GPT_OSS, eager_attention=name in GPT_OSS,
         )  # fmt: skip
     h, n, i, v, heads, kv, tied = COMMON_SHAPES[name]
     return ModelShape(h, n, i, v, heads, kv, h // heads, tied)
@@ -232,6 +235,9 @@ def estimate(shape: ModelShape, lay: Layout, opt: Options) -> Estimate:
     adapted = sum(1 for name in projections(shape) if name in opt.lora_targets) if opt.lora_r else 0
     per_layer = t * (16 * shape.hidden + 8 * mlp_width(shape) + 2 * opt.lora_r * adapted)
     acts = (2 * t * shape.hidden * shape.layers + per_layer) if opt.activation_checkpointing else per_layer * shape.layers
+    if shape.eager_attention:
+        scores = lay.completions_per_rank * shape.heads * (lay.prompt_tokens + lay.completion_tokens) ** 2
+        acts += scores * (8 if opt.activation_checkpointing else 2 * shape.layers + 6)
     # TRL scores the completion tokens only (its labels are -100 over the prompt): the prompt adds no logits
     logits = 6 * lay.completions_per_rank * lay.completion_tokens * shape.vocab
     reference = 4 * p if opt.reference_model else 0

@@ -34,6 +34,9 @@ class ModelShape:
     biases: bool = False
     """gpt-oss: the experts (each row of gate_up and down), the router and the attention output carry biases, and each
     head an attention sink."""
+    eager_attention: bool = False
+    """transformers has no SDPA or built-in flash path for the family (gpt-oss: its attention sinks), so the trainer's
+    attention is the eager one, which materializes every layer's scores (heads x L x L per sequence)."""
 
     @classmethod
     def read(cls, model: str) -> ModelShape | None:
@@ -56,6 +59,7 @@ class ModelShape:
             kv_heads=int(c.get("num_key_value_heads") or heads),
             head_dim=int(c.get("head_dim") or c["hidden_size"] // heads),
             tied=bool(c.get("tie_word_embeddings", False)),
+            eager_attention=c.get("model_type") in EAGER_ATTENTION,
             **_moe_fields(c),
         )
 
@@ -103,6 +107,11 @@ class ModelShape:
     def largest_tensor(self) -> int:
         fused_experts = self.experts * 2 * self.expert_intermediate * self.hidden  # gate_up_proj [E, 2I, H]
         return max(self.vocab * self.hidden, self.hidden * self.intermediate, fused_experts)
+
+
+EAGER_ATTENTION = frozenset({"gpt_oss"})
+"""model_types whose transformers class supports neither SDPA nor a flash kernel shipped with torch (gpt-oss's
+`_supports_sdpa = False`: the sinks); the trainer runs their eager attention."""
 
 
 def _first(value: object) -> int:

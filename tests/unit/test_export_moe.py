@@ -1,6 +1,6 @@
-"""An MoE's model at the end and its `slurm-grpo export`, on two spawned gloo ranks with tiny Qwen3-MoE and Mixtral
-bodies (3 experts, FSDP2 shards them on dim 0): the folder holds the original checkpoint's names and layout (one
-tensor per expert, Mixtral's `block_sparse_moe.experts.{e}.w1`), the very tensors transformers' save_pretrained
+"""An MoE's model at the end and its `slurm-grpo export`, on two spawned gloo ranks with tiny Qwen3-MoE, Mixtral and
+gpt-oss bodies (3 experts, FSDP2 shards them on dim 0): the folder holds the original checkpoint's names and layout (one
+tensor per expert, Mixtral's `block_sparse_moe.experts.{e}.w1`; gpt-oss's fused `experts.gate_up_proj`), the very tensors transformers' save_pretrained
 writes; from_pretrained of it computes the trainer's logits; vLLM's own loader (strict: every parameter must come from
 the folder) builds its model from it; the run's trainer.chat_template is the folder's template."""
 
@@ -17,7 +17,7 @@ from launcher.core.records import CheckpointMeta
 from tests.support.ranks import run_ranks
 from tests.unit.test_export import IDS, job_config, perturb, tensors
 
-FAMILIES = ("qwen3_moe", "mixtral")
+FAMILIES = ("qwen3_moe", "mixtral", "gpt_oss")
 SMALL_FILES = 200_000
 """Several safetensors files per folder, so a fused tensor's experts can land in different files."""
 LORA_TARGETS = ["q_proj", "v_proj"]
@@ -96,7 +96,8 @@ def test_an_moes_final_model_and_export_have_the_checkpoints_names_and_the_train
     final = root / family / "model"
     got = tensors(final)
     assert set(got) == names_on_disk(dirs[family]), "JOB/model's names are not the original checkpoint's"
-    assert not any(n.endswith(("gate_up_proj", "experts.down_proj")) for n in got), "fused experts were written"
+    fused = any(n.endswith(("gate_up_proj", "experts.down_proj")) for n in got)
+    assert fused == (family == "gpt_oss"), "fused experts were written (gpt-oss's checkpoints hold them fused)"
     assert len(set(json.loads((final / "model.safetensors.index.json").read_text())["weight_map"].values())) > 1
     assert not (final / "fused").exists()
 

@@ -254,3 +254,27 @@ def test_the_activation_estimate_takes_the_datasets_longest_prompt(tmp_path, cap
     parquet = tmp_path / "d.parquet"
     pq.write_table(pa.table({"prompt": [long] * 300, "answer": ["1"] * 300}), parquet)
     assert "(256 prompt + 1024) tokens per rank (prompt: assumed)" in t_line(f"trainer.dataset={parquet}")
+
+
+def test_gpt_oss_attention_runs_eagerly_and_the_estimate_counts_its_scores(tmp_path):
+    """transformers 5.19 gives gpt-oss no SDPA path (its attention sinks): the trainer's model runs eager attention,
+    whose scores (completions x heads x L^2 per layer) the estimate adds; a dense family's attention adds nothing."""
+    import dataclasses
+
+    from transformers import AutoConfig, AutoModelForCausalLM
+
+    from trainer.tiny_model import make_tiny_model
+
+    make_tiny_model(tmp_path / "oss", family="gpt_oss", tie=False)
+    config = AutoConfig.from_pretrained(tmp_path / "oss")
+    assert AutoModelForCausalLM.from_config(config).config._attn_implementation == "eager"
+    shape = ModelShape.read(str(tmp_path / "oss"))
+    assert shape is not None and shape.eager_attention and shape.biases
+    oss, lay = common_shape("gpt-oss-20b"), _lay()
+    assert oss.eager_attention and not common_shape("Qwen3-30B-A3B").eager_attention
+    plain = dataclasses.replace(oss, eager_attention=False)
+    scores = lay.completions_per_rank * 64 * (lay.prompt_tokens + lay.completion_tokens) ** 2
+    for checkpointing, per_score in ((True, 8), (False, 2 * 24 + 6)):
+        opt = Options(activation_checkpointing=checkpointing)
+        added = estimate(oss, lay, opt).activations_gb - estimate(plain, lay, opt).activations_gb
+        assert abs(added - scores * per_score / 1e9) < 1e-6, (checkpointing, added)
