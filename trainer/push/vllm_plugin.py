@@ -187,21 +187,20 @@ def wrap_gpt_oss_loader(model) -> bool:
     load_weights = model.load_weights
     heads = model.config.num_attention_heads
 
-    def load_sinks(name: str, t) -> None:
-        per_rank = heads // get_tensor_model_parallel_world_size()
-        param = dict(model.named_parameters())[name.replace(".self_attn.", ".attn.")]
-        loader = getattr(param, "weight_loader", default_weight_loader)
-        loader(param, t.narrow(0, get_tensor_model_parallel_rank() * per_rank, per_rank))
-
     def split(weights, loaded: set):
+        params = dict(model.named_parameters())  # during a reload: the parameters with the reload's loaders
+        per_rank = heads // get_tensor_model_parallel_world_size()
         for name, t in weights:
             head, sep, leaf = name.rpartition(".experts.")
             if sep and leaf in GPT_OSS_EXPERTS:
                 for e in range(t.shape[0]):
                     yield f"{head}.experts.{e}.{GPT_OSS_EXPERTS[leaf]}", t[e]
             elif name.endswith(".sinks"):
-                load_sinks(name, t)
-                loaded.add(name.replace(".self_attn.", ".attn."))
+                served = name.replace(".self_attn.", ".attn.")
+                param = params[served]
+                loader = getattr(param, "weight_loader", default_weight_loader)
+                loader(param, t.narrow(0, get_tensor_model_parallel_rank() * per_rank, per_rank))
+                loaded.add(served)
             else:
                 yield name, t
 
