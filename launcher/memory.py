@@ -9,8 +9,8 @@ common model shapes. An estimate with stated terms, not a measurement (gpu/RESUL
                  gather) and no offload every unit stays in the compute dtype from forward to backward: bP
     activations  per decoder layer T x (16 H + 8 I) bytes in bf16 (inputs, q/k/v, attention out, MLP gate/up/act),
                  T = completions per rank x (prompt + completion tokens); with activation checkpointing only the
-                 layer inputs (2 T H per layer) plus one layer recomputed; a family whose attention runs eagerly
-                 (gpt-oss: ModelShape.eager_attention) adds its scores, C x heads x L^2 per layer (C completions per
+                 layer inputs (2 T H per layer) plus one layer recomputed; attention run eagerly
+                 (trainer.attn_implementation eager, or unset on a family without SDPA: gpt-oss) adds its scores, C x heads x L^2 per layer (C completions per
                  rank of L tokens): bf16 probabilities kept for the backward (2 bytes) in every layer without
                  checkpointing, and in the layer computing also the bf16 scores and their fp32 softmax (6 bytes)
     logits       T x V x 6 bytes (bf16 logits and their fp32 log-softmax)
@@ -147,6 +147,12 @@ class Options:
     a staging buffer of the adapter's size (through disk it stages nothing)."""
     fsdp_all: bool = False
     """trainer.fsdp=fsdp proposed by cheapest_fit: the shards spread over every rank of the job, not the node's."""
+    attention: str = ""
+    """trainer.attn_implementation: eager materializes the scores ('' = transformers' choice: eager only for a
+    family without SDPA, ModelShape.eager_attention)."""
+
+    def eager(self, shape: ModelShape) -> bool:
+        return self.attention == "eager" or (not self.attention and shape.eager_attention)
 
     def settings(self) -> list[str]:
         """The trainer.* settings that make these options."""
@@ -235,7 +241,7 @@ def estimate(shape: ModelShape, lay: Layout, opt: Options) -> Estimate:
     adapted = sum(1 for name in projections(shape) if name in opt.lora_targets) if opt.lora_r else 0
     per_layer = t * (16 * shape.hidden + 8 * mlp_width(shape) + 2 * opt.lora_r * adapted)
     acts = (2 * t * shape.hidden * shape.layers + per_layer) if opt.activation_checkpointing else per_layer * shape.layers
-    if shape.eager_attention:
+    if opt.eager(shape):
         scores = lay.completions_per_rank * shape.heads * (lay.prompt_tokens + lay.completion_tokens) ** 2
         acts += scores * (8 if opt.activation_checkpointing else 2 * shape.layers + 6)
     # TRL scores the completion tokens only (its labels are -100 over the prompt): the prompt adds no logits
@@ -315,9 +321,11 @@ def cheapest_fit(
 ) -> Options | None:
     """The first option set that fits, from the fastest: none, activation checkpointing, then (try_fsdp, where the
     shards do not yet span every rank) the same two with trainer.fsdp=fsdp at this node count, then checkpointing with
-    cpu_offload (and with fsdp): a reference model, trainer.beta > 0, and LoRA, from `base`, stay in every one."""
+    cpu_offload (and with fsdp): a reference model, trainer.beta > 0, LoRA and the attention, from `base`, stay in every
+    one."""
     ref = reference_model
     lora = {"lora_r": base.lora_r, "lora_targets": base.lora_targets, "lora_merged": base.lora_merged} if base is not None else {}
+    lora |= {"attention": base.attention} if base is not None else {}
     wider = try_fsdp and lay.ranks_per_node * lay.nodes > lay.shard_ranks
     sets = [{}, {"activation_checkpointing": True}]
     sets += [{"fsdp_all": True}, {"activation_checkpointing": True, "fsdp_all": True}] if wider else []
@@ -475,6 +483,7 @@ def options(p: Plan) -> Options:
         lora_targets=tuple(t.lora.target_modules),
         lora_merged=p.lora_push == MERGED,
         lora_adapter_staged=p.lora_push == ADAPTER and t.lora.adapter_transport == ENGINE,
+        attention=t.attn_implementation,
     )
 
 

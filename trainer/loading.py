@@ -262,18 +262,21 @@ def load_model(
     cpu_offload: bool = False,
     lora: LoraConfig | None = None,
     seed: int = 0,
+    attn_implementation: str = "",
 ) -> tuple[Any, LoadReport]:
     """The model sharded with FSDP2 on the plan's mesh, fp32 master weights, ready to train.
 
     loader "sharded": meta device, shard, fill each rank's rows (peak: this rank's shard plus one tensor's rows).
     loader "full": `from_pretrained` of the whole model on every rank, then shard (peak: the whole fp32 model per
     rank); kept for checkpoints that transformers converts in ways not read row-wise (trainer.checkpoint_names).
-    lora (enabled): peft adapters added before sharding, the base frozen in param_dtype (trainer.lora)."""
+    lora (enabled): peft adapters added before sharding, the base frozen in param_dtype (trainer.lora).
+    attn_implementation: transformers' attention for the model (trainer.attn_implementation; '' = its own choice)."""
     from transformers import AutoConfig, AutoModelForCausalLM, GenerationConfig
 
     t0 = time.time()
+    attention = {"attn_implementation": attn_implementation} if attn_implementation else {}
     if loader == "full":
-        model = AutoModelForCausalLM.from_pretrained(model_dir, dtype=torch.float32)
+        model = AutoModelForCausalLM.from_pretrained(model_dir, dtype=torch.float32, **attention)
         read = sum(p.numel() * 4 for p in model.parameters())
         _prepare(model, activation_checkpointing)
         if lora is not None and lora.enabled:
@@ -292,7 +295,7 @@ def load_model(
     store = SafetensorsDir(model_dir)
     config = AutoConfig.from_pretrained(model_dir)
     with torch.device("meta"):
-        model = AutoModelForCausalLM.from_config(config, dtype=torch.float32)
+        model = AutoModelForCausalLM.from_config(config, dtype=torch.float32, **attention)
     try:  # on the model as transformers built it (names as from_pretrained gives them), before LoRA wraps it
         places = placement(model, list(store.tensors))
     except NamesError as e:

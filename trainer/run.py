@@ -164,6 +164,7 @@ def build(plan: Plan, par: Parallel, preemption: grpo.PreemptionFlag) -> Run:
         cpu_offload=t.cpu_offload,
         lora=t.lora,
         seed=t.seed,
+        attn_implementation=t.attn_implementation,
     )
     node_event(
         Event.MODEL_LOADED, loader=report.loader, seconds=round(report.seconds, 2), read_gb=round(report.bytes_read / 1e9, 3)

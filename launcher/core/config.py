@@ -313,6 +313,19 @@ class EvalConfig:
         return bool(self.dataset)
 
 
+ATTENTION = ("eager", "sdpa", "flex_attention", "flash_attention_2", "flash_attention_3")
+"""transformers' own attention implementations (trainer.attn_implementation; besides them a kernels-hub repo)."""
+_KERNELS_REPO = re.compile(r"^[\w.-]+/[\w.-]+(@[\w.-]+)?(:[\w]+)?$")
+
+
+def _check_attention(value: str) -> None:
+    if value and value not in ATTENTION and not _KERNELS_REPO.match(value):
+        raise ConfigError(
+            f"trainer.attn_implementation {value!r} is not one of {', '.join(ATTENTION)} nor a kernels-hub repo "
+            "(org/name, e.g. kernels-community/vllm-flash-attn3); '' leaves it to transformers"
+        )
+
+
 @dataclass(frozen=True)
 class TrainerConfig:
     dataset: str = "data/letters.jsonl"
@@ -373,6 +386,8 @@ class TrainerConfig:
     """Port of each node leader's weight-transfer store (127.0.0.1, node-local)."""
     model_loading: Literal["sharded", "full"] = "sharded"
     """How ranks load the model: sharded builds it on the meta device, then each rank reads only its shard's rows from the safetensors files; full runs from_pretrained of the whole fp32 model on every rank, then shards (for checkpoints whose tensor names need renaming)."""
+    attn_implementation: str = ""
+    """The trainer's attention (transformers' attn_implementation; vLLM keeps its own): '' = transformers' choice (SDPA where the family has it, else eager: gpt-oss), or eager, sdpa, flex_attention, flash_attention_2, flash_attention_3, or a kernels-hub repo already in the nodes' Hugging Face cache (e.g. kernels-community/vllm-flash-attn3: flash attention with gpt-oss's sinks; nothing is downloaded at run time). TRL's reference model takes the same."""
     activation_checkpointing: bool = True
     """Recompute each decoder layer's activations in the backward instead of keeping them (less memory, about a third more compute); TRL's GRPOConfig default too."""
     routing_replay: bool = False
@@ -459,6 +474,7 @@ class TrainerConfig:
             )
         _port("trainer.rendezvous_port", self.rendezvous_port)
         _port("trainer.weight_transfer_port", self.weight_transfer_port)
+        _check_attention(self.attn_implementation)
         _check_grpo(self.grpo)
         _check_agents(self)
         if self.routing_replay and self.multi_turn:  # the table keys one sequence per request; episodes have several

@@ -169,6 +169,12 @@ def check_layout(cfg: JobConfig, shared: bool) -> None:
                 f"vllm.tensor_parallel_size ({tp}) does not divide the model's {nh} attention heads "
                 f"({cfg.vllm.model}/config.json); pick a TP size that divides {nh}"
             )
+        attention = cfg.trainer.attn_implementation
+        if shape.eager_attention and attention in SINKLESS_ATTENTION:
+            raise ConfigError(
+                f"trainer.attn_implementation {attention}: {cfg.vllm.model} has attention sinks (gpt-oss), which "
+                f"{SINKLESS_ATTENTION[attention]}; use '' (eager), flex_attention or kernels-community/vllm-flash-attn3"
+            )
     if cfg.vllm.enable_expert_parallel:
         engines = g // tp if shared else dp  # the shared layout's server spans every GPU of the node
         if tp * engines < 2:
@@ -184,6 +190,14 @@ def check_layout(cfg: JobConfig, shared: bool) -> None:
 
     if cfg.trainer.routing_replay:
         check_routing_replay(cfg.vllm.model)
+
+
+SINKLESS_ATTENTION = {
+    "sdpa": "transformers has no SDPA path for",
+    "flash_attention_2": "flash-attn 2 does not take (transformers drops them silently)",
+    "flash_attention_3": "the flash-attn 3 package does not take (transformers drops them silently)",
+}
+"""Attention implementations that cannot run a model with attention sinks (ModelShape.eager_attention), and why."""
 
 
 def check_routing_replay(model: str) -> None:

@@ -135,3 +135,24 @@ def test_activation_checkpointing_recomputes_each_layer_and_cpu_offload_gives_th
         assert r["plain"]["layer0_forwards"] == 1 and r["offload"]["layer0_forwards"] == 1, r
         assert r["ac"]["layer0_forwards"] == 2, f"rank {rank}: activation checkpointing did not recompute the layer: {r}"
         assert all(x["grads_equal"] and x["grads_nonzero"] for x in r.values()), f"rank {rank}: {r}"
+
+
+def attention_of(rank: int, world: int, _port: int, model_dir: str) -> dict[str, str]:
+    import torch
+
+    from trainer.loading import load_model
+
+    par = cpu_parallel(rank, world)
+    out = {}
+    for loader, attention in (("sharded", ""), ("sharded", "eager"), ("full", "eager")):
+        model, _ = load_model(model_dir, par, torch.float32, loader=loader, attn_implementation=attention)
+        out[f"{loader}:{attention}"] = model.config._attn_implementation
+    return out
+
+
+def test_trainer_attn_implementation_reaches_the_model_under_both_loaders(tmp_path):
+    """trainer.attn_implementation is transformers' (TRL's reference model copies the policy's); unset, transformers
+    picks SDPA for a family that has it."""
+    model_dir = make_model(tmp_path, "m", [])
+    got = run_ranks(1, functools.partial(attention_of, model_dir=model_dir))[0]
+    assert got == {"sharded:": "sdpa", "sharded:eager": "eager", "full:eager": "eager"}, got

@@ -278,3 +278,8 @@ def test_gpt_oss_attention_runs_eagerly_and_the_estimate_counts_its_scores(tmp_p
         opt = Options(activation_checkpointing=checkpointing)
         added = estimate(oss, lay, opt).activations_gb - estimate(plain, lay, opt).activations_gb
         assert abs(added - scores * per_score / 1e9) < 1e-6, (checkpointing, added)
+    # trainer.attn_implementation: flex attention (or a flash kernel with sinks) keeps no scores; eager on any family does
+    flex = Options(activation_checkpointing=True, attention="flex_attention")
+    assert estimate(oss, lay, flex).activations_gb == estimate(plain, lay, flex).activations_gb
+    eager = Options(activation_checkpointing=True, attention="eager")
+    assert estimate(plain, lay, eager).activations_gb > estimate(plain, lay, flex).activations_gb

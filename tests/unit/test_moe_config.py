@@ -81,3 +81,21 @@ def test_gpt_oss_plans_with_lora_on_its_attention_pushed_merged(tmp_path):
     p = plan(cfg(tmp_path, oss, lora={"r": 8}), "/jobs/x")
     assert p.config.trainer.lora.target_modules == ["q_proj", "k_proj", "v_proj", "o_proj"]
     assert p.lora_push == MERGED
+
+
+def test_attention_without_sinks_is_refused_for_gpt_oss_and_a_bad_name_anywhere(tmp_path):
+    oss = {k: v for k, v in MOE.items() if k not in ("num_experts", "moe_intermediate_size")}
+    oss |= {"architectures": ["GptOssForCausalLM"], "model_type": "gpt_oss", "num_local_experts": 4}
+
+    def with_attention(model: dict, attention: str):
+        (tmp_path / "config.json").write_text(json.dumps(model))
+        return C.from_dict({"vllm": {"model": str(tmp_path)}, "trainer": {"attn_implementation": attention}})
+
+    for attention in ("sdpa", "flash_attention_2", "flash_attention_3"):
+        with pytest.raises(C.ConfigError, match=rf"attn_implementation {attention}: .* has attention sinks .*flex_attention"):
+            plan(with_attention(oss, attention), "/jobs/x")
+    for attention in ("", "eager", "flex_attention", "kernels-community/vllm-flash-attn3"):
+        plan(with_attention(oss, attention), "/jobs/x")
+    plan(with_attention(MOE, "sdpa"), "/jobs/x")  # a family with SDPA takes it
+    with pytest.raises(C.ConfigError, match=r"attn_implementation 'flash-attention' is not one of eager, sdpa"):
+        with_attention(MOE, "flash-attention")
