@@ -92,8 +92,8 @@ def read_source(src: Path, q: dict) -> Source:
     dropped = 0
     for f, header in headers.items():
         outs = outputs.setdefault(f, [])
-        for name, e in sorted(header.items(), key=lambda kv: kv[1]["data_offsets"][0]):
-            numel, dtype = math.prod(e["shape"]), e["dtype"]
+        for name, entry in sorted(header.items(), key=lambda kv: kv[1]["data_offsets"][0]):
+            numel, dtype = math.prod(entry["shape"]), entry["dtype"]
             if m == "mxfp4" and name.endswith("_blocks"):
                 partner = name.removesuffix("_blocks") + "_scales"
                 if partner not in file_of:

@@ -11,6 +11,7 @@ import math
 import subprocess
 import sys
 from pathlib import Path
+from typing import Any
 
 import pytest
 
@@ -58,11 +59,18 @@ def test_the_plan_refuses_a_quantized_model_naming_the_fix(tmp_path):
     assert plan(job(tmp_path / "elsewhere"), "/jobs/x")
 
 
+def test_dequantize_help_says_what_it_writes_and_the_memory_it_needs():
+    r = dequantize_cli("--help")
+    text = " ".join(r.stdout.split())
+    assert r.returncode == 0 and text.startswith("usage: slurm-grpo dequantize"), r.stdout + r.stderr
+    assert "what vllm.model and the trainer load" in text and "memory about one output shard" in text, text
+
+
 def save_split(tensors: dict, out: Path, second: set[str]) -> None:
     """The HF sharded layout: two safetensors files (`second` in the other one) and the index naming them."""
     from safetensors.torch import save_file
 
-    files = {"model-00001-of-00002.safetensors": {}, "model-00002-of-00002.safetensors": {}}
+    files: dict[str, dict] = {"model-00001-of-00002.safetensors": {}, "model-00002-of-00002.safetensors": {}}
     for name, t in tensors.items():
         files["model-00002-of-00002.safetensors" if name in second else "model-00001-of-00002.safetensors"][name] = t
     for file, part in files.items():
@@ -89,7 +97,7 @@ def dequantize_cli(*args: str) -> subprocess.CompletedProcess:
 def read_all(folder: Path) -> dict:
     from safetensors.torch import load_file
 
-    out = {}
+    out: dict = {}
     for f in sorted(folder.glob("*.safetensors")):
         out |= load_file(str(f))
     return out
@@ -123,7 +131,8 @@ def check_copy(src: Path, dst: Path, body: dict, want: dict) -> None:
     for f in TOKENIZER_FILES:
         assert (dst / f).read_bytes() == (src / f).read_bytes(), f
     assert not list(dst.parent.glob("*.tmp-*"))
-    model, info = AutoModelForCausalLM.from_pretrained(dst, output_loading_info=True)
+    loaded: Any = AutoModelForCausalLM.from_pretrained(dst, output_loading_info=True)  # (model, info) with the flag
+    model, info = loaded
     assert not info["missing_keys"] and not info["unexpected_keys"], info
     params = dict(model.named_parameters())
     for name, t in want.items():  # transformers' own parameter layout: the shapes from_config builds, the same values
