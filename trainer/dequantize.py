@@ -27,7 +27,7 @@ import os
 import shutil
 import sys
 import time
-from collections.abc import Callable, Iterator
+from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
@@ -41,7 +41,8 @@ if TYPE_CHECKING:  # torch is imported where a tensor is made: a refusal (and --
 INDEX = "model.safetensors.index.json"
 ACTIVATION_SCALES = ("input_scale", "activation_scale")
 """fp8 checkpoints' static activation scales: they quantize a layer's input, which a bf16 layer does not do."""
-STORED_BYTES = {"F64": 8, "F32": 4, "F16": 2, "BF16": 2, "I64": 8, "I32": 4, "I16": 2, "I8": 1, "U8": 1, "BOOL": 1}
+STORED_BYTES = {"F64": 8, "F32": 4, "F16": 2, "BF16": 2, "I64": 8, "I32": 4, "I16": 2, "I8": 1, "BOOL": 1}
+STORED_BYTES |= {"U64": 8, "U32": 4, "U16": 2, "U8": 1}
 
 
 class DequantizeError(ValueError):
@@ -58,6 +59,7 @@ class Output:
     weight_scale_inv)."""
     source: str
     partner: str
+    shape: tuple[int, ...]
     nbytes: int
     """Bytes it takes in the copy."""
 
@@ -88,17 +90,26 @@ def read_source(src: Path, q: dict) -> Source:
     if not files:
         raise DequantizeError(f"{src} holds no *.safetensors weights; dequantize reads safetensors checkpoints")
     file_of = {name: f for f, h in headers.items() for name in h}
+    shape_of = {name: tuple(entry["shape"]) for h in headers.values() for name, entry in h.items()}
+    block = quantization.block_size(q) if m == "fp8" else (0, 0)
     outputs: dict[Path, list[Output]] = {}
     dropped = 0
     for f, header in headers.items():
         outs = outputs.setdefault(f, [])
         for name, entry in sorted(header.items(), key=lambda kv: kv[1]["data_offsets"][0]):
-            numel, dtype = math.prod(entry["shape"]), entry["dtype"]
+            shape, dtype = tuple(entry["shape"]), entry["dtype"]
+            numel = math.prod(shape)
             if m == "mxfp4" and name.endswith("_blocks"):
                 partner = name.removesuffix("_blocks") + "_scales"
                 if partner not in file_of:
                     raise DequantizeError(f"{f.name}: {name} has no {partner} in {src}; is the checkpoint complete?")
-                outs.append(Output(name.removesuffix("_blocks"), "mxfp4", name, partner, numel * 2 * 2))  # 2 codes a byte
+                if len(shape) != 4 or shape_of[partner] != shape[:-1]:
+                    raise DequantizeError(
+                        f"{name} {list(shape)} and {partner} {list(shape_of[partner])} are not an mxfp4 pair "
+                        "([E, R, C/32, 16] codes, [E, R, C/32] exponents)"
+                    )
+                experts, r, g, b = shape  # two codes a byte: C = g x 2b; convert_moe_packed_tensors gives [E, C, R]
+                outs.append(Output(name.removesuffix("_blocks"), "mxfp4", name, partner, (experts, g * b * 2, r), numel * 2 * 2))
             elif m == "mxfp4" and name.endswith("_scales"):
                 if name.removesuffix("_scales") + "_blocks" not in file_of:
                     raise DequantizeError(f"{f.name}: {name} has no _blocks beside it in {src}; is the checkpoint complete?")
@@ -107,14 +118,44 @@ def read_source(src: Path, q: dict) -> Source:
                 partner = name + "_scale_inv"
                 if partner not in file_of:
                     raise DequantizeError(f"{f.name}: {name} is {dtype} without a {partner} in {src}")
-                outs.append(Output(name, "fp8", name, partner, numel * 2))
+                if len(shape) < 2 or shape_of[partner] != (*shape[:-2], *scale_grid(shape, block)):
+                    raise DequantizeError(
+                        f"{name} {list(shape)} with weight_block_size {list(block)} needs {partner} of shape "
+                        f"{[*shape[:-2], *scale_grid(shape, block)]}, the checkpoint has {list(shape_of[partner])}"
+                    )
+                outs.append(Output(name, "fp8", name, partner, shape, numel * 2))
             elif m == "fp8" and (name.endswith("_scale_inv") or name.rsplit(".", 1)[-1] in ACTIVATION_SCALES):
                 dropped += 1  # a weight's block scales (read with it) or an activation scale (no use in bf16)
             elif dtype.startswith("F8_") or dtype not in STORED_BYTES:
                 raise DequantizeError(f"{f.name}: {name} is stored as {dtype}, which a {m} checkpoint should not hold")
             else:
-                outs.append(Output(name, "copy", name, "", numel * STORED_BYTES[dtype]))
+                outs.append(Output(name, "copy", name, "", shape, numel * STORED_BYTES[dtype]))
     return Source(file_of, outputs, dropped)
+
+
+def check_against_model(config: dict, source: Source, log: Callable[..., None]) -> None:
+    """Each dequantized mxfp4 tensor has the shape of the parameter transformers builds from the bf16 config.json (on
+    the meta device: no memory), checked before hours of converting: a layout transformers' conversion does not give
+    its own model would load as garbage or not at all. A model transformers cannot build here is not checked."""
+    mxfp4 = [o for outs in source.outputs.values() for o in outs if o.kind == "mxfp4"]
+    if not mxfp4:
+        return
+    import torch
+    from transformers import AutoConfig, AutoModelForCausalLM
+
+    try:
+        cfg = AutoConfig.for_model(config["model_type"], **{k: v for k, v in config.items() if k != "model_type"})
+        with torch.device("meta"):
+            params = {n: tuple(p.shape) for n, p in AutoModelForCausalLM.from_config(cfg).named_parameters()}
+    except Exception as e:  # noqa: BLE001 - any failure to build means: nothing to compare with
+        log(f"the layout is not checked: transformers does not build {config.get('model_type')!r} here ({e})")
+        return
+    for o in mxfp4:
+        if params.get(o.name) != o.shape:
+            raise DequantizeError(
+                f"{o.source} dequantizes to {o.name} {list(o.shape)}, but the model transformers builds from config.json "
+                f"has {list(params[o.name]) if o.name in params else 'no such parameter'}; not converted"
+            )
 
 
 def mxfp4_to_bf16(blocks: Any, scales: Any, experts: int) -> torch.Tensor:
@@ -133,6 +174,11 @@ def mxfp4_to_bf16(blocks: Any, scales: Any, experts: int) -> torch.Tensor:
     return out
 
 
+def scale_grid(shape: tuple[int, ...], block: tuple[int, int]) -> tuple[int, int]:
+    """The fp8 scales' grid over a weight's last two dims: a block of block[0] x block[1] each, the edge ones partial."""
+    return math.ceil(shape[-2] / block[0]), math.ceil(shape[-1] / block[1])
+
+
 def fp8_to_bf16(weight: torch.Tensor, scale_inv: torch.Tensor, block: tuple[int, int]) -> torch.Tensor:
     """weight x scale_inv, each scale over its block of the last two dims; the edge blocks may be partial (DeepSeek-V3's
     kv_a_proj_with_mqa: 576 rows in 5 blocks of 128). transformers' Fp8Dequantize (a loader op, not a function) derives
@@ -140,12 +186,7 @@ def fp8_to_bf16(weight: torch.Tensor, scale_inv: torch.Tensor, block: tuple[int,
     import torch
 
     rows, cols = weight.shape[-2:]
-    grid = (math.ceil(rows / block[0]), math.ceil(cols / block[1]))
-    if tuple(scale_inv.shape[-2:]) != grid or scale_inv.shape[:-2] != weight.shape[:-2]:
-        raise DequantizeError(
-            f"a weight of shape {list(weight.shape)} with weight_block_size {list(block)} needs scales of shape "
-            f"{[*weight.shape[:-2], *grid]}, the checkpoint has {list(scale_inv.shape)}"
-        )
+    assert tuple(scale_inv.shape) == (*weight.shape[:-2], *scale_grid(tuple(weight.shape), block)), "read_source checks"
     # uint8 scales are E8M0 exponents (a power of two, byte - 127), as transformers reads them
     s = torch.exp2(scale_inv.float() - 127) if scale_inv.dtype == torch.uint8 else scale_inv.float()
     s = s.repeat_interleave(block[0], dim=-2)[..., :rows, :].repeat_interleave(block[1], dim=-1)[..., :cols]
@@ -197,7 +238,7 @@ class ShardWriter:
 
 def bf16_config(config: dict) -> dict:
     """config.json without its quantization_config (the top level's and text_config's), its dtype bfloat16."""
-    out = {k: v for k, v in config.items() if k != "quantization_config"}
+    out = json.loads(json.dumps(config))  # a deep copy
     for c in (out, out.get("text_config")):
         if not isinstance(c, dict):
             continue
@@ -234,6 +275,7 @@ def dequantize(src: Path, dst: Path, max_shard_bytes: int, log: Callable[..., No
         )
     check_destination(dst)
     source = read_source(src, q)
+    check_against_model(bf16_config(config), source, log)
     dst.parent.mkdir(parents=True, exist_ok=True)
     free = shutil.disk_usage(dst.parent).free
     if source.total_bytes > free:
@@ -278,8 +320,7 @@ def _write(out: Path, source: Source, q: dict, max_shard_bytes: int, log: Callab
 
         for k, (f, outs) in enumerate(source.outputs.items(), 1):
             for o in outs:
-                for name, t in _convert(o, reader, block):
-                    writer.add(name, t)
+                writer.add(o.name, _convert(o, reader, block))
                 converted += o.kind != "copy"
                 copied += o.kind == "copy"
             log(
@@ -293,19 +334,12 @@ def _write(out: Path, source: Source, q: dict, max_shard_bytes: int, log: Callab
     return {"dequantized": converted, "copied": copied, "dropped": source.dropped, "bytes": writer.written}
 
 
-def _convert(o: Output, reader, block: tuple[int, int]) -> Iterator[tuple[str, torch.Tensor]]:
+def _convert(o: Output, reader: Callable[[str], Any], block: tuple[int, int]) -> torch.Tensor:
     if o.kind == "copy":
-        yield o.name, reader(o.source).get_tensor(o.source)
-    elif o.kind == "mxfp4":
-        blocks, scales = reader(o.source).get_slice(o.source), reader(o.partner).get_slice(o.partner)
-        b_shape, s_shape = blocks.get_shape(), scales.get_shape()
-        if len(b_shape) != 4 or list(b_shape[:-1]) != list(s_shape):
-            raise DequantizeError(
-                f"{o.source} {b_shape} and {o.partner} {s_shape} are not an mxfp4 pair ([E, R, G, 16], [E, R, G])"
-            )
-        yield o.name, mxfp4_to_bf16(blocks, scales, b_shape[0])
-    else:
-        yield o.name, fp8_to_bf16(reader(o.source).get_tensor(o.source), reader(o.partner).get_tensor(o.partner), block)
+        return reader(o.source).get_tensor(o.source)
+    if o.kind == "mxfp4":
+        return mxfp4_to_bf16(reader(o.source).get_slice(o.source), reader(o.partner).get_slice(o.partner), o.shape[0])
+    return fp8_to_bf16(reader(o.source).get_tensor(o.source), reader(o.partner).get_tensor(o.partner), block)
 
 
 def parse_size(text: str) -> int:

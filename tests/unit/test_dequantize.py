@@ -200,6 +200,18 @@ def test_dequantize_turns_an_mxfp4_gpt_oss_into_the_bf16_values_it_encodes(tmp_p
     assert sorted(experts) == sorted(want)
     assert all(torch.equal(torch.from_numpy(experts[n]), want[n].float()) for n in want)
 
+    # a layout transformers' own model does not have is refused before anything is written (here: a config whose
+    # experts are half as wide as the checkpoint's)
+    from trainer.dequantize import DequantizeError, dequantize
+
+    config = json.loads((src / "config.json").read_text())
+    (src / "config.json").write_text(json.dumps(config | {"intermediate_size": 32}))
+    with pytest.raises(
+        DequantizeError, match=r"down_proj_blocks dequantizes to \S+ \[3, 64, 128\], but the model .* has \[3, 32, 128\]"
+    ):
+        dequantize(src, tmp_path / "narrow", 10**9)
+    assert not (tmp_path / "narrow").exists() and not list(tmp_path.glob("narrow*"))
+
     again = dequantize_cli(str(src), str(dst))  # never overwrites
     assert again.returncode == 2 and "exists and is not empty" in again.stderr, again.stderr
     (src / "config.json").write_text(json.dumps({"quantization_config": {"quant_method": "gptq"}}))
@@ -249,3 +261,15 @@ def test_dequantize_turns_a_block_fp8_qwen3_into_the_bf16_values_it_encodes(tmp_
     r = dequantize_cli(str(src), str(dst), "--max-shard-size", "200KB")
     assert r.returncode == 0, r.stderr
     check_copy(src, dst, body, want)
+
+    # scales that do not tile the weights by the config's blocks are refused from the headers, before a byte is written
+    from trainer.dequantize import DequantizeError, dequantize
+
+    config = json.loads((src / "config.json").read_text())
+    (src / "config.json").write_text(json.dumps(config | {"quantization_config": FP8 | {"weight_block_size": [128, 128]}}))
+    with pytest.raises(
+        DequantizeError,
+        match=r"down_proj.weight \[128, 256\] with weight_block_size \[128, 128\] needs \S+ of shape \[1, 2\], the checkpoint has \[3, 4\]",
+    ):
+        dequantize(src, tmp_path / "wrong", 10**9)
+    assert not list(tmp_path.glob("wrong*"))
