@@ -5,6 +5,7 @@ methods named here. Torch-free: the plan reads it on the login node, the dequant
 from __future__ import annotations
 
 import json
+import shlex
 from pathlib import Path
 
 CONVERTS = "mxfp4 (gpt-oss's releases), fp8 with weight_block_size (DeepSeek-V3, Qwen3-*-FP8)"
@@ -62,9 +63,6 @@ def refusal(model: str, q: dict) -> str:
         out = model.rstrip("/") + "-bf16"
         return (
             f"vllm.model {model} is quantized ({m}); the trainer needs full-precision weights: run "
-            f"`slurm-grpo dequantize {model} {out}` and set vllm.model to {out}"
+            f"`slurm-grpo dequantize {shlex.quote(model)} {shlex.quote(out)}` and set vllm.model to {out}"
         )
-    return (
-        f"vllm.model {model} is quantized ({m}), which the trainer cannot train and `slurm-grpo dequantize` does not "
-        f"convert (it converts {CONVERTS}); use the model's bf16/fp16 release"
-    )
+    return f"vllm.model {model} is quantized ({m}), which `slurm-grpo dequantize` does not convert; use the model's bf16/fp16 release"

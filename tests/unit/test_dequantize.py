@@ -8,6 +8,7 @@ from __future__ import annotations
 import functools
 import json
 import math
+import re
 import subprocess
 import sys
 from pathlib import Path
@@ -48,6 +49,11 @@ def test_the_plan_refuses_a_quantized_model_naming_the_fix(tmp_path):
         want = f"vllm.model {src} is quantized ({method}); the trainer needs full-precision weights: run "
         want += f"`slurm-grpo dequantize {src} {tmp_path / name}-bf16` and set vllm.model to {tmp_path / name}-bf16"
         assert str(e.value) == want
+    spaced = tmp_path / "my model"  # the command stays one a shell runs as printed
+    spaced.mkdir()
+    (spaced / "config.json").write_text(json.dumps(cases["oss"][0]))
+    with pytest.raises(C.ConfigError, match=re.escape(f"`slurm-grpo dequantize '{spaced}' '{spaced}-bf16'`")):
+        plan(job(spaced), "/jobs/x")
     # methods dequantize does not convert (fp8 without blocks is per-tensor): the bf16 release is the way
     for q in ({"quant_method": "awq", "bits": 4}, {"quant_method": "fp8"}, {"quant_method": "compressed-tensors"}):
         (tmp_path / "config.json").write_text(json.dumps(body | {"quantization_config": q}))
