@@ -9,6 +9,7 @@ slurm-grpo sync JOB_DIR                       upload the job's offline W&B run f
 slurm-grpo sweep CONFIG --grid k=v1,v2 ...    a grid of configs as one job array, a job folder per point
 slurm-grpo export JOB_DIR [--step N]           a checkpoint as a Hugging Face model (or LoRA adapter), on CPU
 slurm-grpo make-tiny-model DIR                build a tiny Qwen2 + tokenizer locally (tests, CPU smoke run)
+slurm-grpo dequantize SRC DST                 a bf16 copy of an mxfp4 (gpt-oss) or fp8 block-wise checkpoint
 slurm-grpo simulate CONFIG --nodes 1,2,...    predicted step time, per-node design vs one global server
 slurm-grpo config-reference [SECTION]         every config key, its default and meaning
 """
@@ -383,6 +384,12 @@ def cmd_make_tiny_model(a: argparse.Namespace) -> int:
     return subprocess.run([sys.executable, "-m", "trainer.tiny_model", *a.args]).returncode
 
 
+def cmd_dequantize(a: argparse.Namespace) -> int:
+    import subprocess
+
+    return subprocess.run([sys.executable, "-m", "trainer.dequantize", *a.args]).returncode
+
+
 def cmd_config_reference(a: argparse.Namespace) -> int:
     """Every config key with its default and meaning (the README's reference), or one section's / group's."""
     text = config_mod.reference_markdown()
@@ -505,6 +512,13 @@ def build_parser() -> argparse.ArgumentParser:
     )
     p.add_argument("args", nargs=argparse.REMAINDER)
     p.set_defaults(fn=cmd_make_tiny_model)
+    p = sub.add_parser(
+        "dequantize",
+        add_help=False,  # trainer.dequantize owns its options and --help, as trainer.tiny_model does make-tiny-model's
+        help="write a bf16 copy of a quantized checkpoint (mxfp4, fp8 block-wise) for vllm.model (see dequantize --help)",
+    )
+    p.add_argument("args", nargs=argparse.REMAINDER)
+    p.set_defaults(fn=cmd_dequantize)
     p = sub.add_parser("config-reference", help="every config key with its default and meaning (or one section's)")
     p.add_argument("section", nargs="?", default="", help="only this section or group, e.g. trainer or slurm.container")
     p.set_defaults(fn=cmd_config_reference)
@@ -542,6 +556,8 @@ def main(argv: list[str] | None = None) -> int:
     args = sys.argv[1:] if argv is None else argv
     if args[:1] == ["make-tiny-model"]:  # its options (--help too) are trainer.tiny_model's: argparse must not read them
         return cmd_make_tiny_model(argparse.Namespace(args=args[1:]))
+    if args[:1] == ["dequantize"]:  # likewise trainer.dequantize's
+        return cmd_dequantize(argparse.Namespace(args=args[1:]))
     a = parse(build_parser(), expand_sets(args))
     try:
         return a.fn(a)

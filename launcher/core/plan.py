@@ -11,7 +11,7 @@ from dataclasses import asdict, dataclass, field, replace
 from pathlib import Path
 from typing import Any
 
-from launcher.core import emulation, vllm_start
+from launcher.core import emulation, quantization, vllm_start
 from launcher.core import platform as platform_mod
 from launcher.core.config import ROUTING_REPLAY_FAMILIES, ConfigError, JobConfig, rebuild
 from launcher.core.lora import architecture, lora_push, resolve_targets
@@ -147,7 +147,8 @@ def shared_runs(device: str, gpus_per_node: int) -> bool:
 
 
 def check_layout(cfg: JobConfig, shared: bool) -> None:
-    """The node's GPUs hold the server and at least one trainer rank, and TP divides the model's heads."""
+    """The node's GPUs hold the server and at least one trainer rank, the model is not quantized, and TP divides the
+    model's heads."""
     tp, dp, g = cfg.vllm.tensor_parallel_size, cfg.vllm.data_parallel_size, cfg.slurm.gpus_per_node
     if shared and not shared_runs(cfg.job.device, g):
         raise ConfigError(SHARED_MULTI_GPU.format(g=g))
@@ -161,6 +162,9 @@ def check_layout(cfg: JobConfig, shared: bool) -> None:
             f"vllm.tensor_parallel_size x data_parallel_size ({tp} x {dp}) is larger than the node ({g} GPUs); "
             f"lower them or raise slurm.gpus_per_node"
         )
+    quantized = quantization.read(cfg.vllm.model)
+    if quantized is not None:  # vLLM would serve quantized weights the trainer's bf16 pushes cannot land in exactly
+        raise ConfigError(quantization.refusal(cfg.vllm.model, quantized))
     shape = ModelShape.read(cfg.vllm.model)
     if shape is not None:
         nh = shape.heads

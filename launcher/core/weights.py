@@ -62,10 +62,10 @@ def index_shards(index: Path) -> dict[str, str]:
     return {str(k): str(v) for k, v in weight_map.items()}
 
 
-def weight_shapes(folder: Path) -> dict[str, list[int]] | None:
-    """Every tensor's shape, by name, from the folder's safetensors (the shards its index names, else every
-    *.safetensors file): WeightsError if a file is missing or cannot load. None when the folder holds only pickled
-    weights (*.bin: not readable without torch; nothing checked)."""
+def weight_files(folder: Path) -> list[Path]:
+    """The safetensors files vLLM and transformers load from the folder: the shards its index names, else every
+    *.safetensors file (model.safetensors alone where it is there); WeightsError if a shard the index names is missing.
+    [] when the folder holds none (pickled *.bin weights only)."""
     # transformers' own index first, as vLLM and transformers pick it: a Mistral repo also holds consolidated.* (Mistral's
     # format, other tensor names), which a download of the HF shards alone leaves without its shards
     own = folder / "model.safetensors.index.json"
@@ -78,11 +78,16 @@ def weight_shapes(folder: Path) -> dict[str, list[int]] | None:
                 f"{indexes[0]} names {len(shards)} shards, {len(missing)} missing here ({', '.join(missing[:3])}"
                 f"{', ...' if len(missing) > 3 else ''}): an interrupted copy or download? copy them again"
             )
-        files = [folder / s for s in shards]
-    else:
-        files = sorted(folder.glob("*.safetensors"))
-        if (folder / "model.safetensors").is_file():
-            files = [folder / "model.safetensors"]  # as transformers and vLLM load it, beside a consolidated.safetensors
+        return [folder / s for s in shards]
+    if (folder / "model.safetensors").is_file():
+        return [folder / "model.safetensors"]  # as transformers and vLLM load it, beside a consolidated.safetensors
+    return sorted(folder.glob("*.safetensors"))
+
+
+def weight_shapes(folder: Path) -> dict[str, list[int]] | None:
+    """Every tensor's shape, by name, from the folder's safetensors (weight_files): WeightsError if a file is missing or
+    cannot load. None when the folder holds only pickled weights (*.bin: not readable without torch; nothing checked)."""
+    files = weight_files(folder)
     if not files:
         return None
     shapes: dict[str, list[int]] = {}
