@@ -10,9 +10,10 @@ common model shapes. An estimate with stated terms, not a measurement (gpu/RESUL
     activations  per decoder layer T x (16 H + 8 I) bytes in bf16 (inputs, q/k/v, attention out, MLP gate/up/act),
                  T = completions per rank x (prompt + completion tokens); with activation checkpointing only the
                  layer inputs (2 T H per layer) plus one layer recomputed; attention run eagerly
-                 (trainer.attn_implementation eager, or unset on a family without SDPA: gpt-oss) adds its scores, C x heads x L^2 per layer (C completions per
-                 rank of L tokens): bf16 probabilities kept for the backward (2 bytes) in every layer without
-                 checkpointing, and in the layer computing also the bf16 scores and their fp32 softmax (6 bytes)
+                 (trainer.attn_implementation eager, or unset on a family without SDPA: gpt-oss) adds its scores,
+                 C x heads x L^2 per layer (C completions per rank of L tokens): bf16 probabilities kept for the
+                 backward (2 bytes) in every layer without checkpointing, and in the layer computing also the bf16
+                 scores and their fp32 softmax (6 bytes)
     logits       T x V x 6 bytes (bf16 logits and their fp32 log-softmax)
     overhead     2 GB (CUDA context, allocator slack, NCCL buffers)
   at load        sharded: the fp32 parameter shards 4P/S, and in host memory one tensor's rows (largest/S, bf16);

@@ -109,6 +109,8 @@ class ModelShape:
         return max(self.vocab * self.hidden, self.hidden * self.intermediate, fused_experts)
 
 
+BIASED_EXPERTS = frozenset({"gpt_oss"})
+"""model_types whose experts, router and attention output carry biases, with a sink per head (ModelShape.biases)."""
 EAGER_ATTENTION = frozenset({"gpt_oss"})
 """model_types whose transformers class supports neither SDPA nor a flash kernel shipped with torch (gpt-oss's
 `_supports_sdpa = False`: the sinks); the trainer runs their eager attention."""
@@ -144,5 +146,5 @@ def _moe_fields(c: dict) -> dict:
         "expert_intermediate": width,
         "shared_intermediate": shared,
         "moe_layers": len(moe),
-        "biases": c.get("model_type") == "gpt_oss",
+        "biases": c.get("model_type") in BIASED_EXPERTS,
     }
