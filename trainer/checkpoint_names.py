@@ -133,10 +133,13 @@ def served_names(model: torch.nn.Module, names: list[str]) -> dict[str, str]:
     renamings, converters = _transforms(base)
     if not renamings and not converters:
         return {n: n for n in names}
-    from transformers.core_model_loading import rename_source_key
+    from transformers.core_model_loading import PrefixChange, rename_source_key
 
-    back = [r.reverse_transform() for r in renamings[::-1]]
-    leaves = {c.target_patterns[0].lstrip(".").rpartition(".")[2]: _fused_leaf(c) for c in converters}
+    # a PrefixChange strips an optional prefix on load (Qwen3.5's and Gemma-3n's `model.language_model.`): the plain
+    # name is what save_pretrained writes for a model built from its config (revert_weight_conversion drops it too)
+    # and what vLLM's loaders take (Gemma3nForCausalLM knows no `language_model.`)
+    back = [r.reverse_transform() for r in renamings[::-1] if not isinstance(r, PrefixChange)]
+    leaves = {c.target_patterns[0].lstrip(".").rpartition(".")[2]: _fused_leaf(c) for c in converters if _stacks_experts(c)}
     out = {}
     for n in names:
         head, _, leaf = n.rpartition(".")
@@ -146,6 +149,12 @@ def served_names(model: torch.nn.Module, names: list[str]) -> dict[str, str]:
             n_served = n
         out[n] = rename_source_key(n_served, back, [], reverse=True)[0]
     return out
+
+
+def _stacks_experts(conv) -> bool:
+    from transformers.core_model_loading import MergeModulelist
+
+    return bool(conv.operations) and isinstance(conv.operations[0], MergeModulelist)
 
 
 def _fused_leaf(conv) -> str:
