@@ -44,7 +44,14 @@ DENSE: dict[str, dict[str, Any]] = {
     "arcee": {},
     "phi": {},
     "gpt_neox": {},
-    "gemma4_text": {},
+    # Gemma 4: its per-layer input embeddings default to 262144 x 256 per layer (135 M parameters at 2 layers): sized
+    # to the tokenizer; a sliding layer, then the full one (the last layer must be)
+    "gemma4_text": {
+        "vocab_size_per_layer_input": 300,
+        "hidden_size_per_layer_input": 16,
+        "layer_types": ["sliding_attention", "full_attention"],
+        "sliding_window": 16,
+    },
     "ministral3": {},
     "nemotron": {},
     "qwen3_5_text": {  # Qwen3.5: Gated DeltaNet (linear attention) then full attention
