@@ -116,6 +116,18 @@ DENSE: dict[str, dict[str, Any]] = {
     "mamba": {"state_size": 16, "time_step_rank": 8},
     "mamba2": {"num_heads": 4, "state_size": 16, "n_groups": 1, "chunk_size": 64, "time_step_rank": 8},
     "falcon_mamba": {"state_size": 16, "time_step_rank": 8},
+    # Jamba: a Mamba layer with a dense MLP, then attention with 3 experts (the periods of 2 give both in 2 layers); here,
+    # not in MOE, for the memory estimate's expert count (launcher.core.shape), which does not model Mamba layers
+    "jamba": {
+        "num_experts": 3,
+        "num_experts_per_tok": 2,
+        "attn_layer_period": 2,
+        "attn_layer_offset": 1,
+        "expert_layer_period": 2,
+        "expert_layer_offset": 1,
+        "mamba_d_state": 16,
+        "mamba_dt_rank": 8,
+    },
 }
 """model_type -> fields beyond the common ones."""
 
@@ -174,17 +186,6 @@ MOE: dict[str, dict[str, Any]] = {
         "linear_num_key_heads": 2,
         "linear_num_value_heads": 4,
         "full_attention_interval": 2,  # linear, full, linear, ...: both kinds in 2 layers
-    },
-    # Jamba: Mamba layer with a dense MLP, then attention with experts (the periods of 2 put both kinds in 2 layers)
-    "jamba": {
-        "num_experts": 3,
-        "num_experts_per_tok": 2,
-        "attn_layer_period": 2,
-        "attn_layer_offset": 1,
-        "expert_layer_period": 2,
-        "expert_layer_offset": 1,
-        "mamba_d_state": 16,
-        "mamba_dt_rank": 8,
     },
 }
 
