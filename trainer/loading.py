@@ -242,25 +242,28 @@ def init_nonpersistent_buffers(model: torch.nn.Module, device: torch.device) -> 
     order = [m for m in reversed(list(model.modules())) if any(id(d) in owner_ids for d in m.modules())]
     init_by = _init_models(model)
     for mod in order:  # descendants before ancestors (reversed pre-order)
+        by = init_by[id(mod)]
+        if by is None and id(mod) not in owner_ids:
+            continue  # a peft wrapper around the transformers model: from_pretrained never initialises it
         with _loaded_swapped_out(mod):
-            trl_glue.init_module_weights(init_by[id(mod)], mod)
+            trl_glue.init_module_weights(by or model, mod)
 
 
-def _init_models(model: torch.nn.Module) -> dict[int, torch.nn.Module]:
+def _init_models(model: torch.nn.Module) -> dict[int, torch.nn.Module | None]:
     """id(module) -> the model whose `_init_weights` transformers runs on it: the innermost PreTrainedModel around it
     (itself included), as from_pretrained's `smart_apply` dispatches (Gemma-3n's text model reads its own hidden_size);
-    `model` above the first one (a peft wrapper)."""
+    None above the outermost one (a peft wrapper)."""
     from transformers import PreTrainedModel
 
-    out: dict[int, torch.nn.Module] = {}
+    out: dict[int, torch.nn.Module | None] = {}
 
-    def walk(m: torch.nn.Module, by: torch.nn.Module) -> None:
+    def walk(m: torch.nn.Module, by: torch.nn.Module | None) -> None:
         by = m if isinstance(m, PreTrainedModel) else by
         out[id(m)] = by
         for c in m.children():
             walk(c, by)
 
-    walk(model, model)
+    walk(model, None)
     return out
 
 

@@ -197,3 +197,30 @@ def test_families_whose_push_cannot_reach_vllm_are_refused_at_plan_time(tmp_path
         msg = str(e.value)
         assert msg.startswith(f"vllm.model: {family} is not supported: ") and "\n" not in msg and len(msg) <= 200, msg
     planned("qwen3_moe")
+
+
+def test_nonpersistent_buffers_are_computed_by_the_model_from_pretrained_uses(tmp_path):
+    """Buffers no checkpoint holds, set by an ancestor's `_init_weights` (Falcon-H1's model sets each mixer's
+    mup_vector) or by an inner transformers model's own (Gemma-3n's text model reads its hidden_size): the loader's
+    initialisation gives what from_pretrained gives, on weights it must not touch (one process, no sharding)."""
+    import torch
+    from transformers import AutoConfig, AutoModelForCausalLM
+
+    from trainer.loading import init_nonpersistent_buffers
+    from trainer.tiny_model import make_tiny_model
+
+    for family in ("falcon_h1", "gemma3n_text"):
+        make_tiny_model(tmp_path / family, family=family, tie=True)
+        want = AutoModelForCausalLM.from_pretrained(tmp_path / family, dtype=torch.float32)
+        with torch.device("meta"):
+            got = AutoModelForCausalLM.from_config(AutoConfig.from_pretrained(tmp_path / family), dtype=torch.float32)
+        got.to_empty(device="cpu")
+        with torch.no_grad():
+            for t in got.state_dict().values():  # "loaded": random, and they must stay as they are
+                t.copy_(torch.randn_like(t) if t.is_floating_point() else torch.zeros_like(t))
+        weights = {n: t.clone() for n, t in got.state_dict().items()}
+        init_nonpersistent_buffers(got, torch.device("cpu"))
+        buffers = dict(want.named_buffers())
+        differ = [n for n, b in got.named_buffers() if n not in weights and not torch.equal(b, buffers[n])]
+        moved = [n for n, t in got.state_dict().items() if not torch.equal(t, weights[n])]
+        assert not differ and not moved and any("mup_vector" in n or "per_layer" in n for n in buffers), (family, differ, moved)
