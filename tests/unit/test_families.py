@@ -224,3 +224,28 @@ def test_nonpersistent_buffers_are_computed_by_the_model_from_pretrained_uses(tm
         differ = [n for n, b in got.named_buffers() if n not in weights and not torch.equal(b, buffers[n])]
         moved = [n for n, t in got.state_dict().items() if not torch.equal(t, weights[n])]
         assert not differ and not moved and any("mup_vector" in n or "per_layer" in n for n in buffers), (family, differ, moved)
+
+
+def test_a_push_and_a_save_name_tensors_as_the_checkpoint_did(tmp_path):
+    """Qwen3.5's text model reads `model.language_model.*` (the released, multimodal checkpoints) and `model.*` alike
+    (transformers' PrefixChange): the names a push sends (vLLM serves the checkpoint's own architecture) and a save
+    writes are the checkpoint's, whichever it was; a model no checkpoint was placed into gets the plain ones."""
+    import torch
+    from transformers import AutoConfig, AutoModelForCausalLM
+
+    from trainer.checkpoint_names import as_saved, placement, served_names
+    from trainer.tiny_model import make_tiny_model
+
+    make_tiny_model(tmp_path, family="qwen3_5_text")
+    config = AutoConfig.from_pretrained(tmp_path)
+    for prefix in ("model.language_model.", "model.", None):
+        with torch.device("meta"):
+            model = AutoModelForCausalLM.from_config(config)
+        names = [n for n, _ in model.named_parameters()]
+        if prefix is not None:
+            places = placement(model, [n.replace("model.", prefix, 1) for n in names])
+            assert sorted(places) == sorted(names), prefix  # either checkpoint fills every parameter
+        pushed = served_names(model, names)
+        saved = [k for n, p in model.named_parameters() for k in as_saved(model, n, p)]
+        want = [n.replace("model.", prefix or "model.", 1) for n in names]
+        assert [pushed[n] for n in names] == want and saved == want, (prefix, pushed, saved)
