@@ -193,8 +193,8 @@ FAMILIES = {**DENSE, **MOE}
 
 PUSH_GPU_ONLY: dict[str, str] = {
     "qwen3_5_text": "vLLM 0.32's qwen3_5 module imports torchvision (through qwen3_vl and transformers' Qwen2-VL image "
-    "processor), which the CPU venv cannot have (scripts/install.sh); the names a push sends (model.language_model.*, "
-    "in_proj_qkv/z/b/a) are those its loader maps (Qwen3_5ForCausalLM.hf_to_vllm_mapper, Qwen3_5Model's stacked in_proj)",
+    "processor), which the CPU venv cannot have (scripts/install.sh); the names a push sends (the checkpoint's: "
+    "model.* or model.language_model.*; in_proj_qkv/z/b/a) are those its loaders map (hf_to_vllm_mapper, read in the source)",
 }
 """Families whose push into vLLM's model the CPU matrix cannot run, and why: their sharded load is checked, the push on a
 GPU (a local run's parity after each push)."""
