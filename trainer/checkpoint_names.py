@@ -52,7 +52,7 @@ def placement(model: torch.nn.Module, keys: list[str]) -> dict[str, list[Piece]]
 
     by_pattern = {p: c for c in converters for p in c.source_patterns}
     for key in keys:
-        target, pattern = rename_source_key(key, renamings, converters)
+        target, pattern = rename_source_key(key, renamings, converters)  # marks the transforms that match as used
         if pattern is None:
             out[target] = [Piece(key)]
             continue
@@ -64,6 +64,9 @@ def placement(model: torch.nn.Module, keys: list[str]) -> dict[str, list[Piece]]
     for target, pieces in out.items():
         if pieces[0].expert is not None:
             _check_complete(target, pieces)
+    # as from_pretrained keeps them: saving (revert_weight_conversion) and a push (served_names) revert these only,
+    # so a prefix the checkpoint has (Qwen3.5's `model.language_model.`) is given back and one it lacks is not added
+    model._weight_conversions = [t for t in renamings + converters if t.was_used()]  # type: ignore[assignment]
     return out
 
 
@@ -130,13 +133,13 @@ def served_names(model: torch.nn.Module, names: list[str]) -> dict[str, str]:
     checkpoint's gate/up pair (`experts.w13` for w1/w3). Same bytes, same layout: HF's gate_up_proj [E, 2I, H] is
     vLLM's w13 (gate rows first)."""
     base = model.get_base_model() if hasattr(model, "get_base_model") else model  # type: ignore[operator]
-    renamings, converters = _transforms(base)
+    renamings, converters = _saved_transforms(base)
     if not renamings and not converters:
         return {n: n for n in names}
     from transformers.core_model_loading import rename_source_key
 
     back = [r.reverse_transform() for r in renamings[::-1]]
-    leaves = {c.target_patterns[0].lstrip(".").rpartition(".")[2]: _fused_leaf(c) for c in converters}
+    leaves = {c.target_patterns[0].lstrip(".").rpartition(".")[2]: _fused_leaf(c) for c in converters if _stacks_experts(c)}
     out = {}
     for n in names:
         head, _, leaf = n.rpartition(".")
@@ -146,6 +149,29 @@ def served_names(model: torch.nn.Module, names: list[str]) -> dict[str, str]:
             n_served = n
         out[n] = rename_source_key(n_served, back, [], reverse=True)[0]
     return out
+
+
+def _saved_transforms(model: torch.nn.Module) -> tuple[list, list]:
+    """The transforms whose reverse gives the checkpoint's names, chosen as revert_weight_conversion chooses: those
+    the load used (placement or from_pretrained keep them on the model), else the family's mapping without its
+    PrefixChange. A PrefixChange strips an optional prefix on load (Qwen3.5's and Gemma-3n's `model.language_model.`):
+    vLLM serves the checkpoint's architecture, whose loader takes the checkpoint's own names (Gemma3nForCausalLM knows no
+    `language_model.`, Qwen3_5ForConditionalGeneration needs it)."""
+    used = getattr(model, "_weight_conversions", None)
+    if used is None:
+        from transformers.core_model_loading import PrefixChange
+
+        renamings, converters = _transforms(model)
+        return [r for r in renamings if not isinstance(r, PrefixChange)], converters
+    from transformers.core_model_loading import WeightConverter, WeightRenaming
+
+    return [t for t in used if isinstance(t, WeightRenaming)], [t for t in used if isinstance(t, WeightConverter)]
+
+
+def _stacks_experts(conv) -> bool:
+    from transformers.core_model_loading import MergeModulelist
+
+    return bool(conv.operations) and isinstance(conv.operations[0], MergeModulelist)
 
 
 def _fused_leaf(conv) -> str:

@@ -21,6 +21,7 @@ import math
 import struct
 import time
 from collections.abc import Callable, Iterator
+from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -226,23 +227,65 @@ def _fill_experts(
 @torch.no_grad()
 def init_nonpersistent_buffers(model: torch.nn.Module, device: torch.device) -> None:
     """Rotary caches, Gemma's embedding scale and the like: made on `device` and computed by transformers'
-    `_init_weights`, on exactly the modules that own them. A module that also owns parameters (Gemma's scaled
-    embedding) has them swapped out for meta tensors during the call, so the initialisation that comes with it
-    touches nothing loaded."""
-    for mod in model.modules():
-        own = [b for b in mod._non_persistent_buffers_set if mod._buffers.get(b) is not None]
-        if not own:
-            continue
-        for b in own:
-            mod._buffers[b] = torch.empty_like(mod._buffers[b], device=device)  # type: ignore[arg-type]
-        loaded = dict(mod._parameters)
-        try:
-            for k, p in loaded.items():
-                if p is not None:
-                    mod._parameters[k] = torch.nn.Parameter(torch.empty(p.shape, dtype=p.dtype, device="meta"), p.requires_grad)
-            trl_glue.init_module_weights(model, mod)
-        finally:
-            mod._parameters.update(loaded)
+    `_init_weights`, on the modules that own them and then on their ancestors, children before parents as
+    from_pretrained's initialisation runs: an ancestor may set a descendant's buffer (Falcon-H1's model sets every
+    mixer's `mup_vector`). During each call every parameter and persistent buffer under the module is swapped out for
+    a meta tensor (Gemma's scaled embedding owns its weight), so the initialisation touches nothing loaded."""
+    owners = [m for m in model.modules() if any(m._buffers.get(b) is not None for b in m._non_persistent_buffers_set)]
+    if not owners:
+        return
+    for mod in owners:
+        for b in mod._non_persistent_buffers_set:
+            if mod._buffers.get(b) is not None:
+                mod._buffers[b] = torch.empty_like(mod._buffers[b], device=device)  # type: ignore[arg-type]
+    owner_ids = {id(o) for o in owners}
+    order = [m for m in reversed(list(model.modules())) if any(id(d) in owner_ids for d in m.modules())]
+    init_by = _init_models(model)
+    for mod in order:  # descendants before ancestors (reversed pre-order)
+        by = init_by[id(mod)]
+        if by is None and id(mod) not in owner_ids:
+            continue  # a peft wrapper around the transformers model: from_pretrained never initialises it
+        with _loaded_swapped_out(mod):
+            trl_glue.init_module_weights(by or model, mod)
+
+
+def _init_models(model: torch.nn.Module) -> dict[int, torch.nn.Module | None]:
+    """id(module) -> the model whose `_init_weights` transformers runs on it: the innermost PreTrainedModel around it
+    (itself included), as from_pretrained's `smart_apply` dispatches (Gemma-3n's text model reads its own hidden_size);
+    None above the outermost one (a peft wrapper)."""
+    from transformers import PreTrainedModel
+
+    out: dict[int, torch.nn.Module | None] = {}
+
+    def walk(m: torch.nn.Module, by: torch.nn.Module | None) -> None:
+        by = m if isinstance(m, PreTrainedModel) else by
+        out[id(m)] = by
+        for c in m.children():
+            walk(c, by)
+
+    walk(model, None)
+    return out
+
+
+@contextmanager
+def _loaded_swapped_out(module: torch.nn.Module) -> Iterator[None]:
+    """Every parameter and persistent buffer under `module` replaced by a meta tensor of its shape, restored after."""
+    saved = []
+    for m in module.modules():
+        params, bufs = dict(m._parameters), dict(m._buffers)
+        saved.append((m, params, bufs))
+        for k, p in params.items():
+            if p is not None:
+                m._parameters[k] = torch.nn.Parameter(torch.empty(p.shape, dtype=p.dtype, device="meta"), p.requires_grad)
+        for k, b in bufs.items():
+            if b is not None and k not in m._non_persistent_buffers_set:
+                m._buffers[k] = torch.empty(b.shape, dtype=b.dtype, device="meta")
+    try:
+        yield
+    finally:
+        for m, params, bufs in saved:
+            m._parameters.update(params)
+            m._buffers.update(bufs)
 
 
 @dataclass(frozen=True)

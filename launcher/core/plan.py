@@ -194,6 +194,25 @@ def check_layout(cfg: JobConfig, shared: bool) -> None:
 
     if cfg.trainer.routing_replay:
         check_routing_replay(cfg.vllm.model)
+    check_family(cfg.vllm.model)
+
+
+UNSUPPORTED_FAMILIES = {
+    "olmo_hybrid": "transformers 5.19 fuses its q/k/v conv1d, saving it back in equal thirds (key and value widths "
+    "differ); vLLM 0.32 loads the 3 parts only",
+    "hrm_text": "transformers 5.19 splits its fused gqkv_proj into 4 on load; vLLM 0.32 loads the fused one only",
+}
+"""model_type -> why a push cannot hand vLLM the trained weights (found by the family sweep, trainer.tiny_families)."""
+
+
+def check_family(model: str) -> None:
+    """The model's family is one whose trained weights reach vLLM (a model folder not readable here is not checked)."""
+    try:
+        model_type = json.loads((Path(model) / "config.json").read_text()).get("model_type")
+    except (OSError, ValueError):
+        return
+    if model_type in UNSUPPORTED_FAMILIES:
+        raise ConfigError(f"vllm.model: {model_type} is not supported: {UNSUPPORTED_FAMILIES[model_type]}; pick another model")
 
 
 SINKLESS_ATTENTION = {

@@ -13,7 +13,7 @@ from pathlib import Path
 import pytest
 
 from tests.support.ranks import cpu_parallel, run_ranks
-from trainer.tiny_families import FAMILIES, MOE, SWEEP_ONLY
+from trainer.tiny_families import FAMILIES, MOE, PUSH_GPU_ONLY, SWEEP_ONLY
 
 ALL_FAMILIES = os.environ.get("SLURM_GRPO_TEST_ALL_FAMILIES") == "1"
 """Every family of trainer.tiny_families, SWEEP_ONLY included (the unit tier runs without them)."""
@@ -24,6 +24,7 @@ def family_dirs(tmp_path_factory) -> dict[str, str]:
     from trainer.tiny_model import make_tiny_model
 
     assert SWEEP_ONLY <= set(FAMILIES), SWEEP_ONLY - set(FAMILIES)
+    assert set(PUSH_GPU_ONLY) <= set(FAMILIES), set(PUSH_GPU_ONLY) - set(FAMILIES)
     root = tmp_path_factory.mktemp("families")
     out = {}
     for family in (f for f in FAMILIES if ALL_FAMILIES or f not in SWEEP_ONLY):
@@ -164,7 +165,8 @@ def test_every_familys_push_lands_in_vllms_model_as_a_fresh_load(family_dirs, tm
     and re-prepacked by the CPU kernel; DeepSeek's and gpt-oss's fused experts split per expert by the plugin, DeepSeek's MLA's absorbed
     W_UK_T / W_UV recomputed, gpt-oss's attention sinks loaded through their weight loader; its router's e_score_correction_bias, a buffer the trainer neither trains nor pushes, kept). One vLLM model per family: loaded from the trained weights, pushed the
     untrained ones (every parameter must move), then the trained ones (every parameter must be back, bit for bit)."""
-    res = run_ranks(1, functools.partial(push_and_compare, dirs=family_dirs, out_root=str(tmp_path)), timeout_s=600)[0]
+    pushable = {f: d for f, d in family_dirs.items() if f not in PUSH_GPU_ONLY}  # their reasons: trainer.tiny_families
+    res = run_ranks(1, functools.partial(push_and_compare, dirs=pushable, out_root=str(tmp_path)), timeout_s=600)[0]
     for family, r in res.items():
         assert r["params"] > 0 and not r["unmoved"], f"{family}: a push left vLLM's parameters {r['unmoved']} as they were"
         assert not r["differ"], f"{family}: after a push, vLLM's parameters differ from a fresh load: {r}"
@@ -173,3 +175,77 @@ def test_every_familys_push_lands_in_vllms_model_as_a_fresh_load(family_dirs, tm
     # get the fused tensors split; the others keep one tensor per layer
     split = {"deepseek_v2", "deepseek_v3", "glm4_moe_lite", "gpt_oss"} & set(res)
     assert {f for f, r in res.items() if r["split"]} == split and "deepseek_v3" in split, res
+
+
+def test_families_whose_push_cannot_reach_vllm_are_refused_at_plan_time(tmp_path):
+    """OLMo-Hybrid and HRM-Text: transformers and vLLM name their fused tensors differently in ways no renaming bridges
+    (launcher.core.plan.UNSUPPORTED_FAMILIES); the plan refuses them in one line, a family of the matrix plans."""
+    import json
+
+    from launcher.core import config as C
+    from launcher.core.plan import UNSUPPORTED_FAMILIES, plan
+    from tests.unit.test_moe_config import MOE as QWEN3_MOE  # a tiny Qwen3-MoE config.json
+
+    def planned(model_type: str) -> None:
+        (tmp_path / "config.json").write_text(json.dumps(QWEN3_MOE | {"model_type": model_type}))
+        plan(C.from_dict({"vllm": {"model": str(tmp_path)}, "slurm": {"gpus_per_node": 2}}), str(tmp_path / "j"))
+
+    assert set(UNSUPPORTED_FAMILIES) == {"olmo_hybrid", "hrm_text"} and not set(UNSUPPORTED_FAMILIES) & set(FAMILIES)
+    for family in UNSUPPORTED_FAMILIES:
+        with pytest.raises(C.ConfigError) as e:
+            planned(family)
+        msg = str(e.value)
+        assert msg.startswith(f"vllm.model: {family} is not supported: ") and "\n" not in msg and len(msg) <= 200, msg
+    planned("qwen3_moe")
+
+
+def test_nonpersistent_buffers_are_computed_by_the_model_from_pretrained_uses(tmp_path):
+    """Buffers no checkpoint holds, set by an ancestor's `_init_weights` (Falcon-H1's model sets each mixer's
+    mup_vector) or by an inner transformers model's own (Gemma-3n's text model reads its hidden_size): the loader's
+    initialisation gives what from_pretrained gives, on weights it must not touch (one process, no sharding)."""
+    import torch
+    from transformers import AutoConfig, AutoModelForCausalLM
+
+    from trainer.loading import init_nonpersistent_buffers
+    from trainer.tiny_model import make_tiny_model
+
+    for family in ("falcon_h1", "gemma3n_text"):
+        make_tiny_model(tmp_path / family, family=family, tie=True)
+        want = AutoModelForCausalLM.from_pretrained(tmp_path / family, dtype=torch.float32)
+        with torch.device("meta"):
+            got = AutoModelForCausalLM.from_config(AutoConfig.from_pretrained(tmp_path / family), dtype=torch.float32)
+        got.to_empty(device="cpu")
+        with torch.no_grad():
+            for t in got.state_dict().values():  # "loaded": random, and they must stay as they are
+                t.copy_(torch.randn_like(t) if t.is_floating_point() else torch.zeros_like(t))
+        weights = {n: t.clone() for n, t in got.state_dict().items()}
+        init_nonpersistent_buffers(got, torch.device("cpu"))
+        buffers = dict(want.named_buffers())
+        differ = [n for n, b in got.named_buffers() if n not in weights and not torch.equal(b, buffers[n])]
+        moved = [n for n, t in got.state_dict().items() if not torch.equal(t, weights[n])]
+        assert not differ and not moved and any("mup_vector" in n or "per_layer" in n for n in buffers), (family, differ, moved)
+
+
+def test_a_push_and_a_save_name_tensors_as_the_checkpoint_did(tmp_path):
+    """Qwen3.5's text model reads `model.language_model.*` (the released, multimodal checkpoints) and `model.*` alike
+    (transformers' PrefixChange): the names a push sends (vLLM serves the checkpoint's own architecture) and a save
+    writes are the checkpoint's, whichever it was; a model no checkpoint was placed into gets the plain ones."""
+    import torch
+    from transformers import AutoConfig, AutoModelForCausalLM
+
+    from trainer.checkpoint_names import as_saved, placement, served_names
+    from trainer.tiny_model import make_tiny_model
+
+    make_tiny_model(tmp_path, family="qwen3_5_text")
+    config = AutoConfig.from_pretrained(tmp_path)
+    for prefix in ("model.language_model.", "model.", None):
+        with torch.device("meta"):
+            model = AutoModelForCausalLM.from_config(config)
+        names = [n for n, _ in model.named_parameters()]
+        if prefix is not None:
+            places = placement(model, [n.replace("model.", prefix, 1) for n in names])
+            assert sorted(places) == sorted(names), prefix  # either checkpoint fills every parameter
+        pushed = served_names(model, names)
+        saved = [k for n, p in model.named_parameters() for k in as_saved(model, n, p)]
+        want = [n.replace("model.", prefix or "model.", 1) for n in names]
+        assert [pushed[n] for n in names] == want and saved == want, (prefix, pushed, saved)
