@@ -283,9 +283,9 @@ def _loaded_swapped_out(module: torch.nn.Module) -> Iterator[None]:
     try:
         yield
     finally:
-        for m, params, bufs in saved:
+        for m, params, bufs in saved:  # the non-persistent buffers keep what the initialisation gave them
             m._parameters.update(params)
-            m._buffers.update(bufs)
+            m._buffers.update({k: b for k, b in bufs.items() if k not in m._non_persistent_buffers_set})
 
 
 @dataclass(frozen=True)
