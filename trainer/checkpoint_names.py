@@ -213,3 +213,12 @@ def to_saved(model: torch.nn.Module, tensors: Iterable[tuple[str, torch.Tensor]]
     """The trainer's (name, tensor) stream under the checkpoint's names and layout (as_saved), lazily."""
     for n, t in tensors:
         yield from as_saved(model, n, t).items()
+
+
+def foreign_keys(model: torch.nn.Module, keys: list[str]) -> list[str]:
+    """The checkpoint's keys (`keys`, its tensor names) that feed none of the model's parameters or persistent buffers:
+    what transformers' causal LM drops on load, e.g. a multimodal release's vision tower (Qwen3.5's `model.visual.*`)
+    or its multi-token-prediction layers (`mtp.*`). The model's own names come from `placement`, as the load's."""
+    known = {n for n, _ in model.named_parameters(remove_duplicate=False)}
+    known |= {n for n, _ in model.named_buffers(remove_duplicate=False)}
+    return sorted(p.key for target, pieces in placement(model, keys).items() if target not in known for p in pieces)

@@ -27,8 +27,19 @@ import torch
 from launcher.core.config import ConfigError, LoraConfig
 from launcher.core.export import ExportRequest, resolve
 from trainer import lora as trainer_lora
-from trainer.checkpoint_names import saved_layout, to_saved
-from trainer.hf_folder import SHARD_BYTES, SafetensorsWriter, aliases, copy_model_files, fresh, replace, saved_names, shard_file
+from trainer.checkpoint_names import foreign_keys, saved_layout, to_saved
+from trainer.hf_folder import (
+    SHARD_BYTES,
+    SafetensorsWriter,
+    aliases,
+    carry_foreign,
+    checkpoint_keys,
+    copy_model_files,
+    fresh,
+    replace,
+    saved_names,
+    shard_file,
+)
 
 
 class CheckpointTensors:
@@ -103,6 +114,7 @@ def export_full(
     one tensor each; the run's trainer.chat_template when it set one)."""
     ck = CheckpointTensors(checkpoint)
     model = meta_model(base_model)
+    foreign = foreign_keys(model, checkpoint_keys(base_model))  # first: it records the load's names (placement)
     entries = saved_names(model)
     names = aliases(model)
     source = {}
@@ -122,6 +134,7 @@ def export_full(
     tmp = fresh(out)
     stream = to_saved(model, ((n, ck.read(source[n])) for n, _ in entries))
     write_model(tmp, saved_layout(model, entries), stream, dtype, max_bytes)
+    carry_foreign(base_model, tmp, foreign, max_bytes)
     copy_model_files(base_model, tmp, dtype, chat_template)
     return replace(tmp, out)
 

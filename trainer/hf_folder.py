@@ -145,6 +145,68 @@ def write_index(folder: Path, weight_map: dict[str, str], total_size: int) -> No
     (Path(folder) / INDEX).write_text(json.dumps({"metadata": {"total_size": total_size}, "weight_map": weight_map}, indent=2))
 
 
+EXTRA_FILE = "model-extra-{:05d}.safetensors"
+"""The files of the base checkpoint's tensors the trained model does not hold (carry_foreign)."""
+
+
+def carry_foreign(base_model: str | Path, out: Path, keys: list[str], max_bytes: int = SHARD_BYTES) -> None:
+    """The base checkpoint's tensors named in `keys` (checkpoint_names.foreign_keys: untouched by training, e.g. a
+    vision tower) copied as they are into `out`, in files of their own (EXTRA_FILE) added to its index, so the folder
+    is the whole model its config.json names (`vllm serve` of a multimodal release needs its vision weights). One file's
+    tensors in memory at a time."""
+    if not keys:
+        return
+    from safetensors import safe_open
+    from safetensors.torch import save_file
+
+    base, out = Path(base_model), Path(out)
+    index = out / INDEX
+    if index.exists():
+        written = json.loads(index.read_text())
+        weight_map, total = written["weight_map"], written["metadata"]["total_size"]
+    else:  # one file, no index (a small model's layout): index it now
+        header = _header(out / "model.safetensors")
+        weight_map = dict.fromkeys(header, "model.safetensors")
+        total = sum(e["data_offsets"][1] - e["data_offsets"][0] for e in header.values())
+    where = {}
+    for f in sorted(base.glob("*.safetensors")):
+        with safe_open(str(f), "pt") as g:
+            where.update(dict.fromkeys(g.keys(), f))
+    batch: dict[str, torch.Tensor] = {}
+    used, count = 0, 0
+
+    def flush() -> None:
+        nonlocal batch, used, count
+        if batch:
+            count += 1
+            save_file(batch, str(out / EXTRA_FILE.format(count)), metadata={"format": "pt"})
+            weight_map.update(dict.fromkeys(batch, EXTRA_FILE.format(count)))
+        batch, used = {}, 0
+
+    for key in keys:
+        with safe_open(str(where[key]), "pt") as g:
+            t = g.get_tensor(key)
+        if used and used + t.nbytes > max_bytes:
+            flush()
+        batch[key], used, total = t, used + t.nbytes, total + t.nbytes
+    flush()
+    write_index(out, weight_map, total)
+
+
+def checkpoint_keys(model_dir: str | Path) -> list[str]:
+    """Every tensor name of a model folder's safetensors files."""
+    return [k for f in sorted(Path(model_dir).glob("*.safetensors")) for k in _header(f)]
+
+
+def _header(path: Path) -> dict[str, dict]:
+    """A safetensors file's tensor entries (dtype, shape, data_offsets), from its JSON header."""
+    with open(path, "rb") as f:
+        (n,) = struct.unpack("<Q", f.read(8))
+        header = json.loads(f.read(n))
+    header.pop("__metadata__", None)
+    return header
+
+
 def copy_model_files(base_model: str | Path, out: Path, dtype: torch.dtype, chat_template: str = "") -> None:
     """Everything of the base model's folder but its weights (config, tokenizer files, chat template, generation
     config, custom code), config.json saying the saved dtype, and a generation_config.json (made from the config when
