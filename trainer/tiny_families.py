@@ -128,7 +128,7 @@ MOE: dict[str, dict[str, Any]] = {
         "num_experts_per_tok": 2,
         "moe_intermediate_size": 32,
         "num_dense_layers": 1,
-        "layer_types": ["conv", "full_attention"],  # LFM2's short convolution, then attention
+        "layer_types": ["conv", "full_attention"],  # LFM2's short convolution, then attention (config_fields repeats it)
         "tie_word_embeddings": True,  # vLLM's Lfm2MoeForCausalLM always ties lm_head to the embedding, as LFM2 does
     },
     "cohere2_moe": {
@@ -282,7 +282,13 @@ def config_fields(
         "tie_word_embeddings": tie,
         "torch_dtype": dtype,
         **FAMILIES[family],
+        # a family's layer_types is a pattern (LFM2's conv, attention), repeated to the layer count
+        **({"layer_types": _repeat(FAMILIES[family]["layer_types"], layers)} if "layer_types" in FAMILIES[family] else {}),
     }
+
+
+def _repeat(pattern: list[str], n: int) -> list[str]:
+    return [pattern[i % len(pattern)] for i in range(n)]
 
 
 EXPERT_COUNT = ("num_experts", "num_local_experts", "n_routed_experts", "moe_num_experts")
