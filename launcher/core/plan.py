@@ -184,6 +184,17 @@ def check_layout(cfg: JobConfig, shared: bool) -> None:
 
     if cfg.trainer.routing_replay:
         check_routing_replay(cfg.vllm.model)
+    refused = REFUSED_ARCHITECTURES.get(architecture(cfg.vllm.model) or "")
+    if refused:
+        raise ConfigError(f"vllm.model {cfg.vllm.model}: {refused}")
+
+
+REFUSED_ARCHITECTURES = {
+    "KimiLinearForCausalLM": "Kimi Linear is not supported: transformers fuses its q/k/v short convolutions on load, "
+    "vLLM takes them apart, and a push cannot name the fused one",
+}
+"""Architectures transformers 5.19 and vLLM 0.32 both have but the trainer cannot run, and why (the family sweep of
+trainer.tiny_families, issue 35): refused at plan time rather than at the first push."""
 
 
 def check_routing_replay(model: str) -> None:

@@ -81,3 +81,11 @@ def test_gpt_oss_plans_with_lora_on_its_attention_pushed_merged(tmp_path):
     p = plan(cfg(tmp_path, oss, lora={"r": 8}), "/jobs/x")
     assert p.config.trainer.lora.target_modules == ["q_proj", "k_proj", "v_proj", "o_proj"]
     assert p.lora_push == MERGED
+
+
+def test_kimi_linear_is_refused_at_plan_time_with_the_reason(tmp_path):
+    """transformers fuses Kimi Linear's q/k/v short convolutions into one tensor, vLLM loads them apart: no push."""
+    kimi = MOE | {"architectures": ["KimiLinearForCausalLM"], "model_type": "kimi_linear"}
+    with pytest.raises(C.ConfigError, match=r"Kimi Linear is not supported: .*q/k/v short convolutions") as e:
+        plan(cfg(tmp_path, kimi), "/jobs/x")
+    assert len(str(e.value)) < 300 and "\n" not in str(e.value)
