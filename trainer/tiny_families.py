@@ -282,13 +282,13 @@ def config_fields(
         "tie_word_embeddings": tie,
         "torch_dtype": dtype,
         **FAMILIES[family],
-        # a family's layer_types is a pattern (LFM2's conv, attention), repeated to the layer count
-        **({"layer_types": _repeat(FAMILIES[family]["layer_types"], layers)} if "layer_types" in FAMILIES[family] else {}),
+        # a family's per-layer lists are a pattern (LFM2's conv, attention), repeated to the layer count
+        **{k: [v[i % len(v)] for i in range(layers)] for k, v in FAMILIES[family].items() if k in PER_LAYER},
     }
 
 
-def _repeat(pattern: list[str], n: int) -> list[str]:
-    return [pattern[i % len(pattern)] for i in range(n)]
+PER_LAYER = ("layer_types", "mlp_layer_types")
+"""Config fields with one entry per layer."""
 
 
 EXPERT_COUNT = ("num_experts", "num_local_experts", "n_routed_experts", "moe_num_experts")

@@ -83,9 +83,16 @@ def test_gpt_oss_plans_with_lora_on_its_attention_pushed_merged(tmp_path):
     assert p.lora_push == MERGED
 
 
-def test_kimi_linear_is_refused_at_plan_time_with_the_reason(tmp_path):
-    """transformers fuses Kimi Linear's q/k/v short convolutions into one tensor, vLLM loads them apart: no push."""
-    kimi = MOE | {"architectures": ["KimiLinearForCausalLM"], "model_type": "kimi_linear"}
-    with pytest.raises(C.ConfigError, match=r"Kimi Linear is not supported: .*q/k/v short convolutions") as e:
-        plan(cfg(tmp_path, kimi), "/jobs/x")
+@pytest.mark.parametrize(
+    ("arch", "why"),
+    [
+        ("KimiLinearForCausalLM", r"Kimi Linear is not supported: .*q/k/v short convolutions"),
+        ("LongcatFlashForCausalLM", r"LongCat-Flash is not supported: .*zero \(identity\) experts"),
+    ],
+)
+def test_families_the_libraries_disagree_on_are_refused_at_plan_time(tmp_path, arch, why):
+    """Kimi Linear: transformers fuses the q/k/v short convolutions into one tensor, vLLM loads them apart (no push).
+    LongCat-Flash: transformers' gate_up_proj has rows for the identity experts, no checkpoint does (no load, no push)."""
+    with pytest.raises(C.ConfigError, match=why) as e:
+        plan(cfg(tmp_path, MOE | {"architectures": [arch]}), "/jobs/x")
     assert len(str(e.value)) < 300 and "\n" not in str(e.value)
