@@ -195,6 +195,34 @@ MOE: dict[str, dict[str, Any]] = {
     # A.X-K1: DeepSeek-V3's layout with a norm after the MoE block. Every layer MoE: vLLM 0.32 gives every layer that
     # norm (used on the MoE ones only) and wants it from the checkpoint, where transformers has it only on MoE layers
     "axk1": {**DEEPSEEK_MOE, **MLA, "first_k_dense_replace": 0, "n_group": 1, "topk_group": 1},
+    # MiMo-V2-Flash: a full-attention layer, then a sliding-window one with attention sinks and twice the kv heads;
+    # transformers reads layer_types / mlp_layer_types and one rope per kind, vLLM the fields the released config.json
+    # carries beside them (hybrid_layer_pattern, moe_layer_freq, the swa_* sizes, layernorm_epsilon, one rope)
+    "mimo_v2_flash": {
+        "n_routed_experts": 3,
+        "num_experts_per_tok": 2,
+        "moe_intermediate_size": 32,
+        "head_dim": 64,
+        "v_head_dim": 64,
+        "swa_head_dim": 64,
+        "swa_v_head_dim": 64,
+        "swa_num_attention_heads": 2,
+        "swa_num_key_value_heads": 2,
+        "sliding_window": 16,
+        "sliding_window_size": 16,
+        "layer_types": ["full_attention", "sliding_attention"],
+        "hybrid_layer_pattern": [0, 1],
+        "mlp_layer_types": ["dense", "sparse"],
+        "moe_layer_freq": [0, 1],
+        "layernorm_epsilon": 1e-05,
+        "partial_rotary_factor": 0.5,
+        "rope_theta": 10000.0,
+        "swa_rope_theta": 10000.0,
+        "rope_parameters": {
+            "full_attention": {"rope_type": "default", "rope_theta": 10000.0, "partial_rotary_factor": 0.5},
+            "sliding_attention": {"rope_type": "default", "rope_theta": 10000.0, "partial_rotary_factor": 0.5},
+        },
+    },
     # DeepSeek-V3.2: V3's MLA and experts plus the sparse-attention indexer (a small one: 2 heads, the top 8 tokens)
     "deepseek_v32": {**DEEPSEEK_MOE, **MLA, **DSA_INDEXER, "n_group": 1, "topk_group": 1, "topk_method": "noaux_tc"},
     "glm_moe_dsa": {**DEEPSEEK_MOE, **MLA, **DSA_INDEXER},  # GLM-5: the same layout, GLM's router
@@ -229,6 +257,7 @@ SWEEP_ONLY = frozenset(
         "afmoe",
         "laguna",
         "axk1",
+        "mimo_v2_flash",
     }
 )
 """Families the unit tier's matrix leaves to the full sweep (`SLURM_GRPO_TEST_ALL_FAMILIES=1 pytest
@@ -287,7 +316,7 @@ def config_fields(
     }
 
 
-PER_LAYER = ("layer_types", "mlp_layer_types")
+PER_LAYER = ("layer_types", "mlp_layer_types", "hybrid_layer_pattern", "moe_layer_freq")
 """Config fields with one entry per layer."""
 
 

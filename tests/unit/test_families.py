@@ -183,7 +183,7 @@ def test_every_familys_push_lands_in_vllms_model_as_a_fresh_load(family_dirs, tm
         assert r["params"] > 0 and not r["unmoved"], f"{family}: a push left vLLM's parameters {r['unmoved']} as they were"
         assert not r["differ"], f"{family}: after a push, vLLM's parameters differ from a fresh load: {r}"
     assert res["mixtral"]["renamed"] == ["block_sparse_moe"], res["mixtral"]  # vLLM's module name, not HF's mlp
-    # only the loaders without fused expert names (DeepSeek, GLM-4.7-Flash, HY-V3, A.X-K1) or that write them past the
-    # reload (gpt-oss) get the fused tensors split; the others keep one tensor per layer
-    split = {"deepseek_v2", "deepseek_v3", "glm4_moe_lite", "gpt_oss", "hy_v3", "axk1"} & set(res)
+    # only the loaders without fused expert names (DeepSeek, GLM-4.7-Flash, HY-V3, A.X-K1, MiMo-V2-Flash) or that write
+    # them past the reload (gpt-oss) get the fused tensors split; the others keep one tensor per layer
+    split = {"deepseek_v2", "deepseek_v3", "glm4_moe_lite", "gpt_oss", "hy_v3", "axk1", "mimo_v2_flash"} & set(res)
     assert {f for f, r in res.items() if r["split"]} == split and "deepseek_v3" in split, res
