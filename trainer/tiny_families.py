@@ -226,6 +226,7 @@ MOE: dict[str, dict[str, Any]] = {
     # DeepSeek-V3.2: V3's MLA and experts plus the sparse-attention indexer (a small one: 2 heads, the top 8 tokens)
     "deepseek_v32": {**DEEPSEEK_MOE, **MLA, **DSA_INDEXER, "n_group": 1, "topk_group": 1, "topk_method": "noaux_tc"},
     "glm_moe_dsa": {**DEEPSEEK_MOE, **MLA, **DSA_INDEXER},  # GLM-5: the same layout, GLM's router
+    "hy_v4": {**DEEPSEEK_MOE, **MLA, **DSA_INDEXER, "topk_group": 1},  # HY-V4: MLA, DSA, DeepSeek-style experts
 }
 
 FAMILIES = {**DENSE, **MOE}
@@ -258,6 +259,7 @@ SWEEP_ONLY = frozenset(
         "laguna",
         "axk1",
         "mimo_v2_flash",
+        "hy_v4",
     }
 )
 """Families the unit tier's matrix leaves to the full sweep (`SLURM_GRPO_TEST_ALL_FAMILIES=1 pytest
@@ -271,6 +273,7 @@ PUSH_NOT_CHECKED = {
     "processor), which the CPU venv lacks (the PyPI wheel is a CUDA build)",
     "deepseek_v32": "GPU only: vLLM 0.32 'Sparse Attention is not supported on CPU' (the DSA indexer)",
     "glm_moe_dsa": "GPU only: vLLM 0.32 'Sparse Attention is not supported on CPU' (the DSA indexer)",
+    "hy_v4": "GPU only: vLLM 0.32 'HYV4 sparse attention was requested, but no valid sparse MLA backend is available'",
     "laguna": "vLLM 0.32's Laguna never loads the router's e_score_correction_bias (checkpoint or push: its parameter "
     "is experts.routed_experts.e_score_correction_bias, the checkpoint's name falls to its ignored '_bias' suffixes), "
     "so it serves 0 there; every other parameter of a push lands as a fresh load (checked by the sweep)",
