@@ -193,7 +193,7 @@ REFUSED_ARCHITECTURES = {
     "KimiLinearForCausalLM": "Kimi Linear is not supported: transformers fuses its q/k/v short convolutions on load, "
     "vLLM takes them apart, and a push cannot name the fused one",
     "LongcatFlashForCausalLM": "LongCat-Flash is not supported: transformers sizes its fused gate_up_proj for the zero "
-    "(identity) experts too, which checkpoints and vLLM do not hold",
+    "(identity) experts too, which vLLM's loader has no experts for",
 }
 """Architectures transformers 5.19 and vLLM 0.32 both have but the trainer cannot run, and why (the family sweep of
 trainer.tiny_families, issue 35): refused at plan time rather than at the first push."""

@@ -92,7 +92,7 @@ def test_gpt_oss_plans_with_lora_on_its_attention_pushed_merged(tmp_path):
 )
 def test_families_the_libraries_disagree_on_are_refused_at_plan_time(tmp_path, arch, why):
     """Kimi Linear: transformers fuses the q/k/v short convolutions into one tensor, vLLM loads them apart (no push).
-    LongCat-Flash: transformers' gate_up_proj has rows for the identity experts, no checkpoint does (no load, no push)."""
+    LongCat-Flash: transformers' gate_up_proj has rows for the identity experts, vLLM's loader has none (no push)."""
     with pytest.raises(C.ConfigError, match=why) as e:
         plan(cfg(tmp_path, MOE | {"architectures": [arch]}), "/jobs/x")
     assert len(str(e.value)) < 300 and "\n" not in str(e.value)
