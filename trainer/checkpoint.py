@@ -5,6 +5,7 @@ resume ignores, so the previous good checkpoint is never replaced by a broken on
 
 from __future__ import annotations
 
+import dataclasses
 import os
 import random
 import shutil
@@ -160,14 +161,26 @@ def load(path: Path, model, optimizer, scheduler) -> int:
         )
     options = state_options(model)
     msd, osd = get_state_dict(model, optimizer, options=options)
-    state = {"model": without_frozen(model, msd), "optim": osd}
-    dcp.load(state, checkpoint_id=str(path))
+    state = {"model": without_frozen(model, msd), "optim": stepped_only(osd, path)}
+    dcp.load(state, checkpoint_id=str(path))  # every model key is in the checkpoint: dcp.load refuses a missing one
+    if len(state["optim"]["state"]) < len(osd["state"]):  # parameters without AdamW state (stepped_only) stay so
+        options = dataclasses.replace(options or StateDictOptions(), strict=False)
     set_state_dict(model, optimizer, model_state_dict=state["model"], optim_state_dict=state["optim"], options=options)  # type: ignore[arg-type]
     ts = torch.load(path / "trainer_state.pt", weights_only=False)
     if scheduler is not None and ts["scheduler"] is not None:
         scheduler.load_state_dict(ts["scheduler"])
         continue_schedule(scheduler, optimizer)
     return info.step
+
+
+def stepped_only(osd: dict, path: Path) -> dict:
+    """The optimizer state dict less the parameters the checkpoint holds no optimizer state for: those that never had
+    a gradient when it was written (DeepSeek-V3.2's and GLM-5's sparse-attention indexer runs under no_grad in
+    transformers), which AdamW leaves without state; get_state_dict makes state for every parameter, and dcp.load
+    refused the missing keys. Left out, they stay without state, as in the uninterrupted run."""
+    saved = dcp.FileSystemReader(str(path)).read_metadata().state_dict_metadata
+    stepped = {k.rpartition(".")[0] for k in saved if k.startswith("optim.state.")}
+    return {**osd, "state": {n: s for n, s in osd["state"].items() if f"optim.state.{n}" in stepped}}
 
 
 def continue_schedule(scheduler, optimizer) -> None:

@@ -100,9 +100,10 @@ def _check_ops(conv, key: str) -> None:
 
 
 def _expert_index(key: str, pattern: str) -> int:
-    """The integer the pattern's `*` matched in key (mlp.experts.*.gate_proj.weight -> the expert)."""
+    """The integer the pattern's `*` matched in key (mlp.experts.*.gate_proj.weight -> the expert). The pattern is a
+    regex, as transformers compiles it (DeepSeek-V4's `\\.experts.*.w1.weight`)."""
     head, star, tail = pattern.partition("*")
-    m = re.search(re.escape(head) + r"(\d+)" + re.escape(tail) + "$", key) if star else None
+    m = re.search(head + r"(\d+)" + tail + "$", key) if star else None
     if m is None:
         raise NamesError(
             f"{key}: no expert index where transformers' pattern {pattern!r} has one; set trainer.model_loading=full"

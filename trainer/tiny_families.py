@@ -141,6 +141,8 @@ DEEPSEEK_MOE = {
 """DeepSeek's MoE fields (GLM-4.5 takes the same): routed and shared experts, the first layer dense."""
 MLA = {"kv_lora_rank": 32, "q_lora_rank": 64, "qk_nope_head_dim": 64, "qk_rope_head_dim": 64, "v_head_dim": 64}
 """Multi-head latent attention's fields (DeepSeek-V2/V3, GLM-4.7-Flash): the rope head size is head_dim (64)."""
+DSA_INDEXER = {"index_n_heads": 2, "index_head_dim": 128, "index_topk": 8}
+"""DeepSeek Sparse Attention's indexer (DeepSeek-V3.2, GLM-5), small: 2 heads, each query attends to its top 8 keys."""
 
 MOE: dict[str, dict[str, Any]] = {
     "qwen3_moe": {"num_experts": 3, "num_experts_per_tok": 2, "moe_intermediate_size": 48},
@@ -187,17 +189,134 @@ MOE: dict[str, dict[str, Any]] = {
         "linear_num_value_heads": 4,
         "full_attention_interval": 2,  # linear, full, linear, ...: both kinds in 2 layers
     },
+    "qwen3_5_moe_text": {
+        "num_experts": 3,
+        "num_experts_per_tok": 2,
+        "moe_intermediate_size": 32,
+        "shared_expert_intermediate_size": 64,
+        "linear_key_head_dim": 32,
+        "linear_value_head_dim": 32,
+        "linear_num_key_heads": 2,
+        "linear_num_value_heads": 4,
+        "full_attention_interval": 2,  # as qwen3_next: a Gated DeltaNet layer, then a full-attention one
+    },
+    "minimax_m2": {
+        "num_local_experts": 3,
+        "num_experts_per_tok": 2,
+        "intermediate_size": 64,
+        # as MiniMax-M2's config.json: vLLM reads rotary_dim (transformers takes it as partial_rotary_factor), and the
+        # sigmoid router with its e_score_correction_bias, which transformers always builds and vLLM only when told
+        "rotary_dim": 32,
+        "scoring_func": "sigmoid",
+        "use_routing_bias": True,
+    },
+    "lfm2_moe": {
+        "num_experts": 3,
+        "num_experts_per_tok": 2,
+        "moe_intermediate_size": 32,
+        "num_dense_layers": 1,
+        "layer_types": ["conv", "full_attention"],  # LFM2's short convolution, then attention (config_fields repeats it)
+        "tie_word_embeddings": True,  # vLLM's Lfm2MoeForCausalLM always ties lm_head to the embedding, as LFM2 does
+    },
+    "cohere2_moe": {
+        "num_experts": 3,
+        "num_experts_per_tok": 2,
+        "intermediate_size": 64,
+        "sliding_window": 16,
+        "sliding_window_pattern": 2,  # a sliding-window layer, then a full one
+    },
+    "exaone_moe": {
+        "num_experts": 3,
+        "num_experts_per_tok": 2,
+        "moe_intermediate_size": 32,
+        "num_shared_experts": 1,
+        "first_k_dense_replace": 1,
+        "sliding_window": 16,
+        "sliding_window_pattern": 2,
+    },
+    "granitemoeshared": {
+        "num_local_experts": 3,
+        "num_experts_per_tok": 2,
+        "intermediate_size": 64,
+        "shared_intermediate_size": 64,
+    },
+    "granitemoe_swa": {
+        "num_local_experts": 3,
+        "num_experts_per_tok": 2,
+        "intermediate_size": 64,
+        "shared_intermediate_size": 64,
+        "sliding_window": 16,
+    },
+    "hy_v3": {
+        "num_experts": 3,
+        "num_experts_per_tok": 2,
+        "num_shared_experts": 1,
+        "moe_intermediate_size": 32,
+        # as HY-V3's config.json carries them, read by vLLM only: the expert width (expert_hidden_dim), the dense
+        # first layer (transformers' default), the renormalized top-k and the q/k norms (both always on in transformers)
+        "expert_hidden_dim": 32,
+        "first_k_dense_replace": 1,
+        "route_norm": True,
+        "qk_norm": True,
+    },
+    "afmoe": {
+        "num_experts": 3,
+        "num_experts_per_tok": 2,
+        "num_shared_experts": 1,
+        "moe_intermediate_size": 32,
+        "num_dense_layers": 1,
+        "sliding_window": 16,
+        # as AFMoE's config.json: transformers' router is always sigmoid with renormalized top-k; vLLM reads them
+        "score_func": "sigmoid",
+        "route_norm": True,
+        "n_group": 1,
+        "topk_group": 1,
+    },
+    "laguna": {
+        "num_experts": 3,
+        "num_experts_per_tok": 2,
+        "moe_intermediate_size": 32,
+        "shared_expert_intermediate_size": 64,
+        "sliding_window": 16,
+    },
+    # A.X-K1: DeepSeek-V3's layout with a norm after the MoE block. Every layer MoE: vLLM 0.32 gives every layer that
+    # norm (used on the MoE ones only) and wants it from the checkpoint, where transformers has it only on MoE layers
+    "axk1": {**DEEPSEEK_MOE, **MLA, "first_k_dense_replace": 0, "n_group": 1, "topk_group": 1},
+    # MiMo-V2-Flash: a full-attention layer, then a sliding-window one with attention sinks and twice the kv heads;
+    # transformers reads layer_types / mlp_layer_types and one rope per kind, vLLM the fields the released config.json
+    # carries beside them (hybrid_layer_pattern, moe_layer_freq, the swa_* sizes, layernorm_epsilon, one rope)
+    "mimo_v2_flash": {
+        "n_routed_experts": 3,
+        "num_experts_per_tok": 2,
+        "moe_intermediate_size": 32,
+        "head_dim": 64,
+        "v_head_dim": 64,
+        "swa_head_dim": 64,
+        "swa_v_head_dim": 64,
+        "swa_num_attention_heads": 2,
+        "swa_num_key_value_heads": 2,
+        "sliding_window": 16,
+        "sliding_window_size": 16,
+        "layer_types": ["full_attention", "sliding_attention"],
+        "hybrid_layer_pattern": [0, 1],
+        "mlp_layer_types": ["dense", "sparse"],
+        "moe_layer_freq": [0, 1],
+        "layernorm_epsilon": 1e-05,
+        "partial_rotary_factor": 0.5,
+        "rope_theta": 10000.0,
+        "swa_rope_theta": 10000.0,
+        "rope_parameters": {
+            "full_attention": {"rope_type": "default", "rope_theta": 10000.0, "partial_rotary_factor": 0.5},
+            "sliding_attention": {"rope_type": "default", "rope_theta": 10000.0, "partial_rotary_factor": 0.5},
+        },
+    },
+    # DeepSeek-V3.2: V3's MLA and experts plus the sparse-attention indexer (a small one: 2 heads, the top 8 tokens)
+    "deepseek_v32": {**DEEPSEEK_MOE, **MLA, **DSA_INDEXER, "n_group": 1, "topk_group": 1, "topk_method": "noaux_tc"},
+    "glm_moe_dsa": {**DEEPSEEK_MOE, **MLA, **DSA_INDEXER},  # GLM-5: the same layout, GLM's router
+    "hy_v4": {**DEEPSEEK_MOE, **MLA, **DSA_INDEXER, "topk_group": 1},  # HY-V4: MLA, DSA, DeepSeek-style experts
 }
 
 FAMILIES = {**DENSE, **MOE}
-
-PUSH_GPU_ONLY: dict[str, str] = {
-    "qwen3_5_text": "vLLM 0.32's qwen3_5 module imports torchvision (through qwen3_vl and transformers' Qwen2-VL image "
-    "processor), which the CPU venv cannot have (scripts/install.sh); the names a push sends (the checkpoint's: "
-    "model.* or model.language_model.*; in_proj_qkv/z/b/a) are those its loaders map (hf_to_vllm_mapper, read in the source)",
-}
-"""Families whose push into vLLM's model the CPU matrix cannot run, and why: their sharded load is checked, the push on a
-GPU (a local run's parity after each push)."""
 
 SWEEP_ONLY = frozenset(
     {
@@ -233,12 +352,42 @@ SWEEP_ONLY = frozenset(
         "mamba2",
         "falcon_mamba",
         "jamba",
+        "deepseek_v32",
+        "lfm2_moe",
+        "cohere2_moe",
+        "exaone_moe",
+        "granitemoeshared",
+        "granitemoe_swa",
+        "glm_moe_dsa",
+        "hy_v3",
+        "afmoe",
+        "laguna",
+        "axk1",
+        "mimo_v2_flash",
+        "hy_v4",
     }
 )
 """Families the unit tier's matrix leaves to the full sweep (`SLURM_GRPO_TEST_ALL_FAMILIES=1 pytest
 tests/unit/test_families.py`, ~20 s more on 2 cores), for the tier's time budget: each has the layout of a family that
 stays (Llama-style GQA/SwiGLU, DeepSeek-V3's MLA and experts, Mixtral-style experts) with other config fields. All passed
 the sweep when they were added."""
+
+
+PUSH_NOT_CHECKED = {
+    "qwen3_5_text": "GPU only: vLLM 0.32's qwen3_5 module imports torchvision (through qwen3_vl and transformers' Qwen2-VL image "
+    "processor), which the CPU venv cannot have (scripts/install.sh); the names a push sends (the checkpoint's: "
+    "model.* or model.language_model.*; in_proj_qkv/z/b/a) are those its loaders map (hf_to_vllm_mapper, read in the source)",
+    "qwen3_5_moe_text": "GPU only: vLLM 0.32's qwen3_5 module imports torchvision (through transformers' Qwen2-VL image "
+    "processor), which the CPU venv lacks (the PyPI wheel is a CUDA build)",
+    "deepseek_v32": "GPU only: vLLM 0.32 'Sparse Attention is not supported on CPU' (the DSA indexer)",
+    "glm_moe_dsa": "GPU only: vLLM 0.32 'Sparse Attention is not supported on CPU' (the DSA indexer)",
+    "hy_v4": "GPU only: vLLM 0.32 'HYV4 sparse attention was requested, but no valid sparse MLA backend is available'",
+    "laguna": "vLLM 0.32's Laguna never loads the router's e_score_correction_bias (checkpoint or push: its parameter "
+    "is experts.routed_experts.e_score_correction_bias, the checkpoint's name falls to its ignored '_bias' suffixes), "
+    "so it serves 0 there; every other parameter of a push lands as a fresh load (checked by the sweep)",
+}
+"""Families whose push the matrix leaves out, and why (the sharded load, and for MoE families FSDP2 train/resume, are
+checked as for every family; a GPU run's parity after each push checks the push)."""
 
 
 def config_fields(
@@ -273,8 +422,14 @@ def config_fields(
         "tie_word_embeddings": tie,
         "torch_dtype": dtype,
         **FAMILIES[family],
+        # a family's per-layer lists are a pattern (LFM2's conv, attention), repeated to the layer count
+        **{k: [v[i % len(v)] for i in range(layers)] for k, v in FAMILIES[family].items() if k in PER_LAYER},
     }
     return {k: v for k, v in fields.items() if v is not OMIT}
+
+
+PER_LAYER = ("layer_types", "mlp_layer_types", "hybrid_layer_pattern", "moe_layer_freq")
+"""Config fields with one entry per layer."""
 
 
 EXPERT_COUNT = ("num_experts", "num_local_experts", "n_routed_experts", "moe_num_experts")

@@ -201,6 +201,10 @@ UNSUPPORTED_FAMILIES = {
     "olmo_hybrid": "transformers 5.19 fuses its q/k/v conv1d, saving it back in equal thirds (key and value widths "
     "differ); vLLM 0.32 loads the 3 parts only",
     "hrm_text": "transformers 5.19 splits its fused gqkv_proj into 4 on load; vLLM 0.32 loads the fused one only",
+    "kimi_linear": "transformers 5.19 fuses its q/k/v short convolutions on load, vLLM 0.32 takes them apart: a push "
+    "cannot name the fused one",
+    "longcat_flash": "transformers 5.19 sizes its fused gate_up_proj for the zero (identity) experts too; vLLM 0.32's "
+    "loader has no experts for them",
 }
 """model_type -> why a push cannot hand vLLM the trained weights (found by the family sweep, trainer.tiny_families)."""
 

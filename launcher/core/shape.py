@@ -134,12 +134,16 @@ def _moe_fields(c: dict) -> dict:
     layers = c["num_hidden_layers"]
     width = _first(c.get("moe_intermediate_size") or c["intermediate_size"])
     step = _first(c.get("decoder_sparse_step") or c.get("moe_layer_interval") or 1)
-    first_sparse = _first(c.get("first_k_dense_replace") or c.get("moe_layer_start_index") or 0)  # DeepSeek / ERNIE
+    # DeepSeek / ERNIE / LFM2-MoE
+    first_sparse = _first(c.get("first_k_dense_replace") or c.get("moe_layer_start_index") or c.get("num_dense_layers") or 0)
     dense_only = set(c.get("mlp_only_layers") or []) | set(range(first_sparse))
     moe = [i for i in range(layers) if i not in dense_only and (i + 1) % step == 0]
-    shared_count = _first(c.get("n_shared_experts") or c.get("moe_num_shared_experts") or 0)
-    shared = _first(c.get("shared_expert_intermediate_size") or 0) or shared_count * width
-    top_k = c.get("num_experts_per_tok") or c.get("moe_k") or c.get("moe_topk") or 0
+    kinds = c.get("mlp_layer_types")  # transformers' per-layer list where it writes one ("dense", "sparse", "moe", ...)
+    if isinstance(kinds, list) and len(kinds) == layers:
+        moe = [i for i, kind in enumerate(kinds) if kind != "dense"]
+    shared_count = _first(c.get("n_shared_experts") or c.get("moe_num_shared_experts") or c.get("num_shared_experts") or 0)
+    shared = _first(c.get("shared_expert_intermediate_size") or c.get("shared_intermediate_size") or 0) or shared_count * width
+    top_k = c.get("num_experts_per_tok") or c.get("moe_k") or c.get("moe_topk") or c.get("num_experts_per_token") or 0
     return {
         "experts": experts,
         "experts_per_token": _first(top_k),

@@ -132,10 +132,20 @@ APPROXIMATED = {
     "hunyuan_v1_moe": 0.15,
     "llama4_text": 0.15,
     "qwen3_next": 0.15,
+    "qwen3_5_moe_text": 0.15,
+    "axk1": 0.04,
+    "deepseek_v32": 0.2,
+    "glm_moe_dsa": 0.2,
+    "hy_v4": 0.25,
+    "lfm2_moe": 0.1,
+    "afmoe": 0.15,
+    "mimo_v2_flash": 0.05,
 }
 """MoE families whose layout ModelShape approximates, and by how much the tiny bodies miss (relative): MLA's low-rank
-q/kv projections (DeepSeek, GLM-4.7-Flash); an always-on shared MLP no config key sizes (Hunyuan, Llama 4; at full size
-it is one expert's width beside many); Gated DeltaNet linear attention and gated queries (Qwen3-Next)."""
+q/kv projections (DeepSeek, GLM-4.7-Flash, A.X-K1), with the sparse-attention indexer (DeepSeek-V3.2, GLM-5, HY-V4); an
+always-on shared MLP no config key sizes (Hunyuan, Llama 4; at full size it is one expert's width beside many); Gated
+DeltaNet linear attention and gated queries (Qwen3-Next, Qwen3.5-MoE); LFM2's short-convolution layers, counted as
+attention; AFMoE's gated attention output; MiMo-V2-Flash's sliding-window layers (twice the kv heads, sinks)."""
 
 
 def test_an_moe_counts_every_expert_in_total_and_the_routed_ones_as_active(tmp_path, capsys):

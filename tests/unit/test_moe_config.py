@@ -99,3 +99,18 @@ def test_attention_without_sinks_is_refused_for_gpt_oss_and_a_bad_name_anywhere(
     plan(with_attention(MOE, "sdpa"), "/jobs/x")  # a family with SDPA takes it
     with pytest.raises(C.ConfigError, match=r"attn_implementation 'flash-attention' is not one of eager, sdpa"):
         with_attention(MOE, "flash-attention")
+
+
+@pytest.mark.parametrize(
+    ("family", "why"),
+    [
+        ("kimi_linear", r"kimi_linear is not supported: .*q/k/v short convolutions"),
+        ("longcat_flash", r"longcat_flash is not supported: .*zero \(identity\) experts"),
+    ],
+)
+def test_families_the_libraries_disagree_on_are_refused_at_plan_time(tmp_path, family, why):
+    """Kimi Linear: transformers fuses the q/k/v short convolutions into one tensor, vLLM loads them apart (no push).
+    LongCat-Flash: transformers' gate_up_proj has rows for the identity experts, vLLM's loader has none (no push)."""
+    with pytest.raises(C.ConfigError, match=why) as e:
+        plan(cfg(tmp_path, MOE | {"model_type": family}), "/jobs/x")
+    assert len(str(e.value)) < 300 and "\n" not in str(e.value)

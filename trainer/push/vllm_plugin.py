@@ -124,6 +124,7 @@ def split_fused_experts_for_per_expert_loaders() -> None:
     def load_model_then_wrap(self, *args, **kwargs):
         model = load_model(self, *args, **kwargs)
         wrap_per_expert_loader(model) or wrap_gpt_oss_loader(model)
+        name_partial_weight_loaders(model)
         return model
 
     load_model_then_wrap._slurm_grpo = True  # type: ignore[attr-defined]
@@ -158,6 +159,23 @@ def wrap_per_expert_loader(model) -> bool:
 
     model.load_weights = load_weights_split
     return True
+
+
+def name_partial_weight_loaders(model) -> int:
+    """Give every parameter's weight_loader that is a functools.partial the __name__ of its function; returns how many.
+
+    Why: a push's layerwise reload (vllm/model_executor/model_loader/reload/layerwise.py) reads each loader's
+    `__name__`, which a partial lacks: MiniMax-M2's q/k norms (MiniMaxText01RMSNormTP) bind their TP shard into one, and
+    the first push raised AttributeError before any weight moved. A name changes nothing a load does."""
+    import functools
+
+    named = 0
+    for p in model.parameters():
+        loader = getattr(p, "weight_loader", None)
+        if isinstance(loader, functools.partial) and not hasattr(loader, "__name__"):
+            loader.__name__ = getattr(loader.func, "__name__", "weight_loader")  # type: ignore[attr-defined]
+            named += 1
+    return named
 
 
 GPT_OSS_EXPERTS = {
