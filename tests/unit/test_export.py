@@ -261,3 +261,62 @@ def test_export_says_how_its_converter_failed_and_what_to_rerun(written, tmp_pat
     err = capsys.readouterr().err.strip().splitlines()
     assert len(err) == 1 and said in err[0], err
     assert err[0].endswith(f"rerun: slurm-grpo export {job} --step 5 --out {tmp_path / 'out'} --dtype float32"), err
+
+
+FOREIGN = {"model.visual.proj.weight": (6, 4), "mtp.layers.0.norm.weight": (16,)}
+"""Tensors a release holds beside its causal LM (a vision tower, multi-token-prediction layers): transformers' causal LM
+drops them on load, so no rank trains them."""
+
+
+def with_foreign_tensors(tiny: str, out: Path) -> str:
+    """A copy of the tiny model whose checkpoint also holds FOREIGN (random values)."""
+    import shutil
+
+    from safetensors.torch import load_file, save_file
+
+    shutil.copytree(tiny, out)
+    (f,) = out.glob("*.safetensors")
+    weights = load_file(f)
+    g = torch.Generator().manual_seed(5)
+    weights |= {n: torch.randn(s, generator=g) for n, s in FOREIGN.items()}
+    save_file(weights, f, metadata={"format": "pt"})
+    return str(out)
+
+
+def foreign_side(rank: int, world: int, _port: int, base: str, root: str) -> bool:
+    import torch.distributed as dist
+
+    from tests.support.ranks import cpu_parallel
+    from trainer import checkpoint, final_model, loading
+
+    par = cpu_parallel(rank, world)
+    model, _ = loading.load_model(base, par, torch.float32)
+    perturb(model, seed=1)
+    checkpoint.save(
+        Path(root) / "checkpoints", model, torch.optim.AdamW(model.parameters()), None, CheckpointMeta(step=2, world_size=world)
+    )
+    final_model.save(model, torch.float32, base, Path(root) / "model", max_bytes=SMALL_FILES)
+    dist.barrier()
+    return True
+
+
+def test_the_final_model_and_an_export_carry_the_tensors_the_trainer_does_not_hold(tiny_model, tmp_path):
+    """A multimodal release's vision tower and its MTP layers come back, as they were, beside the trained weights: the
+    folder is the whole model its config.json names (vLLM's loader of such an architecture wants them)."""
+    from safetensors.torch import load_file
+    from transformers import AutoModelForCausalLM
+
+    from launcher.core.export import resolve
+    from trainer.export import export
+
+    base = with_foreign_tensors(tiny_model, tmp_path / "base")
+    run_ranks(2, functools.partial(foreign_side, base=base, root=str(tmp_path / "job")), timeout_s=240)
+    job_config(tmp_path / "job", base)
+    (original,) = (load_file(f) for f in Path(base).glob("*.safetensors"))
+    exported = export(resolve(tmp_path / "job", None, str(tmp_path / "export")))
+    for folder in (tmp_path / "job" / "model", exported):
+        got = tensors(folder)
+        assert all(torch.equal(got[n], original[n]) for n in FOREIGN), folder
+        trained = AutoModelForCausalLM.from_pretrained(folder, dtype=torch.float32).state_dict()
+        assert not torch.equal(trained["model.norm.weight"], original["model.norm.weight"])  # the trained weights
+        assert set(got) - set(FOREIGN) == set(original) - set(FOREIGN) - {"lm_head.weight"}, sorted(set(got) ^ set(original))
