@@ -144,6 +144,19 @@ MLA = {"kv_lora_rank": 32, "q_lora_rank": 64, "qk_nope_head_dim": 64, "qk_rope_h
 DSA_INDEXER = {"index_n_heads": 2, "index_head_dim": 128, "index_topk": 8}
 """DeepSeek Sparse Attention's indexer (DeepSeek-V3.2, GLM-5), small: 2 heads, each query attends to its top 8 keys."""
 
+QWEN3_NEXT = {
+    "num_experts": 3,
+    "num_experts_per_tok": 2,
+    "moe_intermediate_size": 32,
+    "shared_expert_intermediate_size": 64,
+    "linear_key_head_dim": 32,
+    "linear_value_head_dim": 32,
+    "linear_num_key_heads": 2,
+    "linear_num_value_heads": 4,
+    "full_attention_interval": 2,  # linear, full, linear, ...: both kinds in 2 layers
+}
+"""Qwen3-Next's MoE with Gated DeltaNet linear attention (Qwen3.5-MoE's too)."""
+
 MOE: dict[str, dict[str, Any]] = {
     "qwen3_moe": {"num_experts": 3, "num_experts_per_tok": 2, "moe_intermediate_size": 48},
     "qwen2_moe": {
@@ -178,28 +191,8 @@ MOE: dict[str, dict[str, Any]] = {
             "original_max_position_embeddings": 64,
         },
     },
-    "qwen3_next": {
-        "num_experts": 3,
-        "num_experts_per_tok": 2,
-        "moe_intermediate_size": 32,
-        "shared_expert_intermediate_size": 64,
-        "linear_key_head_dim": 32,
-        "linear_value_head_dim": 32,
-        "linear_num_key_heads": 2,
-        "linear_num_value_heads": 4,
-        "full_attention_interval": 2,  # linear, full, linear, ...: both kinds in 2 layers
-    },
-    "qwen3_5_moe_text": {
-        "num_experts": 3,
-        "num_experts_per_tok": 2,
-        "moe_intermediate_size": 32,
-        "shared_expert_intermediate_size": 64,
-        "linear_key_head_dim": 32,
-        "linear_value_head_dim": 32,
-        "linear_num_key_heads": 2,
-        "linear_num_value_heads": 4,
-        "full_attention_interval": 2,  # as qwen3_next: a Gated DeltaNet layer, then a full-attention one
-    },
+    "qwen3_next": QWEN3_NEXT,
+    "qwen3_5_moe_text": QWEN3_NEXT,  # Qwen3.5-MoE: Qwen3-Next's layout and fields
     "minimax_m2": {
         "num_local_experts": 3,
         "num_experts_per_tok": 2,
