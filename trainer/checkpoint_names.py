@@ -219,7 +219,11 @@ def to_saved(model: torch.nn.Module, tensors: Iterable[tuple[str, torch.Tensor]]
 def foreign_keys(model: torch.nn.Module, keys: list[str]) -> list[str]:
     """The checkpoint's keys (`keys`, its tensor names) that feed none of the model's parameters or persistent buffers:
     what transformers' causal LM drops on load, e.g. a multimodal release's vision tower (Qwen3.5's `model.visual.*`)
-    or its multi-token-prediction layers (`mtp.*`). The model's own names come from `placement`, as the load's."""
-    known = {n for n, _ in model.named_parameters(remove_duplicate=False)}
-    known |= {n for n, _ in model.named_buffers(remove_duplicate=False)}
-    return sorted(p.key for target, pieces in placement(model, keys).items() if target not in known for p in pieces)
+    or its multi-token-prediction layers (`mtp.*`). The model's own names come from `placement`, as the load's; a peft
+    model's are its base's (trainer.lora.base_name), its adapters none of the checkpoint's."""
+    from trainer.lora import base_name
+
+    base = model.get_base_model() if hasattr(model, "get_base_model") else model  # type: ignore[operator]
+    named = [*base.named_parameters(remove_duplicate=False), *base.named_buffers(remove_duplicate=False)]
+    known = {b for n, _ in named if (b := base_name(n)) is not None}
+    return sorted(p.key for target, pieces in placement(base, keys).items() if target not in known for p in pieces)

@@ -286,8 +286,10 @@ def with_foreign_tensors(tiny: str, out: Path) -> str:
 def foreign_side(rank: int, world: int, _port: int, base: str, root: str) -> bool:
     import torch.distributed as dist
 
+    from launcher.core.config import LoraConfig
     from tests.support.ranks import cpu_parallel
     from trainer import checkpoint, final_model, loading
+    from trainer import lora as trainer_lora
 
     par = cpu_parallel(rank, world)
     model, _ = loading.load_model(base, par, torch.float32)
@@ -296,6 +298,12 @@ def foreign_side(rank: int, world: int, _port: int, base: str, root: str) -> boo
         Path(root) / "checkpoints", model, torch.optim.AdamW(model.parameters()), None, CheckpointMeta(step=2, world_size=world)
     )
     final_model.save(model, torch.float32, base, Path(root) / "model", max_bytes=SMALL_FILES)
+    lora = LoraConfig(r=4, alpha=8, save_merged=True)
+    lm, _ = loading.load_model(base, par, torch.float32, lora=lora, seed=3)
+    perturb(lm, seed=2)
+    opt = torch.optim.AdamW([p for p in lm.parameters() if p.requires_grad])
+    checkpoint.save(Path(root) / "lora" / "checkpoints", lm, opt, None, CheckpointMeta(step=2, world_size=world))
+    trainer_lora.save_outputs(lm, lora, base, Path(root) / "lora", torch.float32)
     dist.barrier()
     return True
 
@@ -312,11 +320,14 @@ def test_the_final_model_and_an_export_carry_the_tensors_the_trainer_does_not_ho
     base = with_foreign_tensors(tiny_model, tmp_path / "base")
     run_ranks(2, functools.partial(foreign_side, base=base, root=str(tmp_path / "job")), timeout_s=240)
     job_config(tmp_path / "job", base)
+    job_config(tmp_path / "job" / "lora", base, "trainer.lora.r=4", "trainer.lora.alpha=8")
     (original,) = (load_file(f) for f in Path(base).glob("*.safetensors"))
     exported = export(resolve(tmp_path / "job", None, str(tmp_path / "export")))
-    for folder in (tmp_path / "job" / "model", exported):
+    merged = export(resolve(tmp_path / "job" / "lora", None, str(tmp_path / "merged"), merged=True))
+    for folder in (tmp_path / "job" / "model", exported, tmp_path / "job" / "lora" / "merged", merged):
         got = tensors(folder)
         assert all(torch.equal(got[n], original[n]) for n in FOREIGN), folder
         trained = AutoModelForCausalLM.from_pretrained(folder, dtype=torch.float32).state_dict()
-        assert not torch.equal(trained["model.norm.weight"], original["model.norm.weight"])  # the trained weights
+        q = "model.layers.0.self_attn.q_proj.weight"  # trained in both runs (LoRA adapts it by default)
+        assert not torch.equal(trained[q], original[q]), folder
         assert set(got) - set(FOREIGN) == set(original) - set(FOREIGN) - {"lm_head.weight"}, sorted(set(got) ^ set(original))
