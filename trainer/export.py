@@ -205,7 +205,7 @@ def export_merged(
     tmp = fresh(out)
     merged = to_saved(model, merged_params(stream(), trainer_lora.scaling(lora), dtype))
     write_model(tmp, saved_layout(model, entries), merged, dtype, max_bytes)
-    carry_foreign(base_model, tmp, foreign_keys(model, list(store.tensors)), max_bytes)
+    carry_foreign(base_model, tmp, foreign_keys(model, checkpoint_keys(base_model)), max_bytes)
     copy_model_files(base_model, tmp, dtype, chat_template)
     return replace(tmp, out)
 

@@ -20,12 +20,12 @@ from pathlib import Path
 
 import torch
 
-from trainer.checkpoint_names import as_saved, foreign_keys, saved_layout
+from trainer.checkpoint_names import as_saved, saved_layout
 from trainer.hf_folder import (
     SHARD_BYTES,
     SafetensorsWriter,
+    base_foreign_keys,
     carry_foreign,
-    checkpoint_keys,
     copy_model_files,
     fresh,
     replace,
@@ -80,7 +80,7 @@ def save(
         write_saved_layout(model, fused, plan, shapes, layout, dtype, tmp, max_bytes)
     if rank0:
         shutil.rmtree(sharded)
-        carry_foreign(base_model, tmp, foreign_keys(model, checkpoint_keys(base_model)), max_bytes)
+        carry_foreign(base_model, tmp, base_foreign_keys(base_model), max_bytes)
         copy_model_files(base_model, tmp, dtype, chat_template)
         replace(tmp, out)
         files = len({n for n in os.listdir(out) if n.endswith(".safetensors")})

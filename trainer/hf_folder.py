@@ -168,8 +168,11 @@ def carry_foreign(base_model: str | Path, out: Path, keys: list[str], max_bytes:
         header = _header(out / "model.safetensors")
         weight_map = dict.fromkeys(header, "model.safetensors")
         total = sum(e["data_offsets"][1] - e["data_offsets"][0] for e in header.values())
+    from launcher.core.weights import weight_files
+
+    keys = [k for k in keys if k not in weight_map]  # never a second copy of a tensor the folder holds
     where = {}
-    for f in sorted(base.glob("*.safetensors")):
+    for f in weight_files(base):
         with safe_open(str(f), "pt") as g:
             where.update(dict.fromkeys(g.keys(), f))
     batch: dict[str, torch.Tensor] = {}
@@ -194,8 +197,24 @@ def carry_foreign(base_model: str | Path, out: Path, keys: list[str], max_bytes:
 
 
 def checkpoint_keys(model_dir: str | Path) -> list[str]:
-    """Every tensor name of a model folder's safetensors files."""
-    return [k for f in sorted(Path(model_dir).glob("*.safetensors")) for k in _header(f)]
+    """Every tensor name of the safetensors files transformers and vLLM load from the folder (weight_files: a Mistral
+    repo's consolidated.safetensors, another copy under other names, is not one of them)."""
+    from launcher.core.weights import weight_files
+
+    return [k for f in weight_files(Path(model_dir)) for k in _header(f)]
+
+
+def base_foreign_keys(base_model: str | Path) -> list[str]:
+    """checkpoint_names.foreign_keys of the base folder, on the model transformers builds from its config (on meta:
+    no memory), never the trained one: an FSDP-wrapped model is another class to transformers, which then finds no
+    name transforms for it (Qwen3.5's `model.language_model.` prefix: every key would look foreign)."""
+    from transformers import AutoConfig, AutoModelForCausalLM
+
+    from trainer.checkpoint_names import foreign_keys
+
+    with torch.device("meta"):
+        model = AutoModelForCausalLM.from_config(AutoConfig.from_pretrained(base_model), dtype=torch.float32)
+    return foreign_keys(model, checkpoint_keys(base_model))
 
 
 def _header(path: Path) -> dict[str, dict]:

@@ -122,8 +122,8 @@ def save_outputs(
     import torch.distributed as dist
 
     from launcher.core.jobdir import JobDir
-    from trainer.checkpoint_names import foreign_keys, saved_layout, to_saved
-    from trainer.hf_folder import SafetensorsWriter, carry_foreign, checkpoint_keys, copy_model_files, fresh, replace
+    from trainer.checkpoint_names import saved_layout, to_saved
+    from trainer.hf_folder import SafetensorsWriter, base_foreign_keys, carry_foreign, copy_model_files, fresh, replace
     from trainer.push.adapter import gather_adapter, merged_params, write_adapter
     from trainer.push.gather import iter_unsharded_params
 
@@ -144,7 +144,7 @@ def save_outputs(
                 writer.write(n, t)
         if writer is not None and tmp is not None:
             writer.close()
-            carry_foreign(base_model, tmp, foreign_keys(model, checkpoint_keys(base_model)))
+            carry_foreign(base_model, tmp, base_foreign_keys(base_model))
             copy_model_files(base_model, tmp, dtype, chat_template)
             written.append(replace(tmp, out.merged))
     dist.barrier()

@@ -269,7 +269,8 @@ drops them on load, so no rank trains them."""
 
 
 def with_foreign_tensors(tiny: str, out: Path) -> str:
-    """A copy of the tiny model whose checkpoint also holds FOREIGN (random values)."""
+    """A copy of the tiny model whose checkpoint also holds FOREIGN (random values), beside a Mistral-style
+    consolidated.safetensors (another copy under other names, which transformers and vLLM do not load)."""
     import shutil
 
     from safetensors.torch import load_file, save_file
@@ -280,6 +281,7 @@ def with_foreign_tensors(tiny: str, out: Path) -> str:
     g = torch.Generator().manual_seed(5)
     weights |= {n: torch.randn(s, generator=g) for n, s in FOREIGN.items()}
     save_file(weights, f, metadata={"format": "pt"})
+    save_file({"layers.0.attention.wq.weight": torch.zeros(4, 4)}, out / "consolidated.safetensors")
     return str(out)
 
 
@@ -321,10 +323,12 @@ def test_the_final_model_and_an_export_carry_the_tensors_the_trainer_does_not_ho
     run_ranks(2, functools.partial(foreign_side, base=base, root=str(tmp_path / "job")), timeout_s=240)
     job_config(tmp_path / "job", base)
     job_config(tmp_path / "job" / "lora", base, "trainer.lora.r=4", "trainer.lora.alpha=8")
-    (original,) = (load_file(f) for f in Path(base).glob("*.safetensors"))
+    original = load_file(Path(base) / "model.safetensors")
     exported = export(resolve(tmp_path / "job", None, str(tmp_path / "export")))
     merged = export(resolve(tmp_path / "job" / "lora", None, str(tmp_path / "merged"), merged=True))
     for folder in (tmp_path / "job" / "model", exported, tmp_path / "job" / "lora" / "merged", merged):
+        weight_map = json.loads((folder / "model.safetensors.index.json").read_text())["weight_map"]
+        assert {n for n, f in weight_map.items() if f.startswith("model-extra-")} == set(FOREIGN), (folder, weight_map)
         got = tensors(folder)
         assert all(torch.equal(got[n], original[n]) for n in FOREIGN), folder
         trained = AutoModelForCausalLM.from_pretrained(folder, dtype=torch.float32).state_dict()
