@@ -325,15 +325,15 @@ def cheapest_fit(
     cpu_offload (and with fsdp): a reference model, trainer.beta > 0, LoRA and the attention, from `base`, stay in every
     one."""
     ref = reference_model
-    lora = {"lora_r": base.lora_r, "lora_targets": base.lora_targets, "lora_merged": base.lora_merged} if base is not None else {}
-    lora |= {"attention": base.attention} if base is not None else {}
+    kept = {"lora_r": base.lora_r, "lora_targets": base.lora_targets, "lora_merged": base.lora_merged} if base is not None else {}
+    kept |= {"attention": base.attention} if base is not None else {}
     wider = try_fsdp and lay.ranks_per_node * lay.nodes > lay.shard_ranks
     sets = [{}, {"activation_checkpointing": True}]
     sets += [{"fsdp_all": True}, {"activation_checkpointing": True, "fsdp_all": True}] if wider else []
     sets += [{"activation_checkpointing": True, "cpu_offload": True}]
     sets += [{"activation_checkpointing": True, "cpu_offload": True, "fsdp_all": True}] if wider else []
     for kw in sets:
-        opt = Options(reference_model=ref, **kw, **lora)  # type: ignore[arg-type]
+        opt = Options(reference_model=ref, **kw, **kept)  # type: ignore[arg-type]
         if estimate(shape, lay, opt).trainer_fits:  # the trainer's options do not change vLLM's side
             return opt
     return None
