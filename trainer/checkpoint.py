@@ -177,8 +177,8 @@ def stepped_only(osd: dict, path: Path) -> dict:
     """The optimizer state dict less the parameters the checkpoint holds no optimizer state for: those that never had
     a gradient when it was written (DeepSeek-V3.2's and GLM-5's sparse-attention indexer runs under no_grad in
     transformers), which AdamW leaves without state; get_state_dict makes state for every parameter, and dcp.load
-    refused the missing keys. Left out, they keep the zero state get_state_dict made for them; with no gradient AdamW never
-steps them, so the resumed run computes what the uninterrupted one does."""
+    refused the missing keys. Left out, they keep the zero state get_state_dict made for them; with no gradient AdamW
+    never steps them, so the resumed run computes what the uninterrupted one does."""
     saved = dcp.FileSystemReader(str(path)).read_metadata().state_dict_metadata
     stepped = {k.rpartition(".")[0] for k in saved if k.startswith("optim.state.")}
     return {**osd, "state": {n: s for n, s in osd["state"].items() if f"optim.state.{n}" in stepped}}
