@@ -1,0 +1,107 @@
+"""trainer.lora.target_modules left at its default (a Llama's names) is resolved at plan time for the model, from its
+weight names (launcher.core.lora.resolve_targets): every linear layer of the decoder layers, on an MoE those outside
+its MLP block. Before, LFM2's default adapted q/k/v only (its out_proj, conv and w1-w3 without adapters), GPT-NeoX's
+matched nothing (refused), DeepSeek-V3's MLA was refused for a q_proj the user never named. Each family's tiny body
+(trainer.tiny_families) is built from its config; the resolved names are then given to peft on transformers' own module
+tree, the trainer's way (trainer.lora.apply): the modules peft adapts must be exactly the decoder layers' linear layers
+(the MoE's outside its MLP), so the launcher's reading of weight names is the model's."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pytest
+
+from launcher.core import config as C
+from launcher.core.inputs import input_notes, input_problems
+from launcher.core.lora import MOE_BLOCK
+from launcher.core.plan import Plan, plan
+
+RESOLVED = {
+    "qwen3": ["q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj", "down_proj"],  # the default as it was
+    "lfm2": ["q_proj", "k_proj", "v_proj", "in_proj", "out_proj", "w1", "w2", "w3"],
+    "gpt_neox": ["dense", "dense_4h_to_h", "dense_h_to_4h", "query_key_value"],
+    "deepseek_v3": ["o_proj", "kv_a_proj_with_mqa", "kv_b_proj", "q_a_proj", "q_b_proj"],  # MLA; experts left out
+    "lfm2_moe": ["q_proj", "k_proj", "v_proj", "in_proj", "out_proj"],  # LFM2's conv kept, its feed_forward not
+}
+"""What the default adapts per family (the MoE rows: attention and the short convolutions, never the MLP block)."""
+
+
+def cfg(model: str, **lora) -> C.JobConfig:
+    return C.from_dict({"vllm": {"model": model}, "slurm": {"gpus_per_node": 2}, "trainer": {"lora": {"r": 8, **lora}}})
+
+
+@pytest.fixture(scope="module")
+def bodies(tmp_path_factory) -> dict[str, str]:
+    from trainer.tiny_model import make_tiny_model
+
+    root = tmp_path_factory.mktemp("lora-bodies")
+    for family in RESOLVED:
+        make_tiny_model(root / family, family=family)
+    return {family: str(root / family) for family in RESOLVED}
+
+
+def adapted_and_linear(model_dir: str, targets: list[str], moe: bool) -> tuple[set[str], set[str]]:
+    """(modules peft adapts with `targets`, the decoder layers' nn.Linear modules [an MoE's outside its MLP block]),
+    on the family's own module tree (transformers, meta device, no weights read)."""
+    import torch
+    from transformers import AutoConfig, AutoModelForCausalLM
+
+    from trainer.lora import apply
+
+    with torch.device("meta"):
+        model = AutoModelForCausalLM.from_config(AutoConfig.from_pretrained(model_dir))
+    linear = {
+        n
+        for n, m in model.named_modules()
+        if isinstance(m, torch.nn.Linear) and ".layers." in n and not (moe and MOE_BLOCK.search(n))
+    }
+    peft_model = apply(model, C.LoraConfig(r=8, target_modules=targets), torch.float32)
+    adapted = {n.removeprefix("base_model.model.") for n, m in peft_model.named_modules() if hasattr(m, "lora_A")}
+    return adapted, linear
+
+
+@pytest.mark.parametrize("family", list(RESOLVED))
+def test_the_default_targets_become_every_linear_layer_of_the_familys_decoder_layers(bodies, family):
+    p = plan(cfg(bodies[family]), "/jobs/x")
+    targets = p.config.trainer.lora.target_modules
+    assert targets == RESOLVED[family]
+    assert f"LoRA targets = {', '.join(targets)}" in "\n".join(p.derivation)
+    assert not [x for x in input_problems(p.config) + input_notes(p.config) if "lora" in x]  # nothing left to warn
+    adapted, linear = adapted_and_linear(bodies[family], targets, moe="moe" in family or family == "deepseek_v3")
+    assert adapted == linear and linear, sorted(linear ^ adapted)
+
+
+def test_a_users_own_targets_are_kept_and_checked(bodies):
+    lfm2 = bodies["lfm2"]
+    assert plan(cfg(lfm2, target_modules=["q_proj", "v_proj"]), "/jobs/x").config.trainer.lora.target_modules == [
+        "q_proj",
+        "v_proj",
+    ]
+    problems = input_problems(cfg(lfm2, target_modules=["q_proj", "o_proj"]))  # LFM2's attention output is out_proj
+    assert [x for x in problems if "'o_proj' matches no module" in x and "out_proj" in x], problems
+    with pytest.raises(C.ConfigError, match=r"on a mixture of experts LoRA adapts attention only"):
+        plan(cfg(bodies["deepseek_v3"], target_modules=["q_a_proj", "gate_proj"]), "/jobs/x")
+
+
+def test_a_model_without_decoder_linear_layers_is_refused_and_a_node_resolves_what_the_submit_host_could_not(bodies, tmp_path):
+    from safetensors.numpy import save_file
+
+    np = pytest.importorskip("numpy")
+    bare = tmp_path / "bare"
+    bare.mkdir()
+    (bare / "config.json").write_text(json.dumps({"architectures": ["LlamaForCausalLM"]}))
+    save_file({"model.embed_tokens.weight": np.zeros((8, 4), np.float32)}, str(bare / "model.safetensors"))
+    with pytest.raises(C.ConfigError, match=r"no linear layer in the decoder layers of .*set trainer.lora.target_modules="):
+        plan(cfg(str(bare)), "/jobs/x")
+    # the submit host saw no weights (a folder the nodes fill, *.bin only here): the default stays in plan.json, and
+    # Plan.load on a node that reads the model resolves it
+    later = tmp_path / "later"
+    later.mkdir()
+    (later / "config.json").write_text((Path(bodies["gpt_neox"]) / "config.json").read_text())
+    p = plan(cfg(str(later)), str(tmp_path / "job"))
+    assert tuple(p.config.trainer.lora.target_modules) == C.LORA_TARGETS
+    (tmp_path / "plan.json").write_text(p.to_json())
+    (later / "model.safetensors").symlink_to(Path(bodies["gpt_neox"]) / "model.safetensors")
+    assert Plan.load(tmp_path / "plan.json").config.trainer.lora.target_modules == RESOLVED["gpt_neox"]
