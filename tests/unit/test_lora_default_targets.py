@@ -105,3 +105,26 @@ def test_a_model_without_decoder_linear_layers_is_refused_and_a_node_resolves_wh
     (tmp_path / "plan.json").write_text(p.to_json())
     (later / "model.safetensors").symlink_to(Path(bodies["gpt_neox"]) / "model.safetensors")
     assert Plan.load(tmp_path / "plan.json").config.trainer.lora.target_modules == RESOLVED["gpt_neox"]
+
+
+def test_gpt2s_default_conv1d_targets_push_merged_as_peft_merges_them(tmp_path):
+    """GPT-2's linear layers are Conv1D (weight [in, out]; peft adapts them with fan_in_fan_out): the default now
+    reaches them, and the merged push (its vLLM class has no LoRA) must add (B A)^T. Before, the merge added B A:
+    a shape error on c_attn, and a wrong weight on the square c_proj."""
+    import torch
+
+    from tests.unit.test_lora_push import trained
+    from trainer.push.adapter import MergedPusher
+    from trainer.push.pusher import PushSettings
+    from trainer.tiny_model import make_tiny_model
+
+    make_tiny_model(tmp_path, family="gpt2")
+    p = plan(cfg(str(tmp_path)), "/jobs/x")
+    assert p.config.trainer.lora.target_modules == ["c_attn", "c_fc", "c_proj"] and p.lora_push == "merged"
+    lora = C.LoraConfig(r=4, alpha=16, target_modules=p.config.trainer.lora.target_modules)
+    settings = PushSettings("gloo", 0, 1, 10.0, torch.float32, 1 << 20)
+    sent = dict(MergedPusher(trained(str(tmp_path), lora), None, settings, torch.device("cpu"), lora).params())
+    want = dict(trained(str(tmp_path), lora).merge_and_unload().named_parameters())
+    assert sorted(sent) == sorted(want)
+    worst = max((t - want[n]).abs().max().item() for n, t in sent.items())
+    assert worst <= 1e-6, worst
