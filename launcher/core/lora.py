@@ -124,7 +124,9 @@ def resolve_targets(cfg: JobConfig) -> JobConfig:
     moe = shape is not None and bool(shape.experts)
     shapes = readable_weight_shapes(cfg.vllm.model)
     if shapes:
-        targets = default_targets(linear_layers(shapes), moe)
+        layers = linear_layers(shapes)
+        # per-expert matrices in the checkpoint say MoE too, where config.json's fields are not ModelShape's
+        targets = default_targets(layers, moe or any(".experts." in m for ms in layers.values() for m in ms))
         if not targets:
             raise ConfigError(
                 f"trainer.lora.target_modules: the default finds no linear layer in the decoder layers of {cfg.vllm.model}"
