@@ -79,11 +79,12 @@ def _as_built(model: torch.nn.Module) -> Iterator[None]:
     on the sharded root the lookup would find nothing, and the checkpoint's names would be lost."""
     from torch.distributed.fsdp import FSDPModule
 
-    wrapped = type(model)
+    wrapped: type = type(model)
     if not isinstance(model, FSDPModule):
         yield
         return
-    model.__class__ = next(c for c in wrapped.__mro__ if not issubclass(c, FSDPModule))
+    built: type = next(c for c in wrapped.__mro__ if not issubclass(c, FSDPModule))
+    model.__class__ = built
     try:
         yield
     finally:
