@@ -222,7 +222,9 @@ def as_saved(model: torch.nn.Module, name: str, tensor: torch.Tensor) -> dict[st
         return {name: tensor}
     from transformers.core_model_loading import revert_weight_conversion
 
-    with _as_built(base):  # a model not loaded by placement/from_pretrained: the mapping under its built class
+    if getattr(base, "_weight_conversions", None) is not None:  # loaded: revert reads the load's transforms
+        return revert_weight_conversion(base, {name: tensor})  # type: ignore[arg-type]
+    with _as_built(base):  # built from a config, then sharded: revert looks the mapping up, under the built class
         return revert_weight_conversion(base, {name: tensor})  # type: ignore[arg-type]
 
 
