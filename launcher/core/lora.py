@@ -195,19 +195,25 @@ FUSED_PROJECTIONS = ("qkv_proj", "gate_up_proj", "query_key_value", "W_pack", "c
 Llama names misses them, and peft says nothing while any other target matches."""
 
 
+TOWER = re.compile(r"(^|\.)(visual|vision_tower|vision_model|audio_tower)\.")
+"""A multimodal release's encoder beside the text decoder (Qwen3.5's model.visual.blocks.N): its blocks are numbered
+too, but transformers' causal LM drops them on load, so no adapter could go there."""
+
+
 def linear_layers(shapes: dict[str, list[int]]) -> dict[str, list[str]]:
     """Leaf name -> the module names of the linear layers (2-D `.weight` tensors) of the checkpoint's decoder layers
-    (a numbered block: model.layers.3.self_attn.q_proj, GPT-2's h.3.attn.c_attn): the embeddings, the LM head and the
-    model-level projections (Gemma-3n's altup_projections.0) left out; the default targets' names first, in their
-    order, then the others."""
+    (a numbered block: model.layers.3.self_attn.q_proj, GPT-2's h.3.attn.c_attn): the embeddings, the LM head, the
+    model-level projections (Gemma-3n's altup_projections.0) and a vision or audio tower (TOWER) left out; the default
+    targets' names first, in their order, then the others."""
     out: dict[str, list[str]] = {}
     for name, shape in shapes.items():
         if not name.endswith(".weight") or len(shape) != 2:
             continue
         module = name.removesuffix(".weight")
         leaf = module.rpartition(".")[2]
-        if leaf not in LORA_REFUSED_TARGETS and not leaf.isdigit() and re.search(r"\.\d+\.", module):
-            out.setdefault(leaf, []).append(module)
+        if leaf in LORA_REFUSED_TARGETS or leaf.isdigit() or not re.search(r"\.\d+\.", module) or TOWER.search(module):
+            continue
+        out.setdefault(leaf, []).append(module)
     rank = {leaf: i for i, leaf in enumerate(LORA_TARGETS)}
     return dict(sorted(out.items(), key=lambda kv: (rank.get(kv[0], len(rank)), kv[0])))
 

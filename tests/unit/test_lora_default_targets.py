@@ -95,6 +95,14 @@ def test_a_model_without_decoder_linear_layers_is_refused_and_a_node_resolves_wh
     save_file({"model.embed_tokens.weight": np.zeros((8, 4), np.float32)}, str(bare / "model.safetensors"))
     with pytest.raises(C.ConfigError, match=r"no linear layer in the decoder layers of .*set trainer.lora.target_modules="):
         plan(cfg(str(bare)), "/jobs/x")
+    # a multimodal release (Qwen3.5's vision tower beside the text layers): the tower's numbered blocks are not the
+    # decoder's (transformers' causal LM drops them), so its linear layers are not among the default's
+    w = np.zeros((4, 4), np.float32)
+    save_file(
+        {"model.visual.blocks.0.attn.qkv.weight": w, "model.language_model.layers.0.self_attn.o_proj.weight": w},
+        str(bare / "model.safetensors"),
+    )
+    assert plan(cfg(str(bare)), "/jobs/x").config.trainer.lora.target_modules == ["o_proj"]
     # the submit host saw no weights (a folder the nodes fill, *.bin only here): the default stays in plan.json, and
     # Plan.load on a node that reads the model resolves it
     later = tmp_path / "later"
