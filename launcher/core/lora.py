@@ -65,6 +65,30 @@ def architecture(model: str) -> str | None:
     return str(archs[0]) if archs else None
 
 
+def model_type(model: str) -> str | None:
+    try:
+        return json.loads((Path(model) / "config.json").read_text()).get("model_type")
+    except (OSError, ValueError, AttributeError):
+        return None
+
+
+PEFT_MAMBA_TYPES = ("falcon_h1", "mamba", "mamba2", "falcon_mamba", "nemotron_h")
+PEFT_MAMBA_REFUSED = ("out_proj", "conv1d")
+"""peft 0.21 refuses LoRA on these modules of these model types (tuners_utils._check_lora_target_modules_mamba: the
+Mamba mixer's fused kernels read out_proj's and conv1d's weights directly, past an adapter), at get_peft_model, that
+is on the nodes after the queue: the default leaves them out and a user's list naming them is refused at plan time."""
+
+
+def check_mamba_targets(cfg: JobConfig) -> None:
+    mt = model_type(cfg.vllm.model)
+    bad = [m for m in cfg.trainer.lora.target_modules if m.rpartition(".")[2] in PEFT_MAMBA_REFUSED]
+    if mt in PEFT_MAMBA_TYPES and bad:
+        raise ConfigError(
+            f"trainer.lora.target_modules {bad[0]!r}: peft 0.21 refuses LoRA on {', '.join(PEFT_MAMBA_REFUSED)} of a "
+            f"Mamba-based model ({mt}); leave it out of trainer.lora.target_modules"
+        )
+
+
 def lora_push(cfg: JobConfig, data_parallel_size: int | None = None) -> tuple[str, str]:
     """(how a push moves the LoRA run's weights, why): ('', '') without LoRA, else ADAPTER or MERGED.
     data_parallel_size: the plan's (slurm.layout shared derives it from the node's GPUs); default the config's."""
@@ -72,6 +96,7 @@ def lora_push(cfg: JobConfig, data_parallel_size: int | None = None) -> tuple[st
     if not lora.enabled:
         return "", ""
     check_moe_targets(cfg)
+    check_mamba_targets(cfg)
     if lora.push == MERGED:
         return MERGED, "trainer.lora.push: merged"
     dp = data_parallel_size or cfg.vllm.data_parallel_size
@@ -124,9 +149,13 @@ def resolve_targets(cfg: JobConfig) -> JobConfig:
     moe = shape is not None and bool(shape.experts)
     shapes = readable_weight_shapes(cfg.vllm.model)
     if shapes:
+        if shape is not None:  # DeepSeek-V3's multi-token-prediction layer (model.layers.61) is no decoder layer
+            shapes = {k: v for k, v in shapes.items() if not ((m := LAYER.search(k)) and int(m.group(1)) >= shape.layers)}
         layers = linear_layers(shapes)
         # per-expert matrices in the checkpoint say MoE too, where config.json's fields are not ModelShape's
         targets = default_targets(layers, moe or any(".experts." in m for ms in layers.values() for m in ms))
+        if model_type(cfg.vllm.model) in PEFT_MAMBA_TYPES:
+            targets = [t for t in targets if t not in PEFT_MAMBA_REFUSED]
         if not targets:
             raise ConfigError(
                 f"trainer.lora.target_modules: the default finds no linear layer in the decoder layers of {cfg.vllm.model}"
@@ -144,7 +173,8 @@ def default_targets(layers: dict[str, list[str]], moe: bool) -> list[str]:
     peft's all-linear does there. On a mixture of experts only the leaves none of whose modules sits in its MLP block
     (MOE_BLOCK: the experts, the router, the shared expert and its gate; peft matches a leaf in every block, and maps
     the MLP names onto the fused experts) or in a sparse-attention indexer (transformers runs it under no_grad: its
-    adapters would never train), nor one of MOE_REFUSED_TARGETS. For the architectures that take the adapter push
+    adapters would never train), nor one of MOE_REFUSED_TARGETS. (A Mamba-based model's out_proj is left out by
+    resolve_targets: PEFT_MAMBA_REFUSED.) For the architectures that take the adapter push
     (SUPPORTED) these are vLLM's LoRA modules too: vLLM 0.32 adapts every linear layer (get_supported_lora_modules)."""
     if not moe:
         return list(layers)
@@ -194,6 +224,10 @@ FUSED_PROJECTIONS = ("qkv_proj", "gate_up_proj", "query_key_value", "W_pack", "c
 """Linear layers that fuse what a Llama's names name apart (phi3's qkv_proj and gate_up_proj): a user's list of
 Llama names misses them, and peft says nothing while any other target matches."""
 
+
+LAYER = re.compile(r"\.layers\.(\d+)\.")
+"""A decoder layer's index in a tensor name; one at num_hidden_layers or above is a checkpoint's extra (MTP) layer,
+which transformers' causal LM drops on load."""
 
 TOWER = re.compile(r"(^|\.)(visual|vision_tower|vision_model|audio_tower)\.")
 """A multimodal release's encoder beside the text decoder (Qwen3.5's model.visual.blocks.N): its blocks are numbered

@@ -4,7 +4,11 @@ its MLP block. Before, LFM2's default adapted q/k/v only (its out_proj, conv and
 matched nothing (refused), DeepSeek-V3's MLA was refused for a q_proj the user never named. Each family's tiny body
 (trainer.tiny_families) is built from its config; the resolved names are then given to peft on transformers' own module
 tree, the trainer's way (trainer.lora.apply): the modules peft adapts must be exactly the decoder layers' linear layers
-(the MoE's outside its MLP), so the launcher's reading of weight names is the model's."""
+(the MoE's outside its MLP block; Mamba's out_proj, which peft refuses, left out), so the launcher's reading of weight
+names is the model's. A sweep of all 77 families of trainer.tiny_families through the same check (2026-12-06): 74 as
+here; left without adapters by design, zamba2's own adapter lists (gate_up_proj_adapter_list.N.M: no leaf name to
+target) and afmoe's and hy_v4's attention gate, named gate_proj (an MoE's MOE_REFUSED_TARGETS: peft would put it on
+the fused experts too)."""
 
 from __future__ import annotations
 
@@ -24,8 +28,12 @@ RESOLVED = {
     "gpt_neox": ["dense", "dense_4h_to_h", "dense_h_to_4h", "query_key_value"],
     "deepseek_v3": ["o_proj", "kv_a_proj_with_mqa", "kv_b_proj", "q_a_proj", "q_b_proj"],  # MLA; experts left out
     "lfm2_moe": ["q_proj", "k_proj", "v_proj", "in_proj", "out_proj"],  # LFM2's conv kept, its feed_forward not
+    "mamba": ["dt_proj", "in_proj", "x_proj"],  # not out_proj: peft refuses it on Mamba mixers
+    "gpt2": ["c_attn", "c_fc", "c_proj"],  # transformers' Conv1D
 }
 """What the default adapts per family (the MoE rows: attention and the short convolutions, never the MLP block)."""
+
+MOE_FAMILIES = {"deepseek_v3", "lfm2_moe"}
 
 
 def cfg(model: str, **lora) -> C.JobConfig:
@@ -43,21 +51,31 @@ def bodies(tmp_path_factory) -> dict[str, str]:
 
 
 def adapted_and_linear(model_dir: str, targets: list[str], moe: bool) -> tuple[set[str], set[str]]:
-    """(modules peft adapts with `targets`, the decoder layers' nn.Linear modules [an MoE's outside its MLP block]),
-    on the family's own module tree (transformers, meta device, no weights read)."""
+    """(modules peft adapts with `targets`, the linear layers of the decoder's numbered blocks [an MoE's outside its
+    MLP block; a Mamba mixer's out_proj, which peft refuses]), on the family's own module tree (transformers, meta
+    device, no weights read)."""
+    import re
+
     import torch
     from transformers import AutoConfig, AutoModelForCausalLM
+    from transformers.pytorch_utils import Conv1D
 
+    from launcher.core.lora import PEFT_MAMBA_REFUSED, PEFT_MAMBA_TYPES
     from trainer.lora import apply
 
+    config = AutoConfig.from_pretrained(model_dir)
     with torch.device("meta"):
-        model = AutoModelForCausalLM.from_config(AutoConfig.from_pretrained(model_dir))
+        model = AutoModelForCausalLM.from_config(config)
+    mamba = config.model_type in PEFT_MAMBA_TYPES
     linear = {
         n
         for n, m in model.named_modules()
-        if isinstance(m, torch.nn.Linear) and ".layers." in n and not (moe and MOE_BLOCK.search(n))
+        if isinstance(m, torch.nn.Linear | Conv1D)
+        and re.search(r"\.\d+\.", n)
+        and not (moe and MOE_BLOCK.search(n))
+        and not (mamba and n.rpartition(".")[2] in PEFT_MAMBA_REFUSED)
     }
-    peft_model = apply(model, C.LoraConfig(r=8, target_modules=targets), torch.float32)
+    peft_model = apply(model, C.LoraConfig(r=8, target_modules=targets), torch.float32)  # raises where peft refuses
     adapted = {n.removeprefix("base_model.model.") for n, m in peft_model.named_modules() if hasattr(m, "lora_A")}
     return adapted, linear
 
@@ -69,7 +87,7 @@ def test_the_default_targets_become_every_linear_layer_of_the_familys_decoder_la
     assert targets == RESOLVED[family]
     assert f"LoRA targets = {', '.join(targets)}" in "\n".join(p.derivation)
     assert not [x for x in input_problems(p.config) + input_notes(p.config) if "lora" in x]  # nothing left to warn
-    adapted, linear = adapted_and_linear(bodies[family], targets, moe="moe" in family or family == "deepseek_v3")
+    adapted, linear = adapted_and_linear(bodies[family], targets, moe=family in MOE_FAMILIES)
     assert adapted == linear and linear, sorted(linear ^ adapted)
 
 
@@ -83,6 +101,8 @@ def test_a_users_own_targets_are_kept_and_checked(bodies):
     assert [x for x in problems if "'o_proj' matches no module" in x and "out_proj" in x], problems
     with pytest.raises(C.ConfigError, match=r"on a mixture of experts LoRA adapts attention only"):
         plan(cfg(bodies["deepseek_v3"], target_modules=["q_a_proj", "gate_proj"]), "/jobs/x")
+    with pytest.raises(C.ConfigError, match=r"'out_proj': peft 0.21 refuses LoRA on out_proj, conv1d of a Mamba-based"):
+        plan(cfg(bodies["mamba"], target_modules=["in_proj", "out_proj"]), "/jobs/x")  # before: peft's error on the nodes
 
 
 def test_a_model_without_decoder_linear_layers_is_refused_and_a_node_resolves_what_the_submit_host_could_not(bodies, tmp_path):
@@ -97,11 +117,18 @@ def test_a_model_without_decoder_linear_layers_is_refused_and_a_node_resolves_wh
         plan(cfg(str(bare)), "/jobs/x")
     # a multimodal release (Qwen3.5's vision tower beside the text layers): the tower's numbered blocks are not the
     # decoder's (transformers' causal LM drops them), so its linear layers are not among the default's
+    # and DeepSeek-V3's multi-token-prediction layer (model.layers.N at N = num_hidden_layers), which it drops too
     w = np.zeros((4, 4), np.float32)
     save_file(
-        {"model.visual.blocks.0.attn.qkv.weight": w, "model.language_model.layers.0.self_attn.o_proj.weight": w},
+        {
+            "model.visual.blocks.0.attn.qkv.weight": w,
+            "model.language_model.layers.0.self_attn.o_proj.weight": w,
+            "model.language_model.layers.1.eh_proj.weight": w,
+        },
         str(bare / "model.safetensors"),
     )
+    shape = {"hidden_size": 4, "num_hidden_layers": 1, "intermediate_size": 8, "vocab_size": 8, "num_attention_heads": 1}
+    (bare / "config.json").write_text(json.dumps({"architectures": ["LlamaForCausalLM"], **shape}))
     assert plan(cfg(str(bare)), "/jobs/x").config.trainer.lora.target_modules == ["o_proj"]
     # the submit host saw no weights (a folder the nodes fill, *.bin only here): the default stays in plan.json, and
     # Plan.load on a node that reads the model resolves it
