@@ -20,6 +20,7 @@ from __future__ import annotations
 
 import re
 from collections.abc import Iterable, Iterator
+from contextlib import contextmanager
 from dataclasses import dataclass
 
 import torch
@@ -70,11 +71,32 @@ def placement(model: torch.nn.Module, keys: list[str]) -> dict[str, list[Piece]]
     return out
 
 
+@contextmanager
+def _as_built(model: torch.nn.Module) -> Iterator[None]:
+    """The model seen under the class transformers built, for the length of a lookup. FSDP2's fully_shard swaps a
+    module's class for a subclass named FSDP<class> (torch's _fully_shard.py), and transformers looks the conversion
+    mapping up by class name (GPT-NeoX's embed_out -> lm_head is keyed by GPTNeoXForCausalLM, no model_type entry):
+    on the sharded root the lookup would find nothing, and the checkpoint's names would be lost."""
+    from torch.distributed.fsdp import FSDPModule
+
+    wrapped: type = type(model)
+    if not isinstance(model, FSDPModule):
+        yield
+        return
+    built: type = next(c for c in wrapped.__mro__ if not issubclass(c, FSDPModule))
+    model.__class__ = built
+    try:
+        yield
+    finally:
+        model.__class__ = wrapped
+
+
 def _transforms(model: torch.nn.Module) -> tuple[list, list]:
     from transformers.conversion_mapping import get_model_conversion_mapping
     from transformers.core_model_loading import WeightConverter, WeightRenaming
 
-    mapping = get_model_conversion_mapping(model, add_legacy=False)  # type: ignore[arg-type]
+    with _as_built(model):
+        mapping = get_model_conversion_mapping(model, add_legacy=False)  # type: ignore[arg-type]
     renamings = [t for t in mapping if isinstance(t, WeightRenaming)]
     converters = [t for t in mapping if isinstance(t, WeightConverter)]
     other = [t for t in mapping if not isinstance(t, WeightRenaming | WeightConverter)]
@@ -194,12 +216,16 @@ def as_saved(model: torch.nn.Module, name: str, tensor: torch.Tensor) -> dict[st
     `mlp.experts.gate_up_proj` [E, 2I, H] gives E gate and E up matrices [I, H] (Mixtral: `block_sparse_moe.experts.{e}
     .w1/.w3.weight`); a dense family's tensor comes back as it is. Works on meta tensors (names and shapes only)."""
     base = model.get_base_model() if hasattr(model, "get_base_model") else model  # type: ignore[operator]
-    renamings, converters = _transforms(base)
+    # the transforms a push reverts too (served_names): the load's, kept on the model through FSDP2's class swap
+    renamings, converters = _saved_transforms(base)
     if not renamings and not converters:
         return {name: tensor}
     from transformers.core_model_loading import revert_weight_conversion
 
-    return revert_weight_conversion(base, {name: tensor})  # type: ignore[arg-type]
+    if getattr(base, "_weight_conversions", None) is not None:  # loaded: revert reads the load's transforms
+        return revert_weight_conversion(base, {name: tensor})  # type: ignore[arg-type]
+    with _as_built(base):  # built from a config, then sharded: revert looks the mapping up, under the built class
+        return revert_weight_conversion(base, {name: tensor})  # type: ignore[arg-type]
 
 
 def saved_layout(model: torch.nn.Module, entries: list[tuple[str, tuple[int, ...]]]) -> list[tuple[str, tuple[int, ...]]]:

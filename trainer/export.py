@@ -203,7 +203,7 @@ def export_merged(
             yield n, (ck.read(n).to(dtype) if trainer_lora.is_adapter(n) else base_tensor(n, tuple(p.shape)))
 
     tmp = fresh(out)
-    merged = to_saved(model, merged_params(stream(), trainer_lora.scaling(lora), dtype))
+    merged = to_saved(model, merged_params(stream(), trainer_lora.scaling(lora), dtype, trainer_lora.transposed_modules(model)))
     write_model(tmp, saved_layout(model, entries), merged, dtype, max_bytes)
     carry_foreign(base_model, tmp, foreign_keys(model, checkpoint_keys(base_model)), max_bytes)
     copy_model_files(base_model, tmp, dtype, chat_template)

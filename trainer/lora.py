@@ -105,6 +105,13 @@ def adapter_params(model: torch.nn.Module) -> list[tuple[str, torch.Tensor]]:
     return [(n, p) for n, p in model.named_parameters() if is_adapter(n)]
 
 
+def transposed_modules(model: torch.nn.Module) -> frozenset[str]:
+    """The adapted modules whose base weight is stored [in, out] (peft's fan_in_fan_out, which peft sets itself on
+    GPT-2's Conv1D): their merge adds (B A)^T, as peft's get_delta_weight does. Names as the model's parameters have
+    them (trainer.push.adapter.merged_params)."""
+    return frozenset(n for n, m in model.named_modules() if getattr(m, "fan_in_fan_out", False) and hasattr(m, "lora_A"))
+
+
 def scaling(lora: LoraConfig) -> float:
     """peft's scaling of B @ A (not rank-stabilised): alpha / r."""
     return lora.scale_alpha / lora.r
@@ -138,7 +145,7 @@ def save_outputs(
         entries = [(b, tuple(p.shape)) for n, p in model.named_parameters() if (b := base_name(n)) is not None]
         tmp = fresh(out.merged) if rank0 else None
         writer = SafetensorsWriter(tmp, saved_layout(model, entries), dtype) if tmp is not None else None
-        merged = merged_params(iter_unsharded_params(model, dtype), scaling(lora), dtype)
+        merged = merged_params(iter_unsharded_params(model, dtype), scaling(lora), dtype, transposed_modules(model))
         for n, t in to_saved(model, merged):  # every rank gathers
             if writer is not None:
                 writer.write(n, t)

@@ -26,7 +26,7 @@ from pathlib import Path
 
 from launcher.core.config import ConfigError, JobConfig
 from launcher.core.dataset_schema import DatasetError, Schema, read_jsonl, read_schema
-from launcher.core.lora import target_problems
+from launcher.core.lora import resolve_targets, target_problems
 from launcher.core.reward_check import reward_needs
 from launcher.core.weights import WeightsError, weight_shapes
 
@@ -97,7 +97,11 @@ def lora_target_findings(config: JobConfig) -> tuple[list[str], list[str]]:
         shapes = weight_shapes(Path(model).expanduser())
     except WeightsError:
         return [], []  # check_model names it
-    return target_problems(config, shapes) if shapes else ([], [])
+    try:  # the default as the plan resolves it for this model (a config not planned yet: dry-run's, a test's)
+        resolved = resolve_targets(config)
+    except ConfigError as e:
+        return [str(e)], []
+    return target_problems(resolved, shapes) if shapes else ([], [])
 
 
 def check_lora_targets(config: JobConfig) -> None:

@@ -15,11 +15,13 @@ torch.compile), so the CPU tiers test the adapter path for real.
 from __future__ import annotations
 
 import json
+import re
 from dataclasses import replace
 from pathlib import Path
 
 from launcher.core.config import LORA_REFUSED_TARGETS, LORA_TARGETS, ConfigError, JobConfig
 from launcher.core.shape import ModelShape
+from launcher.core.weights import WeightsError, weight_shapes
 
 VLLM_LORA_RANKS = (1, 8, 16, 32, 64, 128, 256, 320, 512)
 """vLLM 0.32's choices of --max-lora-rank (vllm/config/lora.py MaxLoRARanks)."""
@@ -63,6 +65,30 @@ def architecture(model: str) -> str | None:
     return str(archs[0]) if archs else None
 
 
+def model_type(model: str) -> str | None:
+    try:
+        return json.loads((Path(model) / "config.json").read_text()).get("model_type")
+    except (OSError, ValueError, AttributeError):
+        return None
+
+
+PEFT_MAMBA_TYPES = ("falcon_h1", "mamba", "mamba2", "falcon_mamba", "nemotron_h")
+PEFT_MAMBA_REFUSED = ("out_proj", "conv1d")
+"""peft 0.21 refuses LoRA on these modules of these model types (tuners_utils._check_lora_target_modules_mamba: the
+Mamba mixer's fused kernels read out_proj's and conv1d's weights directly, past an adapter), at get_peft_model, that
+is on the nodes after the queue: the default leaves them out and a user's list naming them is refused at plan time."""
+
+
+def check_mamba_targets(cfg: JobConfig) -> None:
+    mt = model_type(cfg.vllm.model)
+    bad = [m for m in cfg.trainer.lora.target_modules if m.rpartition(".")[2] in PEFT_MAMBA_REFUSED]
+    if mt in PEFT_MAMBA_TYPES and bad:
+        raise ConfigError(
+            f"trainer.lora.target_modules {bad[0]!r}: peft 0.21 refuses LoRA on {', '.join(PEFT_MAMBA_REFUSED)} of a "
+            f"Mamba-based model ({mt}); leave it out of trainer.lora.target_modules"
+        )
+
+
 def lora_push(cfg: JobConfig, data_parallel_size: int | None = None) -> tuple[str, str]:
     """(how a push moves the LoRA run's weights, why): ('', '') without LoRA, else ADAPTER or MERGED.
     data_parallel_size: the plan's (slurm.layout shared derives it from the node's GPUs); default the config's."""
@@ -70,6 +96,7 @@ def lora_push(cfg: JobConfig, data_parallel_size: int | None = None) -> tuple[st
     if not lora.enabled:
         return "", ""
     check_moe_targets(cfg)
+    check_mamba_targets(cfg)
     if lora.push == MERGED:
         return MERGED, "trainer.lora.push: merged"
     dp = data_parallel_size or cfg.vllm.data_parallel_size
@@ -102,21 +129,77 @@ def transport_why(cfg: JobConfig) -> str:
 
 
 MOE_TARGETS = ("q_proj", "k_proj", "v_proj", "o_proj")
-"""What LoRA adapts on a mixture of experts when trainer.lora.target_modules is left at its default (LORA_TARGETS):
-the attention projections (the default's MLP names are the experts', check_moe_targets)."""
+"""What LoRA adapts on a mixture of experts when trainer.lora.target_modules is left at its default (LORA_TARGETS) and
+its weights cannot be read here (resolved again on the nodes, Plan.load): the attention projections (the default's MLP
+names are the experts', check_moe_targets)."""
 
 
 def resolve_targets(cfg: JobConfig) -> JobConfig:
-    """The config with LoRA's targets resolved for its model: on a mixture of experts the default targets become
-    MOE_TARGETS (a user's own list is kept and checked); every other config is returned as it is. The plan carries
-    the result to the trainer, and its LoRA line names the targets."""
+    """The config with LoRA's targets resolved for its model where trainer.lora.target_modules is the default
+    (LORA_TARGETS, a Llama's names): the linear layers of the model's decoder layers, read from its weight names
+    (default_targets), so that a model that names them otherwise (LFM2's out_proj/in_proj/w1-w3, MLA's q_a_proj ...
+    kv_b_proj, GPT-NeoX's query_key_value/dense*) is adapted as a Llama is, instead of on the few names that happen to
+    match, or none. A user's own list is kept (and checked: target_problems). Where the weights cannot be read here (a
+    hub name, *.bin only) the default stays, an MoE's becoming MOE_TARGETS; the nodes, which read the model, resolve it
+    again (Plan.load). The plan carries the result to the trainer, and its LoRA line names the targets."""
     lora = cfg.trainer.lora
     if not lora.enabled or tuple(lora.target_modules) != LORA_TARGETS:
         return cfg
     shape = ModelShape.read(cfg.vllm.model)
-    if shape is None or not shape.experts:
+    moe = shape is not None and bool(shape.experts)
+    shapes = readable_weight_shapes(cfg.vllm.model)
+    if shapes:
+        if shape is not None:  # DeepSeek-V3's multi-token-prediction layer (model.layers.61) is no decoder layer
+            shapes = {k: v for k, v in shapes.items() if not ((m := LAYER.search(k)) and int(m.group(1)) >= shape.layers)}
+        layers = linear_layers(shapes)
+        # per-expert matrices in the checkpoint say MoE too, where config.json's fields are not ModelShape's
+        targets = default_targets(layers, moe or any(".experts." in m for ms in layers.values() for m in ms))
+        if model_type(cfg.vllm.model) in PEFT_MAMBA_TYPES:
+            targets = [t for t in targets if t not in PEFT_MAMBA_REFUSED]
+        if not targets:
+            raise ConfigError(
+                f"trainer.lora.target_modules: the default finds no linear layer in the decoder layers of {cfg.vllm.model}"
+                " to adapt; set trainer.lora.target_modules=[...] to the model's own module names"
+            )
+    elif moe:
+        targets = list(MOE_TARGETS)
+    else:
         return cfg
-    return replace(cfg, trainer=replace(cfg.trainer, lora=replace(lora, target_modules=list(MOE_TARGETS))))
+    return replace(cfg, trainer=replace(cfg.trainer, lora=replace(lora, target_modules=targets)))
+
+
+def default_targets(layers: dict[str, list[str]], moe: bool) -> list[str]:
+    """What the default adapts, by leaf name (linear_layers' order): every linear layer of the decoder layers, as
+    peft's all-linear does there. On a mixture of experts only the leaves none of whose modules sits in its MLP block
+    (MOE_BLOCK: the experts, the router, the shared expert and its gate; peft matches a leaf in every block, and maps
+    the MLP names onto the fused experts) or in a sparse-attention indexer (transformers runs it under no_grad: its
+    adapters would never train), nor one of MOE_REFUSED_TARGETS. (A Mamba-based model's out_proj is left out by
+    resolve_targets: PEFT_MAMBA_REFUSED.) For the architectures that take the adapter push
+    (SUPPORTED) these are vLLM's LoRA modules too: vLLM 0.32 adapts every linear layer (get_supported_lora_modules)."""
+    if not moe:
+        return list(layers)
+    return [
+        leaf
+        for leaf, modules in layers.items()
+        if leaf not in MOE_REFUSED_TARGETS and not any(MOE_BLOCK.search(m) for m in modules)
+    ]
+
+
+MOE_BLOCK = re.compile(r"\.\d+\.(mlp|feed_forward|block_sparse_moe|shared_mlp|moe)\.|\.experts\.|\.indexer\.")
+"""A module of an MoE decoder layer's MLP block (Qwen's mlp, LFM2's and Jamba's feed_forward, Mixtral's and Granite's
+block_sparse_moe, Granite's shared_mlp), of the experts, or of DeepSeek-V3.2's sparse-attention indexer."""
+
+
+def readable_weight_shapes(model: str) -> dict[str, list[int]] | None:
+    """The model folder's tensor shapes by name (safetensors headers), or None where there is none to read here (a hub
+    name, *.bin weights, a damaged file: check_model says which)."""
+    p = Path(model).expanduser()
+    if not p.is_dir():
+        return None
+    try:
+        return weight_shapes(p)
+    except WeightsError:
+        return None
 
 
 def check_moe_targets(cfg: JobConfig) -> None:
@@ -138,21 +221,33 @@ ALL_LINEAR = "all-linear"
 special only as the whole of target_modules (trainer.lora.peft_config passes it to peft as the string)."""
 
 FUSED_PROJECTIONS = ("qkv_proj", "gate_up_proj", "query_key_value", "W_pack", "c_attn", "Wqkv")
-"""Linear layers that fuse what the default targets name apart (phi3's qkv_proj and gate_up_proj): the default
-targets miss them, and peft says nothing while any other target matches."""
+"""Linear layers that fuse what a Llama's names name apart (phi3's qkv_proj and gate_up_proj): a user's list of
+Llama names misses them, and peft says nothing while any other target matches."""
+
+
+LAYER = re.compile(r"\.layers\.(\d+)\.")
+"""A decoder layer's index in a tensor name; one at num_hidden_layers or above is a checkpoint's extra (MTP) layer,
+which transformers' causal LM drops on load."""
+
+TOWER = re.compile(r"(^|\.)(visual|vision_tower|vision_model|audio_tower)\.")
+"""A multimodal release's encoder beside the text decoder (Qwen3.5's model.visual.blocks.N): its blocks are numbered
+too, but transformers' causal LM drops them on load, so no adapter could go there."""
 
 
 def linear_layers(shapes: dict[str, list[int]]) -> dict[str, list[str]]:
-    """Leaf name -> the module names of the checkpoint's linear layers (2-D `.weight` tensors), the embeddings and the
-    LM head left out (LORA_REFUSED_TARGETS); the default targets' names first, in their order, then the others."""
+    """Leaf name -> the module names of the linear layers (2-D `.weight` tensors) of the checkpoint's decoder layers
+    (a numbered block: model.layers.3.self_attn.q_proj, GPT-2's h.3.attn.c_attn): the embeddings, the LM head, the
+    model-level projections (Gemma-3n's altup_projections.0) and a vision or audio tower (TOWER) left out; the default
+    targets' names first, in their order, then the others."""
     out: dict[str, list[str]] = {}
     for name, shape in shapes.items():
         if not name.endswith(".weight") or len(shape) != 2:
             continue
         module = name.removesuffix(".weight")
         leaf = module.rpartition(".")[2]
-        if leaf not in LORA_REFUSED_TARGETS:
-            out.setdefault(leaf, []).append(module)
+        if leaf in LORA_REFUSED_TARGETS or leaf.isdigit() or not re.search(r"\.\d+\.", module) or TOWER.search(module):
+            continue
+        out.setdefault(leaf, []).append(module)
     rank = {leaf: i for i, leaf in enumerate(LORA_TARGETS)}
     return dict(sorted(out.items(), key=lambda kv: (rank.get(kv[0], len(rank)), kv[0])))
 
@@ -163,10 +258,10 @@ def matches(target: str, module: str) -> bool:
 
 
 def target_problems(cfg: JobConfig, shapes: dict[str, list[int]]) -> tuple[list[str], list[str]]:
-    """(problems, warnings) of trainer.lora.target_modules against the model's weight names: a target that matches no
-    linear layer is refused (peft errors only when no target matches at all, so a typo beside a good name is silent);
-    'all-linear' must stand alone to be peft's special value. The default targets may miss a fused projection: warned,
-    naming the layers left without adapters."""
+    """(problems, warnings) of trainer.lora.target_modules (resolved: resolve_targets) against the model's weight names:
+    a target that matches no linear layer of its decoder layers is refused (peft errors only when no target matches at
+    all, so a typo beside a good name is silent); 'all-linear' must stand alone to be peft's special value. A user's
+    own list that leaves a fused projection (FUSED_PROJECTIONS) without adapters is warned, naming the layers."""
     lora, model = cfg.trainer.lora, cfg.vllm.model
     if not lora.enabled:
         return [], []
@@ -181,24 +276,18 @@ def target_problems(cfg: JobConfig, shapes: dict[str, list[int]]) -> tuple[list[
                     f"trainer.lora.target_modules=[{ALL_LINEAR}] or name the layers ({names})"], []  # fmt: skip
         return [], []
     modules = [m for ms in layers.values() for m in ms]
-    found = {t: any(matches(t, m) for m in modules) for t in targets}
-    default = tuple(targets) == LORA_TARGETS
-    missed = [t for t, ok in found.items() if not ok]
-    if missed and (not default or len(missed) == len(targets)):
-        which = "the default targets match" if default else f"{missed[0]!r} matches"
+    missed = [t for t in targets if not any(matches(t, m) for m in modules)]
+    if missed:
         return [
-            f"trainer.lora.target_modules: {which} no module of {model} (its linear layers: {names}); name those to adapt"
+            f"trainer.lora.target_modules: {missed[0]!r} matches no module of {model} (its linear layers: {names}); "
+            "name those to adapt"
         ], []
     reached = {leaf for leaf, ms in layers.items() if any(matches(t, m) for t in targets for m in ms)}
-    # a user's own list misses only what it must (a fused projection); the defaults, on a dense model, every linear
-    # layer they do not name (Phi-2's dense/fc1/fc2, Starcoder2's c_fc/c_proj); an MoE's defaults are attention only
-    moe = any(".experts." in m for m in modules)
-    left = [leaf for leaf in layers if leaf not in reached and (leaf in FUSED_PROJECTIONS or (default and not moe))]
+    left = [leaf for leaf in layers if leaf not in reached and leaf in FUSED_PROJECTIONS]
     if not left:
         return [], []
     kept = [leaf for leaf in layers if leaf in reached or leaf in left]
-    what = "fused" if all(leaf in FUSED_PROJECTIONS for leaf in left) else "linear layers"
     return [], [
-        f"WARNING: trainer.lora.target_modules reach only {', '.join(sorted(reached))} of {model}: its {what} "
+        f"WARNING: trainer.lora.target_modules reach only {', '.join(sorted(reached))} of {model}: its fused "
         f"{', '.join(left)} get no adapter; add them: trainer.lora.target_modules=[{', '.join(kept)}]"
     ]

@@ -38,7 +38,7 @@ def perturb(model, seed: int) -> None:
             local.add_(delta[first:stop].reshape(local.shape).to(local.dtype))
 
 
-def trainer_side(rank: int, world: int, _port: int, tiny: str, root: str) -> bool:
+def trainer_side(rank: int, world: int, _port: int, tiny: str, root: str, neox: str) -> bool:
     """What the trainer writes: a checkpoint of two ranks' shards, JOB/model in fp32 and a bf16 copy, a LoRA run's
     checkpoint, adapter/ and merged/; rank 0 keeps the full tensors and logits to compare with."""
     import torch.distributed as dist
@@ -68,8 +68,33 @@ def trainer_side(rank: int, world: int, _port: int, tiny: str, root: str) -> boo
     opt = torch.optim.AdamW([p for p in lm.parameters() if p.requires_grad])
     checkpoint.save(r / "lora" / "checkpoints", lm, opt, None, CheckpointMeta(step=7, world_size=world))
     trainer_lora.save_outputs(lm, LoraConfig(r=4, alpha=8, save_merged=True), tiny, r / "lora", torch.float32)
+    neox_side(par, neox, r / "neox")
     dist.barrier()
     return True
+
+
+def neox_side(par, neox: str, out: Path) -> None:
+    """GPT-NeoX (untied): its checkpoint's head is embed_out.weight, transformers' module lm_head (a renaming keyed by
+    the class name GPTNeoXForCausalLM), and FSDP2 renames the sharded root's class FSDPGPTNeoXForCausalLM. The final
+    model, the push and the names of a root sharded without a load (built from the config) must all say embed_out."""
+    from torch.distributed.fsdp import fully_shard
+    from transformers import AutoConfig, AutoModelForCausalLM
+
+    from trainer import final_model, loading
+    from trainer.checkpoint_names import saved_layout, served_names
+
+    model, _ = loading.load_model(neox, par, torch.float32)
+    perturb(model, seed=4)
+    final_model.save(model, torch.float32, neox, out / "model", max_bytes=SMALL_FILES)
+    head = model.lm_head.weight.full_tensor().clone()
+    built = AutoModelForCausalLM.from_config(AutoConfig.from_pretrained(neox))
+    fully_shard(built, mesh=par.mesh)
+    names = {
+        "pushed": served_names(model, ["lm_head.weight"])["lm_head.weight"],
+        "built": [n for n, _ in saved_layout(built, [(n, tuple(p.shape)) for n, p in built.named_parameters()])],
+    }
+    if par.rank == 0:
+        torch.save({"head": head, "names": names}, out / "trainer.pt")
 
 
 def job_config(folder: Path, tiny: str, *sets: str) -> None:
@@ -93,8 +118,12 @@ def tensors(folder: Path) -> dict[str, torch.Tensor]:
 
 @pytest.fixture(scope="module")
 def written(tiny_model, tmp_path_factory) -> Path:
+    from trainer.tiny_model import make_tiny_model
+
     root = tmp_path_factory.mktemp("export")
-    run_ranks(2, functools.partial(trainer_side, tiny=tiny_model, root=str(root)), timeout_s=240)
+    make_tiny_model(root / "neox-base", family="gpt_neox", tie=False)
+    (root / "neox").mkdir()
+    run_ranks(2, functools.partial(trainer_side, tiny=tiny_model, root=str(root), neox=str(root / "neox-base")), timeout_s=240)
     job_config(root / "full", tiny_model)
     job_config(root / "lora", tiny_model, "trainer.lora.r=4", "trainer.lora.alpha=8")
     return root
@@ -137,6 +166,26 @@ def test_from_pretrained_of_the_final_model_computes_the_trainers_logits(written
         got = m(torch.tensor(IDS)).logits
     assert (got - want).abs().max().item() < 1e-4, (got - want).abs().max().item()
     assert AutoModelForCausalLM.from_pretrained(written / "bf16").dtype == torch.bfloat16  # config.json's dtype, "auto"
+
+
+def test_a_sharded_gpt_neox_is_saved_and_pushed_under_its_checkpoints_head_name(written):
+    """GPT-NeoX's head is embed_out.weight in its checkpoint (the name vLLM's loader and from_pretrained read): before,
+    the final model of the FSDP2-sharded root named it lm_head.weight (transformers' class-keyed renaming missed the
+    FSDP class), a folder whose head from_pretrained leaves at random."""
+    from safetensors import safe_open
+    from transformers import AutoModelForCausalLM
+
+    with safe_open(str(written / "neox-base" / "model.safetensors"), "pt") as f:
+        checkpoint = sorted(f.keys())
+    assert "embed_out.weight" in checkpoint and "lm_head.weight" not in checkpoint
+    want = torch.load(written / "neox" / "trainer.pt")
+    got = tensors(written / "neox" / "model")
+    assert sorted(got) == checkpoint
+    assert torch.equal(got["embed_out.weight"], want["head"])
+    assert sorted(want["names"]["built"]) == checkpoint  # a sharded root that was never loaded: the same names
+    assert want["names"]["pushed"] == "embed_out.weight"  # what vLLM's load_weights is sent
+    m = AutoModelForCausalLM.from_pretrained(written / "neox" / "model", dtype=torch.float32)
+    assert torch.equal(m.lm_head.weight, want["head"])  # the trained head, not a fresh one
 
 
 def test_a_lora_export_is_the_trainers_adapter_for_peft_and_merged_on_request(written, tiny_model):

@@ -232,6 +232,7 @@ class MergedPusher(NodePusher):
     def __init__(self, model, client: VllmServer | None, settings: PushSettings, device: torch.device, lora: LoraConfig):
         super().__init__(model, client, settings, device)
         self.scale = trainer_lora.scaling(lora)
+        self.transposed = trainer_lora.transposed_modules(model)
         dtype = str(settings.dtype).removeprefix("torch.")
         self.meta = self.as_served(
             [
@@ -243,15 +244,17 @@ class MergedPusher(NodePusher):
         self.bytes_last = sum(m.nbytes for m in self.meta)
 
     def params(self) -> Iterator[tuple[str, torch.Tensor]]:
-        return merged_params(iter_unsharded_params(self.model, self.settings.dtype), self.scale, self.settings.dtype)
+        walk = iter_unsharded_params(self.model, self.settings.dtype)
+        return merged_params(walk, self.scale, self.settings.dtype, self.transposed)
 
 
 def merged_params(
-    params: Iterator[tuple[str, torch.Tensor]], scale: float, dtype: torch.dtype
+    params: Iterator[tuple[str, torch.Tensor]], scale: float, dtype: torch.dtype, transposed: frozenset[str] = frozenset()
 ) -> Iterator[tuple[str, torch.Tensor]]:
     """The peft model's parameter stream (base_layer weight, its bias, lora_A, lora_B per adapted module, in
     named_parameters order) as the base's, in the same order: an adapted module's base parameters are held until its
-    B arrives, then its weight goes out as W + scale B A (in fp32, sent in `dtype`), followed by its bias.
+    B arrives, then its weight goes out as W + scale B A (in fp32, sent in `dtype`), followed by its bias; for the
+    modules in `transposed` (trainer.lora.transposed_modules: GPT-2's Conv1D, weight [in, out]) W + scale (B A)^T.
 
     CUDA streams, as trainer.push.gather.iter_unsharded_params orders them for the full-weight push (N1/N3/N6):
     `params` is pulled and every merge computed on the stream current HERE, at the call (the caller's, which the
@@ -263,11 +266,15 @@ def merged_params(
     from trainer.push.gather import _live_cuda
 
     home = torch.cuda.current_stream() if _live_cuda() else None
-    return _merged(params, scale, dtype, home)
+    return _merged(params, scale, dtype, home, transposed)
 
 
 def _merged(
-    params: Iterator[tuple[str, torch.Tensor]], scale: float, dtype: torch.dtype, home: torch.cuda.Stream | None
+    params: Iterator[tuple[str, torch.Tensor]],
+    scale: float,
+    dtype: torch.dtype,
+    home: torch.cuda.Stream | None,
+    transposed: frozenset[str] = frozenset(),
 ) -> Iterator[tuple[str, torch.Tensor]]:
     from trainer.push.gather import _on, _stream, hand_over
 
@@ -282,7 +289,8 @@ def _merged(
             for held_name, w in held.pop(module):
                 if held_name.endswith(".weight"):
                     with _stream(home):
-                        w = (w.float() + scale * (t.float() @ a.pop(module).float())).to(dtype)
+                        delta = t.float() @ a.pop(module).float()
+                        w = (w.float() + scale * (delta.T if module in transposed else delta)).to(dtype)
                 yield held_name, hand_over(w, home)
             continue
         base = trainer_lora.base_name(name)
