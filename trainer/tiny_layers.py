@@ -29,7 +29,7 @@ def every(layers: int, period: int, at: int, rare: str, common: str) -> list[str
 
 
 NEMOTRON_H_PERIOD = "M-M-M-M*-"
-"""Nemotron-H-8B's first 9 layers (its hybrid_override_pattern; Nemotron-Nano-12B-v2-VL repeats them through its 62):
+"""Nemotron-H-8B's first 9 layers (its hybrid_override_pattern; its later periods hold one more Mamba-2 + MLP pair):
 M a Mamba-2 layer, - an MLP, * attention."""
 NEMOTRON_H_KINDS = {"M": LINEAR, "-": "mlp", "*": FULL}
 
