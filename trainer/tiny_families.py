@@ -107,9 +107,10 @@ DEEPSEEK_MOE = {
     "first_k_dense_replace": 1,
 }
 """DeepSeek's MoE fields (GLM-4.5 takes the same): routed and shared experts, the first layer dense."""
-MLA = {"kv_lora_rank": 32, "q_lora_rank": 64, "qk_nope_head_dim": 64, "v_head_dim": 64}
-"""Multi-head latent attention's fields (DeepSeek-V2/V3, GLM-4.7-Flash); the rope head size is head_dim (SIZED)."""
-DSA_INDEXER = {"index_n_heads": 2, "index_topk": 8}
+MLA = {"kv_lora_rank": 32, "q_lora_rank": 64, "qk_nope_head_dim": 64, "qk_rope_head_dim": 64, "v_head_dim": 64}
+"""Multi-head latent attention's fields (DeepSeek-V2/V3, GLM-4.7-Flash): the rope head size is head_dim (64; their configs
+set head_dim from it, whatever --head-dim says, which sizes only the head count: hidden / head_dim)."""
+DSA_INDEXER = {"index_n_heads": 2, "index_head_dim": 128, "index_topk": 8}
 """DeepSeek Sparse Attention's indexer (DeepSeek-V3.2, GLM-5), small: 2 heads, each query attends to its top 8 keys."""
 
 QWEN3_NEXT = {
@@ -426,9 +427,6 @@ def config_fields(
         "pad_token_id": token_id,
         "tie_word_embeddings": tie,
         "torch_dtype": dtype,
-        # MLA: transformers sizes the rotary embedding by head_dim; DSA's indexer heads hold a rope and a plain half
-        **({"qk_rope_head_dim": head_dim} if mla else {}),
-        **({"index_head_dim": 2 * head_dim} if "index_n_heads" in tiny else {}),
         **tiny,
         **(SIZED[family](Body(layers, hidden, heads, kv_heads, head_dim, vocab)) if family in SIZED else {}),
         **layer_fields(family, layers),
