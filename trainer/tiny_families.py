@@ -7,12 +7,16 @@ group: FSDP2 then gives the ranks unequal expert blocks) and, for qwen3_moe, an 
 of 32 (vLLM's CPU kernel pads it). MLA (deepseek_v2/v3, glm4_moe_lite): qk_rope_head_dim = head_dim (transformers'
 rotary is sized by head_dim) and as many kv heads as heads. Fields real checkpoints carry that vLLM reads and
 transformers does not default: DeepSeek-V3's topk_method noaux_tc (vLLM makes e_score_correction_bias only then),
-GLM-4.7-Flash's first_k_dense_replace. Each DeepSeek/GLM body has a dense layer 0 before its MoE layer 1; qwen3_next
-alternates linear and full attention."""
+GLM-4.7-Flash's first_k_dense_replace. Each DeepSeek/GLM body has a dense layer 0 before its MoE layers. Which kind each
+layer is (Qwen3.5's linear and full attention, Nemotron-H's Mamba-2, MLP and attention, ...) at any --layers:
+trainer.tiny_layers; the widths that follow --hidden / --head-dim / --kv-heads: SIZED."""
 
 from __future__ import annotations
 
-from typing import Any
+from collections.abc import Callable
+from typing import Any, NamedTuple
+
+from trainer.tiny_layers import MIN_LAYERS, layer_fields
 
 OMIT: Any = object()
 """A family's field of this value is left out of its tiny config (Falcon computes head_dim and has no setter for it)."""
@@ -45,30 +49,20 @@ DENSE: dict[str, dict[str, Any]] = {
     "phi": {},
     "gpt_neox": {},
     # Gemma 4: its per-layer input embeddings default to 262144 x 256 per layer (135 M parameters at 2 layers): sized
-    # to the tokenizer; a sliding layer, then the full one (the last layer must be)
-    "gemma4_text": {
-        "vocab_size_per_layer_input": 300,
-        "hidden_size_per_layer_input": 16,
-        "layer_types": ["sliding_attention", "full_attention"],
-        "sliding_window": 16,
-    },
+    # to the tokenizer (SIZED); its layers: LAYER_RULES
+    "gemma4_text": {"hidden_size_per_layer_input": 16, "sliding_window": 16},
     "ministral3": {},
     "nemotron": {},
-    "qwen3_5_text": {  # Qwen3.5: Gated DeltaNet (linear attention) then full attention
-        "layer_types": ["linear_attention", "full_attention"],
+    "qwen3_5_text": {  # Qwen3.5: Gated DeltaNet (linear attention) and full attention (LAYER_RULES)
         "linear_key_head_dim": 32,
         "linear_value_head_dim": 32,
         "linear_num_key_heads": 2,
         "linear_num_value_heads": 4,
     },
-    # LFM2: vLLM reads block_dim and conv_dim, which LFM2's checkpoints carry (= hidden) and transformers does not
-    # default; vLLM 0.32 always ties its lm_head (every LFM2 checkpoint is tied); layer 0 is a short conv
-    "lfm2": {"block_dim": 128, "conv_dim": 128, "conv_dim_out": 128, "tie_word_embeddings": True, "full_attn_idxs": [1]},
-    # Nemotron-H (dense, as Nemotron-H-8B): a layer is one of Mamba-2, MLP or attention
+    # LFM2: vLLM reads block_dim and conv_dim (SIZED); vLLM 0.32 always ties its lm_head (every LFM2 checkpoint is tied)
+    "lfm2": {"tie_word_embeddings": True},
+    # Nemotron-H (dense, as Nemotron-H-8B): a layer is one of Mamba-2, MLP or attention (LAYER_RULES)
     "nemotron_h": {
-        "layers_block_type": ["linear_attention", "mlp", "full_attention", "mlp"],
-        "num_hidden_layers": 4,
-        "mamba_num_heads": 4,
         "mamba_head_dim": 64,
         "n_groups": 2,
         "ssm_state_size": 16,
@@ -78,56 +72,30 @@ DENSE: dict[str, dict[str, Any]] = {
     "granitemoehybrid": {
         "num_local_experts": 0,
         "shared_intermediate_size": 256,
-        "layer_types": ["mamba", "attention"],
-        "mamba_n_heads": 4,
         "mamba_d_head": 64,
         "mamba_d_state": 16,
         "mamba_chunk_size": 64,
     },
     # Falcon-H1: attention and Mamba-2 side by side in every layer (its non-persistent mup_vector: trainer.loading)
-    "falcon_h1": {"mamba_d_ssm": 256, "mamba_n_heads": 4, "mamba_d_head": 64, "mamba_d_state": 16, "mamba_chunk_size": 64},
-    # Zamba2: Mamba-2 layers and a shared attention block (on the doubled hidden: 4 heads of 64); vLLM ties its lm_head
-    "zamba2": {
-        "layers_block_type": ["mamba", "hybrid"],
-        "num_attention_heads": 4,
-        "num_key_value_heads": 4,
-        "n_mamba_heads": 4,
-        "mamba_d_state": 16,
-        "chunk_size": 64,
-        "tie_word_embeddings": True,
-    },
+    "falcon_h1": {"mamba_d_head": 64, "mamba_d_state": 16, "mamba_chunk_size": 64},
+    # Zamba2: Mamba-2 layers and a shared attention block (on the doubled hidden: SIZED); vLLM ties its lm_head
+    "zamba2": {"mamba_d_state": 16, "chunk_size": 64, "tie_word_embeddings": True},
     "minicpm3": {"kv_lora_rank": 32, "q_lora_rank": 64, "qk_nope_head_dim": 64, "qk_rope_head_dim": 64, "v_head_dim": 64},
-    # Gemma-3n's text model: AltUp, LAuReL and per-layer inputs, small; no kv-shared layer (2 layers of 2 kinds)
-    "gemma3n_text": {
-        "vocab_size_per_layer_input": 300,
-        "hidden_size_per_layer_input": 16,
-        "laurel_rank": 8,
-        "num_kv_shared_layers": 0,
-        "layer_types": ["sliding_attention", "full_attention"],
-        "sliding_window": 16,
-    },
-    "falcon": {"ffn_hidden_size": 512, "head_dim": OMIT},  # Falcon-7B's layout: multi-query, parallel attention
+    # Gemma-3n's text model: AltUp, LAuReL and per-layer inputs, small; no kv-shared layer
+    "gemma3n_text": {"hidden_size_per_layer_input": 16, "laurel_rank": 8, "num_kv_shared_layers": 0, "sliding_window": 16},
+    "falcon": {"head_dim": OMIT},  # Falcon-7B's layout: multi-query, parallel attention
     "bloom": {"tie_word_embeddings": True},  # vLLM 0.32 always ties Bloom's lm_head (as every Bloom checkpoint)
     "gpt2": {},
     "gptj": {"rotary_dim": 32},
-    "opt": {"ffn_dim": 512, "word_embed_proj_dim": 128},
+    "opt": {},
     "hyperclovax": {},
     "granite_swa": {"sliding_window": 16},
     "mamba": {"state_size": 16, "time_step_rank": 8},
-    "mamba2": {"num_heads": 4, "state_size": 16, "n_groups": 1, "chunk_size": 64, "time_step_rank": 8},
+    "mamba2": {"state_size": 16, "n_groups": 1, "chunk_size": 64, "time_step_rank": 8},
     "falcon_mamba": {"state_size": 16, "time_step_rank": 8},
-    # Jamba: a Mamba layer with a dense MLP, then attention with 3 experts (the periods of 2 give both in 2 layers); here,
-    # not in MOE, for the memory estimate's expert count (launcher.core.shape), which does not model Mamba layers
-    "jamba": {
-        "num_experts": 3,
-        "num_experts_per_tok": 2,
-        "attn_layer_period": 2,
-        "attn_layer_offset": 1,
-        "expert_layer_period": 2,
-        "expert_layer_offset": 1,
-        "mamba_d_state": 16,
-        "mamba_dt_rank": 8,
-    },
+    # Jamba: Mamba and attention layers, dense and 3-expert MLPs (LAYER_RULES); here, not in MOE, for the memory
+    # estimate's expert count (launcher.core.shape), which does not model Mamba layers
+    "jamba": {"num_experts": 3, "num_experts_per_tok": 2, "mamba_d_state": 16, "mamba_dt_rank": 8},
 }
 """model_type -> fields beyond the common ones."""
 
@@ -140,7 +108,8 @@ DEEPSEEK_MOE = {
 }
 """DeepSeek's MoE fields (GLM-4.5 takes the same): routed and shared experts, the first layer dense."""
 MLA = {"kv_lora_rank": 32, "q_lora_rank": 64, "qk_nope_head_dim": 64, "qk_rope_head_dim": 64, "v_head_dim": 64}
-"""Multi-head latent attention's fields (DeepSeek-V2/V3, GLM-4.7-Flash): the rope head size is head_dim (64)."""
+"""Multi-head latent attention's fields (DeepSeek-V2/V3, GLM-4.7-Flash): the rope head size is head_dim (64; their configs
+set head_dim from it, whatever --head-dim says, which sizes only the head count: hidden / head_dim)."""
 DSA_INDEXER = {"index_n_heads": 2, "index_head_dim": 128, "index_topk": 8}
 """DeepSeek Sparse Attention's indexer (DeepSeek-V3.2, GLM-5), small: 2 heads, each query attends to its top 8 keys."""
 
@@ -153,7 +122,6 @@ QWEN3_NEXT = {
     "linear_value_head_dim": 32,
     "linear_num_key_heads": 2,
     "linear_num_value_heads": 4,
-    "full_attention_interval": 2,  # linear, full, linear, ...: both kinds in 2 layers
 }
 """Qwen3-Next's MoE with Gated DeltaNet linear attention (Qwen3.5-MoE's too)."""
 
@@ -171,7 +139,13 @@ MOE: dict[str, dict[str, Any]] = {
     "deepseek_v2": {**DEEPSEEK_MOE, **MLA, "q_lora_rank": None},
     "glm4_moe": DEEPSEEK_MOE,
     "glm4_moe_lite": {**DEEPSEEK_MOE, **MLA},
-    "ernie4_5_moe": {"moe_num_experts": 3, "moe_k": 2, "moe_intermediate_size": 32, "moe_num_shared_experts": 1},
+    "ernie4_5_moe": {  # layer 0 dense (transformers' default, written out: it sets the fewest layers)
+        "moe_num_experts": 3,
+        "moe_k": 2,
+        "moe_intermediate_size": 32,
+        "moe_num_shared_experts": 1,
+        "moe_layer_start_index": 1,
+    },
     "granitemoe": {"num_local_experts": 3, "num_experts_per_tok": 2, "intermediate_size": 64},
     "hunyuan_v1_moe": {"num_experts": 3, "moe_topk": 2, "intermediate_size": 64},
     "llama4_text": {"num_local_experts": 3, "num_experts_per_tok": 1, "intermediate_size": 64, "intermediate_size_mlp": 256},
@@ -208,7 +182,6 @@ MOE: dict[str, dict[str, Any]] = {
         "num_experts_per_tok": 2,
         "moe_intermediate_size": 32,
         "num_dense_layers": 1,
-        "layer_types": ["conv", "full_attention"],  # LFM2's short convolution, then attention (config_fields repeats it)
         "tie_word_embeddings": True,  # vLLM's Lfm2MoeForCausalLM always ties lm_head to the embedding, as LFM2 does
     },
     "cohere2_moe": {
@@ -216,7 +189,6 @@ MOE: dict[str, dict[str, Any]] = {
         "num_experts_per_tok": 2,
         "intermediate_size": 64,
         "sliding_window": 16,
-        "sliding_window_pattern": 2,  # a sliding-window layer, then a full one
     },
     "exaone_moe": {
         "num_experts": 3,
@@ -225,7 +197,6 @@ MOE: dict[str, dict[str, Any]] = {
         "num_shared_experts": 1,
         "first_k_dense_replace": 1,
         "sliding_window": 16,
-        "sliding_window_pattern": 2,
     },
     "granitemoeshared": {
         "num_local_experts": 3,
@@ -275,25 +246,15 @@ MOE: dict[str, dict[str, Any]] = {
     # A.X-K1: DeepSeek-V3's layout with a norm after the MoE block. Every layer MoE: vLLM 0.32 gives every layer that
     # norm (used on the MoE ones only) and wants it from the checkpoint, where transformers has it only on MoE layers
     "axk1": {**DEEPSEEK_MOE, **MLA, "first_k_dense_replace": 0, "n_group": 1, "topk_group": 1},
-    # MiMo-V2-Flash: a full-attention layer, then a sliding-window one with attention sinks and twice the kv heads;
+    # MiMo-V2-Flash: full-attention layers and sliding-window ones with attention sinks and twice the kv heads (SIZED);
     # transformers reads layer_types / mlp_layer_types and one rope per kind, vLLM the fields the released config.json
-    # carries beside them (hybrid_layer_pattern, moe_layer_freq, the swa_* sizes, layernorm_epsilon, one rope)
+    # carries beside them (hybrid_layer_pattern, moe_layer_freq: LAYER_RULES; the swa_* sizes, layernorm_epsilon, one rope)
     "mimo_v2_flash": {
         "n_routed_experts": 3,
         "num_experts_per_tok": 2,
         "moe_intermediate_size": 32,
-        "head_dim": 64,
-        "v_head_dim": 64,
-        "swa_head_dim": 64,
-        "swa_v_head_dim": 64,
-        "swa_num_attention_heads": 2,
-        "swa_num_key_value_heads": 2,
         "sliding_window": 16,
         "sliding_window_size": 16,
-        "layer_types": ["full_attention", "sliding_attention"],
-        "hybrid_layer_pattern": [0, 1],
-        "mlp_layer_types": ["dense", "sparse"],
-        "moe_layer_freq": [0, 1],
         "layernorm_epsilon": 1e-05,
         "partial_rotary_factor": 0.5,
         "rope_theta": 10000.0,
@@ -383,6 +344,49 @@ PUSH_NOT_CHECKED = {
 checked as for every family; a GPU run's parity after each push checks the push)."""
 
 
+class Body(NamedTuple):
+    """The sizes make-tiny-model is asked for (--layers, --hidden, ...; heads = hidden / head_dim)."""
+
+    layers: int
+    hidden: int
+    heads: int
+    kv_heads: int
+    head_dim: int
+    vocab: int
+
+
+SIZED: dict[str, Callable[[Body], dict[str, Any]]] = {
+    # Mamba-2 mixers: 2 x hidden wide (the released models' expand 2), in heads of 64 (mamba_head_dim / mamba_d_head)
+    "nemotron_h": lambda b: {"mamba_num_heads": 2 * b.hidden // 64},
+    "granitemoehybrid": lambda b: {"mamba_n_heads": 2 * b.hidden // 64},
+    "falcon_h1": lambda b: {"mamba_d_ssm": 2 * b.hidden, "mamba_n_heads": 2 * b.hidden // 64},
+    "mamba2": lambda b: {"num_heads": 2 * b.hidden // b.head_dim},  # Mamba2Config's head_dim is the mixer's
+    # Zamba2's shared attention block runs on the doubled hidden (embedding and hidden state concatenated)
+    "zamba2": lambda b: {
+        "num_attention_heads": 2 * b.hidden // b.head_dim,
+        "num_key_value_heads": 2 * b.hidden // b.head_dim,
+        "n_mamba_heads": 2 * b.hidden // 64,
+    },
+    # LFM2's checkpoints carry block_dim and conv_dim (= hidden), which vLLM reads and transformers does not default
+    "lfm2": lambda b: {"block_dim": b.hidden, "conv_dim": b.hidden, "conv_dim_out": b.hidden},
+    # Gemma's per-layer input embeddings: one row per token of the tokenizer
+    "gemma4_text": lambda b: {"vocab_size_per_layer_input": b.vocab},
+    "gemma3n_text": lambda b: {"vocab_size_per_layer_input": b.vocab},
+    "opt": lambda b: {"ffn_dim": 4 * b.hidden, "word_embed_proj_dim": b.hidden},
+    "falcon": lambda b: {"ffn_hidden_size": 4 * b.hidden},
+    # MiMo-V2-Flash's sliding-window layers: as many query heads, twice the kv heads
+    "mimo_v2_flash": lambda b: {
+        "head_dim": b.head_dim,
+        "v_head_dim": b.head_dim,
+        "swa_head_dim": b.head_dim,
+        "swa_v_head_dim": b.head_dim,
+        "swa_num_attention_heads": b.heads,
+        "swa_num_key_value_heads": 2 * b.kv_heads,
+    },
+}
+"""model_type -> the fields that follow the body's widths (the others of FAMILIES hold at every size)."""
+
+
 def config_fields(
     family: str,
     *,
@@ -397,16 +401,25 @@ def config_fields(
     token_id: int,
     dtype: str,
 ) -> dict[str, Any]:
-    """Every field of the family's tiny config (the caller makes it with AutoConfig.for_model)."""
+    """Every field of the family's tiny config (the caller makes it with AutoConfig.for_model): its layers of the kinds
+    trainer.tiny_layers gives for `layers`, its widths those of SIZED."""
     if family not in FAMILIES:
         raise ValueError(f"unknown model family {family!r}; known: {', '.join(FAMILIES)}")
+    tiny = FAMILIES[family]
+    dense_first = tiny.get("first_k_dense_replace") or tiny.get("num_dense_layers") or tiny.get("moe_layer_start_index") or 0
+    least = max(MIN_LAYERS.get(family, 1), 1 + dense_first)  # an MoE family: one MoE layer at least
+    if layers < least:
+        raise ValueError(
+            f"--layers {layers} is too few for {family}: its layer kinds need at least {least} (trainer.tiny_layers)"
+        )
+    mla = "kv_lora_rank" in tiny
     fields = {
         "vocab_size": vocab,
         "hidden_size": hidden,
         "intermediate_size": intermediate,
         "num_hidden_layers": layers,
         "num_attention_heads": heads,
-        "num_key_value_heads": heads if "kv_lora_rank" in FAMILIES[family] else kv_heads,  # MLA: a latent kv per head
+        "num_key_value_heads": heads if mla else kv_heads,  # MLA: a latent kv per head
         "head_dim": head_dim,
         "max_position_embeddings": 512,
         "eos_token_id": token_id,
@@ -414,15 +427,11 @@ def config_fields(
         "pad_token_id": token_id,
         "tie_word_embeddings": tie,
         "torch_dtype": dtype,
-        **FAMILIES[family],
-        # a family's per-layer lists are a pattern (LFM2's conv, attention), repeated to the layer count
-        **{k: [v[i % len(v)] for i in range(layers)] for k, v in FAMILIES[family].items() if k in PER_LAYER},
+        **tiny,
+        **(SIZED[family](Body(layers, hidden, heads, kv_heads, head_dim, vocab)) if family in SIZED else {}),
+        **layer_fields(family, layers),
     }
     return {k: v for k, v in fields.items() if v is not OMIT}
-
-
-PER_LAYER = ("layer_types", "mlp_layer_types", "hybrid_layer_pattern", "moe_layer_freq")
-"""Config fields with one entry per layer."""
 
 
 EXPERT_COUNT = ("num_experts", "num_local_experts", "n_routed_experts", "moe_num_experts")

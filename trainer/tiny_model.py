@@ -7,9 +7,11 @@ trained here and a chat template. No hub access: tests and the CPU smoke run bui
 from __future__ import annotations
 
 import argparse
+import functools
 import os
 import sys
 from pathlib import Path
+from typing import Any
 
 CHAT_TEMPLATE = (
     "{% for m in messages %}<|im_start|>{{ m['role'] }}\n{{ m['content'] }}<|im_end|>\n{% endfor %}"
@@ -27,10 +29,60 @@ def _corpus() -> list[str]:
     return lines + ["1 + 2 = 3", "a b c d e f g h i j k l m n o p q r s t u v w x y z", "aaaa aa a"]
 
 
+def tiny_config(
+    family: str,
+    *,
+    vocab: int,
+    token_id: int,
+    hidden: int,
+    layers: int,
+    kv_heads: int,
+    intermediate: int,
+    tie: bool,
+    dtype: str,
+    head_dim: int,
+    experts: int,
+    experts_per_token: int,
+    expert_intermediate: int,
+) -> Any:
+    """The transformers config of make_tiny_model's body (validated by transformers as it is made): the family's fields
+    (trainer.tiny_families), its layer kinds at `layers` (trainer.tiny_layers), the MoE flags' expert fields."""
+    from huggingface_hub.errors import StrictDataclassError
+    from transformers import AutoConfig
+
+    from trainer.tiny_families import FAMILIES, config_fields, moe_fields
+
+    if family not in FAMILIES:
+        raise ValueError(f"unknown model family {family!r}; known: {', '.join(FAMILIES)}")
+    if hidden % head_dim:
+        raise ValueError(f"hidden ({hidden}) must be a multiple of head_dim ({head_dim}; vLLM's CPU attention needs 64)")
+    heads = hidden // head_dim
+    if heads % kv_heads:
+        raise ValueError(f"kv_heads ({kv_heads}) must divide the {heads} attention heads (hidden / head_dim)")
+    fields = config_fields(
+        family,
+        vocab=vocab,
+        hidden=hidden,
+        layers=layers,
+        heads=heads,
+        kv_heads=kv_heads,
+        head_dim=head_dim,
+        intermediate=intermediate or 2 * hidden,
+        tie=tie,
+        token_id=token_id,
+        dtype=dtype,
+    )
+    resize = moe_fields(family, experts=experts, experts_per_token=experts_per_token, expert_intermediate=expert_intermediate)
+    try:
+        return AutoConfig.for_model(family, **{**fields, **resize})
+    except StrictDataclassError as e:  # transformers' own checks (e.g. Mamba-2's heads x head_dim = 2 x hidden)
+        raise ValueError(f"{family} cannot take these sizes: {e.__cause__ or e}".replace("\n", " ")) from e
+
+
 def make_tiny_model(
     out: str | os.PathLike,
     hidden: int = 128,
-    layers: int = 2,
+    layers: int | None = None,
     vocab: int = 300,
     seed: int = 0,
     dtype: str = "float32",
@@ -51,23 +103,34 @@ def make_tiny_model(
         vocabulary stays this tokenizer's: a random model samples every id of its vocabulary). tie=False gives a
     separate lm_head (as 7B+ models have); max_shard_size (e.g. "50MB") writes several safetensors files and an index.
     experts, experts_per_token, expert_intermediate: an MoE family's routed experts, top-k and expert width (0 keeps
-    the tiny default of trainer.tiny_families.MOE)."""
+    the tiny default of trainer.tiny_families.MOE). layers: None = 2 (trainer.tiny_layers.TINY_LAYERS: nemotron_h 4); a
+    hybrid family's layers follow its released layer pattern at any count (trainer.tiny_layers)."""
     import torch
     from tokenizers import Tokenizer, decoders, models, pre_tokenizers, trainers
-    from transformers import AutoConfig, AutoModelForCausalLM, PreTrainedTokenizerFast
+    from transformers import AutoModelForCausalLM, PreTrainedTokenizerFast
 
     from launcher.core.shape import ModelShape
-    from trainer.tiny_families import FAMILIES, config_fields, moe_fields
+    from trainer.tiny_layers import TINY_LAYERS
 
-    # every argument checked before anything is written: a refused call leaves no half-made folder behind
-    if family not in FAMILIES:
-        raise ValueError(f"unknown model family {family!r}; known: {', '.join(FAMILIES)}")
-    if hidden % head_dim:
-        raise ValueError(f"hidden ({hidden}) must be a multiple of head_dim ({head_dim}; vLLM's CPU attention needs 64)")
-    heads = hidden // head_dim
-    if heads % kv_heads:
-        raise ValueError(f"kv_heads ({kv_heads}) must divide the {heads} attention heads (hidden / head_dim)")
-    resize = moe_fields(family, experts=experts, experts_per_token=experts_per_token, expert_intermediate=expert_intermediate)
+    if layers is None:
+        layers = TINY_LAYERS.get(family, 2)
+    config = functools.partial(
+        tiny_config,
+        family,
+        hidden=hidden,
+        layers=layers,
+        kv_heads=kv_heads,
+        intermediate=intermediate,
+        tie=tie,
+        dtype=dtype,
+        head_dim=head_dim,
+        experts=experts,
+        experts_per_token=experts_per_token,
+        expert_intermediate=expert_intermediate,
+    )
+    # every argument checked (transformers validates the config) before anything is written: a refused call leaves no
+    # half-made folder behind
+    config(vocab=vocab, token_id=0)
     path = Path(out)
     weights = [*path.glob("*.safetensors"), *path.glob("*.safetensors.index.json"), *path.glob("*.bin")]
     if weights and not (path / MARKER).is_file():
@@ -88,20 +151,7 @@ def make_tiny_model(
     hf = PreTrainedTokenizerFast(tokenizer_object=tok, eos_token="<|endoftext|>", pad_token="<|endoftext|>", bos_token=None)
     hf.chat_template = CHAT_TEMPLATE
     hf.save_pretrained(path)
-    fields = config_fields(
-        family,
-        vocab=len(hf),
-        hidden=hidden,
-        layers=layers,
-        heads=heads,
-        kv_heads=kv_heads,
-        head_dim=head_dim,
-        intermediate=intermediate or 2 * hidden,
-        tie=tie,
-        token_id=hf.eos_token_id,
-        dtype=dtype,
-    )
-    cfg = AutoConfig.for_model(family, **{**fields, **resize})
+    cfg = config(vocab=len(hf), token_id=hf.eos_token_id)
     torch.manual_seed(seed)
     with torch.device(device):  # cuda: a 7B body is initialised in seconds instead of minutes
         model = AutoModelForCausalLM.from_config(cfg).to(getattr(torch, dtype))
@@ -114,7 +164,7 @@ def make_tiny_model(
         "params_estimated": shape.params if shape else None,
         "params_active_estimated": shape.active_params if shape else None,
         "hidden": hidden,
-        "layers": layers,
+        "layers": cfg.num_hidden_layers,
         "kv_heads": kv_heads,
         "intermediate": cfg.intermediate_size,
         "dtype": dtype,
@@ -135,7 +185,12 @@ def main(argv: list[str] | None = None) -> int:
     )
     ap.add_argument("dir", help="output folder")
     ap.add_argument("--hidden", type=int, default=128, help="hidden size (multiple of 64; default 128)")
-    ap.add_argument("--layers", type=int, default=2, help="decoder layers (default 2)")
+    ap.add_argument(
+        "--layers",
+        type=int,
+        default=None,
+        help="decoder layers (default 2, nemotron_h 4); hybrid families repeat their released layer pattern (trainer.tiny_layers)",
+    )
     ap.add_argument("--seed", type=int, default=0, help="init seed (default 0)")
     ap.add_argument("--kv-heads", type=int, default=1, help="key/value heads (default 1)")
     ap.add_argument("--intermediate", type=int, default=0, help="MLP size (default 2 x hidden)")
