@@ -23,6 +23,11 @@ common model shapes. An estimate with stated terms, not a measurement (gpu/RESUL
   MoE            P counts every expert (FSDP shards them, AdamW holds them, a push sends them, vLLM serves them);
                  a gathered unit is a whole MoE layer (all its experts); activations take the experts_per_token
                  experts a token runs through; the largest tensor read at load is a layer's fused gate_up_proj
+  SSM, hybrids   families whose layers are not all attention + MLP (Mamba, Mamba-2, Gated DeltaNet, LFM2's short
+                 convolutions, fused-qkv GELU bodies, Gemma-3n: launcher.core.layer_kinds) are counted per layer kind:
+                 P, the largest gathered layer and each kind's activations per token (an SSM layer keeps transformers'
+                 PyTorch scan's fp32 tensors: Mamba 12 d N bytes, Mamba-2 B and C per head plus the chunk's scores);
+                 eager attention's scores count in the attention layers only
   vLLM           bf16 weights per GPU (vllm_weights_gb): 2P / tensor_parallel_size; with vllm.enable_expert_parallel
                  the routed experts split over TP x DP (2 (P - E) / TP + 2 E / (TP x DP), E = the routed experts'
                  parameters); they fit when they leave VLLM_HEADROOM_GB of the memory vLLM gets of a GPU
@@ -48,7 +53,7 @@ from dataclasses import dataclass
 from launcher.core.inputs import PromptLength, prompt_length
 from launcher.core.lora import ADAPTER, ENGINE, MERGED
 from launcher.core.plan import Plan
-from launcher.core.shape import ModelShape
+from launcher.core.shape import NO_CONFIG, ModelShape
 
 GB = 1e9
 PROMPT_TOKENS = 256
@@ -240,11 +245,15 @@ def estimate(shape: ModelShape, lay: Layout, opt: Options) -> Estimate:
     if s == 1 and not opt.cpu_offload:  # one rank per shard group keeps every unit gathered (trainer.parallel.shard_model)
         gathered = b * (p + a) + 4 * (a_layer if opt.lora_r else shape.layer_params)
     adapted = sum(1 for name in projections(shape) if name in opt.lora_targets) if opt.lora_r else 0
-    per_layer = t * (16 * shape.hidden + 8 * mlp_width(shape) + 2 * opt.lora_r * adapted)
-    acts = (2 * t * shape.hidden * shape.layers + per_layer) if opt.activation_checkpointing else per_layer * shape.layers
-    if opt.eager(shape):
+    every, largest = shape.activation_bytes(mlp_width(shape))  # per token: all layers, the largest one
+    lora = 2 * opt.lora_r * adapted
+    if opt.activation_checkpointing:
+        acts = t * (2 * shape.hidden * shape.layers + largest + lora)
+    else:
+        acts = t * (every + lora * shape.layers)
+    if opt.eager(shape):  # an SSM or short-conv layer has no scores
         scores = lay.completions_per_rank * shape.heads * (lay.prompt_tokens + lay.completion_tokens) ** 2
-        acts += scores * (8 if opt.activation_checkpointing else 2 * shape.layers + 6)
+        acts += scores * (8 if opt.activation_checkpointing else 2 * shape.attention_layers + 6)
     # TRL scores the completion tokens only (its labels are -100 over the prompt): the prompt adds no logits
     logits = 6 * lay.completions_per_rank * lay.completion_tokens * shape.vocab
     reference = 4 * p if opt.reference_model else 0
@@ -349,7 +358,7 @@ def vllm_tp_choices(heads: int, gpus: int, data_parallel: int, shared: bool) -> 
 def routed_expert_params(shape: ModelShape) -> int:
     """The routed experts' parameters (0 for a dense model): what expert parallelism splits; the router and a shared
     expert stay with the dense part."""
-    return shape.moe_layers * (shape.moe_mlp_params(shape.experts) - shape.moe_mlp_params(0))
+    return shape.routed_expert_params
 
 
 def vllm_weights_gb(shape: ModelShape, tp: int, dp: int = 1, expert_parallel: bool = False) -> float:
@@ -398,6 +407,7 @@ def report(shape: ModelShape, lay: Layout, opt: Options) -> list[str]:
             if shape.experts
             else ""
         )
+        + (f" (layers: {', '.join(f'{k.count} {k.name}' for k in shape.kinds)})" if shape.kinds else "")
         + f"; shards over {lay.shard_ranks} ranks; options: {opt.describe()}; "
         f"T = {lay.completions_per_rank} completions x ({lay.prompt_tokens} prompt + {lay.completion_tokens}) tokens "
         f"per rank (prompt: {lay.prompt_how})",
@@ -520,10 +530,11 @@ def disk_line(shape: ModelShape, lay: Layout, opt: Options, keep: int, save_mode
 
 
 def plan_report(p: Plan) -> list[str]:
-    """The dry-run section for a plan; empty when the model's config.json cannot be read here."""
-    shape = ModelShape.read(p.config.vllm.model)
-    if not shape:
-        return []
+    """The dry-run section for a plan; empty when the model's config.json cannot be read here, one line saying why when
+    its family cannot be counted (launcher.core.shape.UNMODELLED)."""
+    shape = ModelShape.parse(p.config.vllm.model)
+    if isinstance(shape, str):
+        return [] if shape.startswith(NO_CONFIG) else [f"no estimate: {shape}"]
     t, lay, opt = p.config.trainer, layout(p, prompt_length(p.config)), options(p)
     return [*report(shape, lay, opt), disk_line(shape, lay, opt, t.keep_checkpoints, t.save_model)]
 
