@@ -95,8 +95,39 @@ COMMON_MOE_SHAPES = {
 GPT_OSS = frozenset({"gpt-oss-20b", "gpt-oss-120b"})
 """COMMON_MOE_SHAPES with gpt-oss's biases and attention sinks (ModelShape.biases), attention run eagerly."""
 
+COMMON_HYBRID_CONFIGS: dict[str, dict] = {
+    # the released config.json values (those the count reads; transformers' configuration defaults are these models)
+    "Qwen3-Next-80B": {
+        "model_type": "qwen3_next", "hidden_size": 2048, "num_hidden_layers": 48, "intermediate_size": 5120,
+        "vocab_size": 151936, "num_attention_heads": 16, "num_key_value_heads": 2, "head_dim": 256,
+        "num_experts": 512, "num_experts_per_tok": 10, "moe_intermediate_size": 512,
+        "shared_expert_intermediate_size": 512, "linear_num_key_heads": 16, "linear_num_value_heads": 32,
+        "linear_key_head_dim": 128, "linear_value_head_dim": 128, "linear_conv_kernel_dim": 4,
+        "full_attention_interval": 4, "tie_word_embeddings": False,
+    },
+    "Jamba-v0.1": {
+        "model_type": "jamba", "hidden_size": 4096, "num_hidden_layers": 32, "intermediate_size": 14336,
+        "vocab_size": 65536, "num_attention_heads": 32, "num_key_value_heads": 8, "num_experts": 16,
+        "num_experts_per_tok": 2, "attn_layer_period": 8, "attn_layer_offset": 4, "expert_layer_period": 2,
+        "expert_layer_offset": 1, "mamba_d_state": 16, "mamba_d_conv": 4, "mamba_expand": 2, "mamba_dt_rank": 256,
+        "tie_word_embeddings": False,
+    },
+    "Mamba-Codestral": {
+        "model_type": "mamba2", "hidden_size": 4096, "num_hidden_layers": 64, "num_heads": 128, "head_dim": 64,
+        "n_groups": 8, "state_size": 128, "expand": 2, "conv_kernel": 4, "chunk_size": 256, "vocab_size": 32768,
+        "tie_word_embeddings": False,
+    },
+}  # fmt: skip
+"""Hybrid and SSM models for simulate's table, counted per layer kind (launcher.core.layer_kinds): Qwen3-Next-80B-A3B
+(79.7 B, 3.9 B active: Gated DeltaNet + MoE), Jamba-v0.1 (51.6 B, 12.1 B active: Mamba + attention + MoE),
+Mamba-Codestral-7B (7.29 B: Mamba-2 only)."""
+
 
 def common_shape(name: str) -> ModelShape:
+    if name in COMMON_HYBRID_CONFIGS:
+        shape = ModelShape.from_config(COMMON_HYBRID_CONFIGS[name])
+        assert isinstance(shape, ModelShape), shape
+        return shape
     if name in COMMON_MOE_SHAPES:
         h, n, i, v, heads, kv, hd, tied, e, k, ei = COMMON_MOE_SHAPES[name]
         return ModelShape(
@@ -428,6 +459,8 @@ def report(shape: ModelShape, lay: Layout, opt: Options) -> list[str]:
         + (f"; offloaded state ~{e.host_gb_per_node:.0f} GB pinned host memory per node" if opt.cpu_offload else ""),
         f"vLLM: bf16 weights {e.vllm_weights_gb:.1f} GB per GPU (tensor_parallel_size {lay.tensor_parallel_size})",
     ]
+    if shape.approximate:  # counted as the Llama/MoE layout: say so rather than pass a low figure off as exact
+        lines.insert(1, f"approximate: {shape.approximate}, so every figure here is low (launcher/core/shape.py)")
     largest = lay.compute_bytes * shape.largest_tensor
     if lay.push_buffer_bytes and largest > lay.push_buffer_bytes:  # the ipc push never splits a tensor across windows
         lines.append(
@@ -531,7 +564,7 @@ def disk_line(shape: ModelShape, lay: Layout, opt: Options, keep: int, save_mode
 
 def plan_report(p: Plan) -> list[str]:
     """The dry-run section for a plan; empty when the model's config.json cannot be read here, one line saying why when
-    its family cannot be counted (launcher.core.shape.UNMODELLED)."""
+    it cannot be counted (a hybrid without its layer pattern)."""
     shape = ModelShape.parse(p.config.vllm.model)
     if isinstance(shape, str):
         return [] if shape.startswith(NO_CONFIG) else [f"no estimate: {shape}"]
@@ -579,7 +612,7 @@ def fit_table(lay: Layout, names: list[str] | None = None, base: Options | None 
         f"{lay.completion_tokens}) tokens per rank (estimate: launcher/memory.py)",
         f"  {'model':<14} {'params':>7} {'TP':>3} {'ranks':>5}  {'hsdp: cheapest options that fit':<48} {'fsdp (shards over all ranks)'}",
     ]
-    for name in names or [*COMMON_SHAPES, *COMMON_MOE_SHAPES]:
+    for name in names or [*COMMON_SHAPES, *COMMON_MOE_SHAPES, *COMMON_HYBRID_CONFIGS]:
         shape = common_shape(name)
         tps = [t for t in (1, 2, 4, 8) if t < gpus and shape.heads % t == 0] if not lay.shared_gpu else [1]
         tp = smallest_vllm_tp(shape, lay.gpu_gb * lay.vllm_fraction, tps)

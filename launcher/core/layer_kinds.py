@@ -243,14 +243,15 @@ def read_nemotron_h(c: dict) -> dict:
         extra = linear(h, latent, mlp_bias) + linear(latent, h, mlp_bias) if latent else 0
         shared = mlp(h, _int(c, "moe_shared_expert_intermediate_size"), gated=False, bias=mlp_bias)[1]
         pieces["moe"] = (name, total + fix + extra + shared, active + fix + extra + shared, act, False, routed)
-    alias = {"linear_attention": "mamba", "full_attention": "attention", "M": "mamba"}
-    try:
-        layer = [join(pieces[alias.get(t, t)], norm(h)) for t in types]
-    except KeyError as unknown:
-        raise ValueError(f"nemotron_h: unknown layer type {unknown}") from None
+    alias = {"linear_attention": "mamba", "full_attention": "attention"}
+    kinds = [alias.get(str(t), str(t)) for t in types]
+    unknown = sorted(set(kinds) - set(pieces))
+    if unknown:
+        raise ValueError(f"unknown layer type {unknown[0]!r} (known: {', '.join(pieces)})")
+    layer = [join(pieces[t], norm(h)) for t in kinds]
     out = _base(c, h, layers, _int(c, "vocab_size"), heads, kv, hd, inter, False)
     moe_fields = {"experts": e, "experts_per_token": k, "expert_intermediate": width} if e else {}
-    return {**out, **moe_fields, "moe_layers": sum(t == "moe" for t in types), "kinds": group(layer)}
+    return {**out, **moe_fields, "moe_layers": kinds.count("moe"), "kinds": group(layer)}
 
 
 def read_jamba(c: dict) -> dict:
@@ -306,7 +307,7 @@ def read_zamba2(c: dict) -> dict:
     h, layers = _int(c, "hidden_size"), _int(c, "num_hidden_layers")
     types = _types(c, layers, "layers_block_type", "layer_types")
     if len(types) != layers:
-        raise ValueError("zamba2: no layers_block_type of num_hidden_layers entries")
+        raise ValueError("no layers_block_type of num_hidden_layers entries")
     heads, kv = _int(c, "num_attention_heads"), _int(c, "num_key_value_heads", "num_attention_heads")
     hd, inter, r = 2 * h // heads, _int(c, "intermediate_size"), _int(c, "adapter_rank", default=128)
     bias, blocks = bool(c.get("add_bias_linear", False)), _int(c, "num_mem_blocks", default=1)
@@ -343,7 +344,7 @@ def read_granitemoehybrid(c: dict) -> dict:
     h, layers = _int(c, "hidden_size"), _int(c, "num_hidden_layers")
     types = _types(c, layers, "layer_types", "layers_block_type")
     if len(types) != layers:
-        raise ValueError("granitemoehybrid: no layer_types of num_hidden_layers entries")
+        raise ValueError("no layer_types of num_hidden_layers entries")
     heads, kv = _int(c, "num_attention_heads"), _int(c, "num_key_value_heads", "num_attention_heads")
     hd = h // heads
     d = int(_int(c, "mamba_expand", default=2) * h)
@@ -418,6 +419,41 @@ def read_lfm2(c: dict, moe_layers: set[int]) -> dict:
         layer.append(join(mixer if "attention" in t else conv, ffn, norm(2 * h)))
     out = _base(c, h, layers, _int(c, "vocab_size"), heads, kv, hd, inter, bool(c.get("tie_word_embeddings", True)))
     return {**out, "kinds": group(layer)}
+
+
+PLAIN_MLP = {
+    # model_type: (q/k/v/o biased by, MLP biased by, norms per layer, norms with bias, q/k norms, lm_head bias)
+    "starcoder2": ("use_bias", "use_bias", 2, True, False, False),
+    "phi": (True, True, 1, True, "qk_layernorm", True),
+    "nemotron": ("attention_bias", "mlp_bias", 2, True, False, False),
+    "apertus": ("attention_bias", False, 2, False, True, False),
+    "arcee": ("attention_bias", "mlp_bias", 2, False, False, False),
+}
+"""Llama-style attention (GQA, separate q/k/v/o) with a 2-matrix MLP (up, down: GELU, ReLU^2, xIELU): how each
+family biases and normalizes (True/False, or the config key that says)."""
+
+
+def read_plain_mlp(c: dict) -> dict:
+    """StarCoder2, Phi, Nemotron(-4), Apertus, Arcee: attention as Llama's, a 2-matrix MLP; LayerNorms with bias where
+    the family has them (Phi: one, before its parallel attention and MLP, q/k LayerNorms where qk_layernorm; its lm_head
+    has a bias); Apertus's xIELU has two learned scalars per layer."""
+    h, layers = _int(c, "hidden_size"), _int(c, "num_hidden_layers")
+    heads, kv = _int(c, "num_attention_heads"), _int(c, "num_key_value_heads", "num_attention_heads")
+    hd, inter = _int(c, "head_dim") or h // heads, _int(c, "intermediate_size")
+    attn_bias, mlp_bias, norms, norm_bias, qk, head_bias = PLAIN_MLP[str(c["model_type"])]
+
+    def flag(v: object) -> bool:
+        return bool(c.get(v, False)) if isinstance(v, str) else bool(v)
+
+    mixer = attention(h, heads, kv, hd, bias=flag(attn_bias))
+    if flag(qk):  # Phi's are LayerNorms (with bias) over head_dim, Apertus's RMS norms
+        mixer = join(mixer, norm(2 * hd, bias=norm_bias))
+    extra = ("", 2, 2, 0, False, 0) if c.get("model_type") == "apertus" else norm(0)
+    layer = join(mixer, mlp(h, inter, gated=False, bias=flag(mlp_bias)), norm(norms * h, bias=norm_bias), extra)
+    tied = bool(c.get("tie_word_embeddings", False))
+    out = _base(c, h, layers, _int(c, "vocab_size"), heads, kv, hd, inter, tied)
+    root = (h if norm_bias else 0) + (_int(c, "vocab_size") if head_bias else 0)
+    return {**out, "kinds": group([layer] * layers), "root_extra": root}
 
 
 def read_gpt2(c: dict) -> dict:
@@ -524,6 +560,25 @@ def read_gemma3n(c: dict) -> dict:
     return {**out, "kinds": group(layer), "root_extra": root, "largest_extra": vp * layers * hp}
 
 
+def mla_attention(c: dict) -> int:
+    """Multi-head latent attention's parameters with the layer's two norms (DeepSeek-V2/V3, MiniCPM3, GLM-4.7-Flash,
+    A.X-K1), 0 for a family without kv_lora_rank: q through a q_lora_rank bottleneck (with its norm; DeepSeek-V2-Lite:
+    none), the compressed kv and the rope key (kv_a, its norm), kv_b to each head's nope key and value, o_proj; with
+    DeepSeek Sparse Attention's indexer (index_n_heads) its q, k, k LayerNorm and head weights."""
+    kv_rank = _int(c, "kv_lora_rank")
+    if not kv_rank:
+        return 0
+    h, heads = _int(c, "hidden_size"), _int(c, "num_attention_heads")
+    nope, rope, v = _int(c, "qk_nope_head_dim"), _int(c, "qk_rope_head_dim"), _int(c, "v_head_dim")
+    q_rank = _int(c, "q_lora_rank")
+    q = h * q_rank + q_rank + q_rank * heads * (nope + rope) if q_rank else h * heads * (nope + rope)
+    n = q + h * (kv_rank + rope) + kv_rank + kv_rank * heads * (nope + v) + heads * v * h + 2 * h
+    index_heads, index_dim = _int(c, "index_n_heads"), _int(c, "index_head_dim")
+    if index_heads:
+        n += (q_rank or h) * index_heads * index_dim + h * index_dim + 2 * index_dim + h * index_heads
+    return n
+
+
 READERS: dict[str, Reader] = {
     "mamba": read_mamba,
     "falcon_mamba": read_mamba,
@@ -540,6 +595,7 @@ READERS: dict[str, Reader] = {
     "opt": read_opt,
     "gptj": read_gptj,
     "gemma3n_text": read_gemma3n,
+    **dict.fromkeys(PLAIN_MLP, read_plain_mlp),
 }
 """model_type -> its reader (Qwen3-Next/Qwen3.5 and LFM2 take the MoE layer set too: MOE_AWARE)."""
 
