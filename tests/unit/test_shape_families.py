@@ -32,6 +32,7 @@ VARIANTS = {
     "nemotron_h+pattern": ("nemotron_h", {"layers_block_type": None, "hybrid_override_pattern": "M-*-"}),
     "granitemoehybrid+moe": ("granitemoehybrid", {"num_local_experts": 3, "num_experts_per_tok": 2, "intermediate_size": 64}),
     "qwen3_next+dense_layer": ("qwen3_next", {"mlp_only_layers": [0]}),
+    "qwen2_moe+dense_layer_untied": ("qwen2_moe", {"num_hidden_layers": 3, "mlp_only_layers": [1], "tie_word_embeddings": False}),
     "zamba2+two_blocks": (
         "zamba2",
         {
