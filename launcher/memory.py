@@ -112,7 +112,7 @@ COMMON_HYBRID_CONFIGS: dict[str, dict] = {
         "expert_layer_offset": 1, "mamba_d_state": 16, "mamba_d_conv": 4, "mamba_expand": 2, "mamba_dt_rank": 256,
         "tie_word_embeddings": False,
     },
-    "Mamba-Codestral": {
+    "MambaCodestral": {
         "model_type": "mamba2", "hidden_size": 4096, "num_hidden_layers": 64, "num_heads": 128, "head_dim": 64,
         "n_groups": 8, "state_size": 128, "expand": 2, "conv_kernel": 4, "chunk_size": 256, "vocab_size": 32768,
         "tie_word_embeddings": False,

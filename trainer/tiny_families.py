@@ -117,7 +117,7 @@ DENSE: dict[str, dict[str, Any]] = {
     "mamba2": {"num_heads": 4, "state_size": 16, "n_groups": 1, "chunk_size": 64, "time_step_rank": 8},
     "falcon_mamba": {"state_size": 16, "time_step_rank": 8},
     # Jamba: a Mamba layer with a dense MLP, then attention with 3 experts (the periods of 2 give both in 2 layers); here,
-    # not in MOE, for the memory estimate's expert count (launcher.core.shape), which does not model Mamba layers
+    # not in MOE, with the other hybrids (launcher.core.layer_kinds counts its Mamba layers and its experts)
     "jamba": {
         "num_experts": 3,
         "num_experts_per_tok": 2,

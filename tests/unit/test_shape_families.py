@@ -126,7 +126,7 @@ def test_ssm_layers_keep_more_activations_and_no_attention_scores():
     kinds = {k.name: k for k in jamba.kinds}
     assert kinds["mamba+mlp"].act_bytes > 2 * kinds["attention+mlp"].act_bytes
     assert jamba.attention_layers == kinds["attention+mlp"].count == 4
-    assert common_shape("Mamba-Codestral").attention_layers == 0
+    assert common_shape("MambaCodestral").attention_layers == 0
 
 
 def test_dry_run_names_the_layer_kinds_or_says_why_there_is_no_estimate(tmp_path, capsys):
@@ -151,7 +151,7 @@ def test_dry_run_names_the_layer_kinds_or_says_why_there_is_no_estimate(tmp_path
     jamba = section(COMMON_HYBRID_CONFIGS["Jamba-v0.1"])
     assert "model 51.57B parameters (12.11B active per token: 2 of 16 experts)" in jamba, jamba
     assert "(layers: 12 mamba+mlp, 16 mamba+moe, 4 attention+mlp)" in jamba, jamba
-    broken = {**COMMON_HYBRID_CONFIGS["Mamba-Codestral"], "model_type": "nemotron_h", "num_attention_heads": 32}
+    broken = {**COMMON_HYBRID_CONFIGS["MambaCodestral"], "model_type": "nemotron_h", "num_attention_heads": 32}
     assert "no estimate: nemotron_h: its config.json cannot be counted" in section(broken)
     hunyuan = {"model_type": "hunyuan_v1_moe", "hidden_size": 4096, "num_hidden_layers": 32, "intermediate_size": 3072}
     hunyuan |= {"vocab_size": 128256, "num_attention_heads": 32, "num_key_value_heads": 8, "num_experts": 64, "moe_topk": 8}
