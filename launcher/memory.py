@@ -242,7 +242,9 @@ class Estimate:
 
 
 def projections(shape: ModelShape) -> dict[str, tuple[int, int]]:
-    """(in, out) features of each linear projection of a decoder layer (Llama/Qwen2/Mistral names)."""
+    """(in, out) features of each linear projection of a decoder layer (Llama/Qwen2/Mistral names). A family counted per
+    layer kind (an SSM or hybrid, GPT-2's fused c_attn) is sized as if every layer had these: LoRA's adapters are a
+    small term, and an approximate one there."""
     h, q, kv, i = shape.hidden, shape.heads * shape.head_dim, shape.kv_heads * shape.head_dim, shape.intermediate
     return {
         "q_proj": (h, q),

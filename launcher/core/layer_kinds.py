@@ -250,7 +250,8 @@ def read_nemotron_h(c: dict) -> dict:
         raise ValueError(f"unknown layer type {unknown[0]!r} (known: {', '.join(pieces)})")
     layer = [join(pieces[t], norm(h)) for t in kinds]
     out = _base(c, h, layers, _int(c, "vocab_size"), heads, kv, hd, inter, False)
-    moe_fields = {"experts": e, "experts_per_token": k, "expert_intermediate": width} if e else {}
+    # its config.json carries the expert fields (n_routed_experts 8) whether or not a layer is "moe"
+    moe_fields = {"experts": e, "experts_per_token": k, "expert_intermediate": width} if "moe" in kinds else {}
     return {**out, **moe_fields, "moe_layers": kinds.count("moe"), "kinds": group(layer)}
 
 

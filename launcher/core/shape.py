@@ -132,9 +132,9 @@ class ModelShape:
         return self.vocab * self.hidden * (1 if self.tied else 2) + self.hidden + self.root_extra
 
     def _count(self, experts: int) -> int:
-        if self.kinds:
-            per_layer = sum(k.count * (k.params if experts == self.experts else k.active) for k in self.kinds)
-            return per_layer + self.root_params
+        if self.kinds:  # each kind knows its total and its active parameters
+            active = experts < self.experts
+            return sum(k.count * (k.active if active else k.params) for k in self.kinds) + self.root_params
         dense_layers = self.layers - self.moe_layers
         mlp = dense_layers * 3 * self.hidden * self.intermediate + self.moe_layers * self.moe_mlp_params(experts)
         return self.layers * self.attention_params + mlp + self.root_params

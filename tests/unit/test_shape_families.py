@@ -89,6 +89,7 @@ def test_the_shape_counts_the_model_transformers_builds(case):
     config, total, active = _built(family, extra)
     shape = ModelShape.from_config(config)
     assert isinstance(shape, ModelShape), shape
+    assert bool(shape.experts) == (active < total), (shape.experts, active, total)  # an MoE exactly where experts are
     if family in APPROXIMATE:  # counted as the Llama/MoE layout: it says so, and that the figure is low
         assert shape.approximate == APPROXIMATE[family] and shape.params < total
         return
