@@ -26,7 +26,7 @@ common model shapes. An estimate with stated terms, not a measurement (gpu/RESUL
   SSM, hybrids   families whose layers are not all attention + MLP (Mamba, Mamba-2, Gated DeltaNet, LFM2's short
                  convolutions, fused-qkv GELU bodies, Gemma-3n: launcher.core.layer_kinds) are counted per layer kind:
                  P, the largest gathered layer and each kind's activations per token (an SSM layer keeps transformers'
-                 PyTorch scan's fp32 tensors: Mamba 12 d N bytes, Mamba-2 B and C per head plus the chunk's scores);
+                 PyTorch scan's fp32 tensors: Mamba 16 d N bytes, Mamba-2 B and C per head plus the chunk's scores);
                  eager attention's scores count in the attention layers only
   vLLM           bf16 weights per GPU (vllm_weights_gb): 2P / tensor_parallel_size; with vllm.enable_expert_parallel
                  the routed experts split over TP x DP (2 (P - E) / TP + 2 E / (TP x DP), E = the routed experts'

@@ -66,6 +66,11 @@ def linear(i: int, o: int, bias: bool = False) -> int:
     return i * o + (o if bias else 0)
 
 
+NORM_RESIDUAL = 6
+"""Bytes per token per unit of H that a layer's norms and residual keep besides its mixer: the part of memory.py's
+16 H attention term that is not attention (a layer with an SSM or conv mixer keeps them too)."""
+
+
 def attention(
     h: int, heads: int, kv: int, hd: int, *, bias: bool = False, o_bias: bool | None = None, gated_q: bool = False,
     qk_norm: bool = False, kv_proj: bool = True, width_in: int = 0,
@@ -103,12 +108,12 @@ def moe(h: int, experts: int, top_k: int, width: int, *, shared: int = 0, shared
 def mamba(h: int, d: int, state: int, rank: int, conv: int, *, conv_bias: bool, bias: bool, bcdt_norms: bool = False) -> Part:
     """Mamba's selective SSM (mamba, falcon_mamba, Jamba's Mamba layers): in_proj to x and z (2 d), a depthwise conv,
     x_proj to dt (rank) and B, C (state each), dt_proj, A_log (d x state), D; Jamba adds RMS norms on dt, B and C.
-    Activations: the projections in bf16, and transformers' PyTorch scan (slow_forward) keeps per token the
-    discretized A and B x u and each step's state, d x state fp32 each (12 d state bytes)."""
+    Activations: transformers' PyTorch scan (mamba_selective_scan) keeps per token the discretized A and B, each
+    step's state (fp32, and its bf16 copy for the C product): 16 d state bytes, plus about 6 d of projections in bf16
+    (measured on CPU: tests/unit/test_shape_families.py), plus the layer's NORM_RESIDUAL."""
     n = linear(h, 2 * d, bias) + d * conv + (d if conv_bias else 0) + d * (rank + 2 * state) + linear(rank, d, True)
     n += d * state + d + linear(d, h, bias) + (rank + 2 * state if bcdt_norms else 0)
-    act = 2 * (5 * d + rank + 2 * state) + 12 * d * state
-    return ("mamba", n, n, act, False, 0)
+    return ("mamba", n, n, 6 * d + 16 * d * state + NORM_RESIDUAL * h, False, 0)
 
 
 def mamba2(
@@ -117,36 +122,40 @@ def mamba2(
 ) -> Part:  # fmt: skip
     """Mamba-2 (SSD): in_proj to z, x, B, C, dt (d + conv_dim + heads), a depthwise conv over x, B, C
     (conv_dim = d + 2 groups state), dt_bias, A_log, D per head, a gated RMS norm of d, out_proj. Activations: the
-    projections in bf16, and transformers' chunked PyTorch scan (mamba2_chunk_scan) keeps per token in fp32 B and C
-    repeated to every head (2 heads state), x and x dt (2 d), the intra-chunk decay, scores and masked scores (3 heads
-    chunk), and per chunk the states (3 d state / chunk per token)."""
+    projections and the conv in bf16, and transformers' chunked PyTorch scan (mamba2_chunk_scan) keeps per token in
+    fp32 about 7 tensors of d (x, x dt, the output, the gated norm's), 7 of heads x chunk (the intra-chunk decay,
+    scores, masked scores and their batched copies) and 8 of heads x state (B and C repeated to every head, the
+    chunk states' factors): 28 d + 28 heads chunk + 32 heads state bytes (measured on CPU within ~5 %:
+    tests/unit/test_shape_families.py), plus the layer's NORM_RESIDUAL."""
     conv_dim = d + 2 * groups * state
     n = linear(h, d + conv_dim + heads, bias) + conv_dim * conv + (conv_dim if conv_bias else 0) + 3 * heads
     n += (d if gated_norm else 0) + linear(d, h, bias if out_bias is None else out_bias)
-    act = 2 * (d + 2 * conv_dim + heads + d) + 4 * (2 * heads * state + 2 * d + 3 * heads * chunk) + 12 * d * state // chunk
+    act = 2 * (d + 2 * conv_dim + heads) + 28 * d + 28 * heads * chunk + 32 * heads * state + NORM_RESIDUAL * h
     return ("mamba2", n, n, act, False, 0)
 
 
-def gated_deltanet(h: int, key_heads: int, key_dim: int, value_heads: int, value_dim: int, conv: int, split: bool) -> Part:
+def gated_deltanet(h: int, key_heads: int, key_dim: int, value_heads: int, value_dim: int, conv: int) -> Part:
     """Gated DeltaNet (Qwen3-Next, Qwen3.5): q, k (key_heads x key_dim each), v and the output gate z (value_heads x
     value_dim each), b and a per value head (Qwen3-Next fuses them as in_proj_qkvz/ba, Qwen3.5 splits them: the same
     count), a depthwise conv over q, k, v without bias, dt_bias and A_log per value head, an RMS norm of value_dim,
-    out_proj. Activations: the projections in bf16, and transformers' PyTorch chunked delta rule (chunk 64) keeps per
-    token q, k, v and their decays in fp32 (3 (2 K + V)), the per-chunk attention matrices (3 value_heads x 64) and
-    per chunk the states (value_heads key_dim value_dim / 64)."""
-    del split
+    out_proj. Activations: the projections and the conv in bf16, and transformers' PyTorch chunked delta rule (chunk
+    64; q and k repeated to the value heads) keeps per token in fp32 about 13 tensors of value_heads x head_dim (q, k,
+    v, their decayed and batched copies) and 5 of value_heads x 64 (the chunk's attention and decay matrices):
+    52 value_heads head_dim + 20 value_heads 64 bytes (measured on CPU within ~10 %: tests/unit/test_shape_families.py),
+    plus the layer's NORM_RESIDUAL."""
     k, v = key_heads * key_dim, value_heads * value_dim
     n = h * (2 * k + 2 * v + 2 * value_heads) + (2 * k + v) * conv + 2 * value_heads + value_dim + v * h
-    act = 2 * (2 * k + 2 * v + 2 * value_heads + 2 * k + v + 2 * v) + 4 * (3 * (2 * k + v) + 3 * value_heads * 64)
-    act += 4 * value_heads * key_dim * value_dim // 64
+    act = 2 * (3 * (2 * k + v) + 3 * v + 2 * value_heads) + 52 * value_heads * max(key_dim, value_dim)
+    act += 20 * value_heads * 64 + NORM_RESIDUAL * h
     return ("gated_deltanet", n, n, act, False, 0)
 
 
 def short_conv(h: int, cache: int, bias: bool) -> Part:
-    """LFM2's gated short convolution: in_proj to B, C, x (3 H), a depthwise conv of `cache` taps, out_proj; 10 H of
-    bf16 activations (in_proj out, conv out, gated product)."""
+    """LFM2's gated short convolution: in_proj to B, C, x (3 H), a depthwise conv of `cache` taps, out_proj; about
+    15 H of bf16 activations (in_proj out and its transposes, conv in and out, gated products; measured on CPU), plus
+    the layer's NORM_RESIDUAL."""
     n = linear(h, 3 * h, bias) + h * cache + (h if bias else 0) + linear(h, h, bias)
-    return ("short_conv", n, n, 10 * h, False, 0)
+    return ("short_conv", n, n, 15 * h + NORM_RESIDUAL * h, False, 0)
 
 
 def _get(c: dict, *keys: str, default: object = None) -> object:
@@ -248,7 +257,9 @@ def read_nemotron_h(c: dict) -> dict:
     unknown = sorted(set(kinds) - set(pieces))
     if unknown:
         raise ValueError(f"unknown layer type {unknown[0]!r} (known: {', '.join(pieces)})")
-    layer = [join(pieces[t], norm(h)) for t in kinds]
+    # a layer holds one block: an MLP or MoE layer keeps its norm and residual beside it (attention's 16 H has them)
+    residual = ("", 0, 0, NORM_RESIDUAL * h, False, 0)
+    layer = [join(pieces[t], norm(h), *([residual] if t in ("mlp", "moe") else [])) for t in kinds]
     out = _base(c, h, layers, _int(c, "vocab_size"), heads, kv, hd, inter, False)
     # its config.json carries the expert fields (n_routed_experts 8) whether or not a layer is "moe"
     moe_fields = {"experts": e, "experts_per_token": k, "expert_intermediate": width} if "moe" in kinds else {}
@@ -379,7 +390,7 @@ def read_qwen3_next(c: dict, moe_layers: set[int]) -> dict:
     delta = gated_deltanet(
         h, _int(c, "linear_num_key_heads", default=16), _int(c, "linear_key_head_dim", default=128),
         _int(c, "linear_num_value_heads", default=32), _int(c, "linear_value_head_dim", default=128),
-        _int(c, "linear_conv_kernel_dim", default=4), split=c.get("model_type") != "qwen3_next",
+        _int(c, "linear_conv_kernel_dim", default=4),
     )  # fmt: skip
     mixer = attention(h, heads, kv, hd, bias=bool(c.get("attention_bias", False)), gated_q=True, qk_norm=True)
     inter = _int(c, "intermediate_size")

@@ -9,6 +9,7 @@ import json
 
 import pytest
 
+from launcher.core import layer_kinds as K
 from launcher.core.shape import APPROXIMATE, ModelShape
 from launcher.memory import COMMON_HYBRID_CONFIGS, common_shape
 from trainer.tiny_families import FAMILIES, config_fields
@@ -157,3 +158,47 @@ def test_dry_run_names_the_layer_kinds_or_says_why_there_is_no_estimate(tmp_path
     hunyuan = {"model_type": "hunyuan_v1_moe", "hidden_size": 4096, "num_hidden_layers": 32, "intermediate_size": 3072}
     hunyuan |= {"vocab_size": 128256, "num_attention_heads": 32, "num_key_value_heads": 8, "num_experts": 64, "moe_topk": 8}
     assert f"approximate: {APPROXIMATE['hunyuan_v1_moe']}, so every figure here is low" in section(hunyuan)
+
+
+MIXERS = {
+    # family: (layer 0's mixer module, its Part as the tiny config sizes it: trainer/tiny_families.py, hidden 128)
+    "mamba": ("mixer", lambda: K.mamba(128, 256, 16, 8, 4, conv_bias=True, bias=False)),
+    "mamba2": ("mixer", lambda: K.mamba2(128, 256, 4, 1, 16, 4, 64, conv_bias=True, bias=False)),
+    "qwen3_5_text": ("linear_attn", lambda: K.gated_deltanet(128, 2, 32, 4, 32, 4)),
+    "lfm2": ("conv", lambda: K.short_conv(128, 3, False)),
+}
+
+
+@pytest.mark.parametrize("family", list(MIXERS))
+def test_an_ssm_mixers_activation_term_is_what_its_pytorch_path_keeps(family):
+    """The activations an SSM, Gated DeltaNet or short-conv mixer keeps for the backward (bf16, transformers' PyTorch
+    path, as the trainer runs it without mamba-ssm/fla kernels): the tensors saved in its forward, per token, within
+    10 % of the estimate's term (LayerKind.act_bytes less the layer's norm and residual share)."""
+    import torch
+    from transformers import AutoConfig, AutoModelForCausalLM
+
+    module, part = MIXERS[family]
+    fields = config_fields(
+        family, vocab=300, hidden=128, layers=2, heads=2, kv_heads=1, head_dim=64, intermediate=256, tie=True, token_id=0,
+        dtype="bfloat16",
+    )  # fmt: skip
+    torch.manual_seed(0)
+    model = AutoModelForCausalLM.from_config(AutoConfig.for_model(family, **fields)).to(torch.bfloat16).train()
+    mixer = model.get_submodule(next(n for n, _ in model.named_modules() if n.endswith(f"layers.0.{module}")))
+    saved: dict[int, int] = {}
+    inside = [False]
+    weights = {p.untyped_storage().data_ptr() for p in model.parameters()}  # saved for the backward, not activations
+
+    def keep(t: torch.Tensor) -> torch.Tensor:
+        ptr = t.untyped_storage().data_ptr()
+        if inside[0] and ptr not in weights:  # one count per storage: views of one tensor are saved once
+            saved[ptr] = t.untyped_storage().nbytes()
+        return t
+
+    mixer.register_forward_pre_hook(lambda *_: inside.__setitem__(0, True))
+    mixer.register_forward_hook(lambda *_: inside.__setitem__(0, False))
+    ids = torch.randint(0, 300, (2, 128))
+    with torch.autograd.graph.saved_tensors_hooks(keep, lambda t: t):
+        model(input_ids=ids, use_cache=False)
+    expected = part()[3] - K.NORM_RESIDUAL * 128
+    assert sum(saved.values()) / ids.numel() == pytest.approx(expected, rel=0.1)
