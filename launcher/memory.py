@@ -123,6 +123,14 @@ COMMON_HYBRID_CONFIGS: dict[str, dict] = {
 Mamba-Codestral-7B (7.29 B: Mamba-2 only)."""
 
 
+SCANNED = ("mamba", "gated_deltanet")
+"""Layer kinds whose activations are those of transformers' PyTorch scan (launcher.core.layer_kinds)."""
+SCAN_NOTE = (
+    "SSM layers: activations as transformers' PyTorch scan keeps them (fp32 state-sized tensors per token); the "
+    "mamba-ssm, causal-conv1d and flash-linear-attention kernels (not installed by scripts/install.sh) keep far less"
+)
+
+
 def common_shape(name: str) -> ModelShape:
     if name in COMMON_HYBRID_CONFIGS:
         shape = ModelShape.from_config(COMMON_HYBRID_CONFIGS[name])
@@ -461,6 +469,8 @@ def report(shape: ModelShape, lay: Layout, opt: Options) -> list[str]:
         + (f"; offloaded state ~{e.host_gb_per_node:.0f} GB pinned host memory per node" if opt.cpu_offload else ""),
         f"vLLM: bf16 weights {e.vllm_weights_gb:.1f} GB per GPU (tensor_parallel_size {lay.tensor_parallel_size})",
     ]
+    if any(k.name.startswith(SCANNED) for k in shape.kinds):
+        lines.insert(1, SCAN_NOTE)
     if shape.approximate:  # counted as the Llama/MoE layout: say so rather than pass a low figure off as exact
         lines.insert(1, f"approximate: {shape.approximate}, so every figure here is low (launcher/core/shape.py)")
     largest = lay.compute_bytes * shape.largest_tensor

@@ -11,7 +11,7 @@ import pytest
 
 from launcher.core import layer_kinds as K
 from launcher.core.shape import APPROXIMATE, ModelShape
-from launcher.memory import COMMON_HYBRID_CONFIGS, common_shape
+from launcher.memory import COMMON_HYBRID_CONFIGS, SCAN_NOTE, common_shape
 from trainer.tiny_families import FAMILIES, config_fields
 
 VARIANTS = {
@@ -152,7 +152,9 @@ def test_dry_run_names_the_layer_kinds_or_says_why_there_is_no_estimate(tmp_path
 
     jamba = section(COMMON_HYBRID_CONFIGS["Jamba-v0.1"])
     assert "model 51.57B parameters (12.11B active per token: 2 of 16 experts)" in jamba, jamba
-    assert "(layers: 12 mamba+mlp, 16 mamba+moe, 4 attention+mlp)" in jamba, jamba
+    assert "(layers: 12 mamba+mlp, 16 mamba+moe, 4 attention+mlp)" in jamba and SCAN_NOTE in jamba, jamba
+    gpt2 = section({"model_type": "gpt2", "n_embd": 768, "n_layer": 12, "n_head": 12, "vocab_size": 50257})
+    assert "model 0.12B parameters (layers: 12 attention+mlp)" in gpt2 and SCAN_NOTE not in gpt2, gpt2
     broken = {**COMMON_HYBRID_CONFIGS["MambaCodestral"], "model_type": "nemotron_h", "num_attention_heads": 32}
     assert "no estimate: nemotron_h: its config.json cannot be counted" in section(broken)
     hunyuan = {"model_type": "hunyuan_v1_moe", "hidden_size": 4096, "num_hidden_layers": 32, "intermediate_size": 3072}
