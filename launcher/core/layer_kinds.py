@@ -122,15 +122,17 @@ def mamba2(
 ) -> Part:  # fmt: skip
     """Mamba-2 (SSD): in_proj to z, x, B, C, dt (d + conv_dim + heads), a depthwise conv over x, B, C
     (conv_dim = d + 2 groups state), dt_bias, A_log, D per head, a gated RMS norm of d, out_proj. Activations: the
-    projections and the conv in bf16, and transformers' chunked PyTorch scan (mamba2_chunk_scan) keeps per token in
-    fp32 about 7 tensors of d (x, x dt, the output, the gated norm's), 7 of heads x chunk (the intra-chunk decay,
-    scores, masked scores and their batched copies) and 8 of heads x state (B and C repeated to every head, the
-    chunk states' factors): 28 d + 28 heads chunk + 32 heads state bytes (measured on CPU within ~5 %:
-    tests/unit/test_shape_families.py), plus the layer's NORM_RESIDUAL."""
+    projections and the conv in bf16 (2 (2 conv_dim + d + H)), and transformers' chunked PyTorch scan
+    (mamba2_chunk_scan) keeps per token in fp32 about 10 tensors of d (x, x dt, the outputs, the gated norm's and
+    their batched copies), 3 of heads x chunk (the intra-chunk decay and scores), 5 of heads x state (B and C repeated
+    to every head and their batched copies) and the chunk states (2 d state / chunk): 40 d + 12 heads chunk + 20 heads
+    state + 8 d state / chunk bytes (measured on CPU within ~5 % at three widths: tests/unit/test_shape_families.py,
+    bench/ssm_memory.py), plus the layer's NORM_RESIDUAL."""
     conv_dim = d + 2 * groups * state
     n = linear(h, d + conv_dim + heads, bias) + conv_dim * conv + (conv_dim if conv_bias else 0) + 3 * heads
     n += (d if gated_norm else 0) + linear(d, h, bias if out_bias is None else out_bias)
-    act = 2 * (d + 2 * conv_dim + heads) + 28 * d + 28 * heads * chunk + 32 * heads * state + NORM_RESIDUAL * h
+    act = 2 * (2 * conv_dim + d + h) + 40 * d + 12 * heads * chunk + 20 * heads * state + 8 * d * state // chunk
+    act += NORM_RESIDUAL * h
     return ("mamba2", n, n, act, False, 0)
 
 
@@ -138,15 +140,17 @@ def gated_deltanet(h: int, key_heads: int, key_dim: int, value_heads: int, value
     """Gated DeltaNet (Qwen3-Next, Qwen3.5): q, k (key_heads x key_dim each), v and the output gate z (value_heads x
     value_dim each), b and a per value head (Qwen3-Next fuses them as in_proj_qkvz/ba, Qwen3.5 splits them: the same
     count), a depthwise conv over q, k, v without bias, dt_bias and A_log per value head, an RMS norm of value_dim,
-    out_proj. Activations: the projections and the conv in bf16, and transformers' PyTorch chunked delta rule (chunk
-    64; q and k repeated to the value heads) keeps per token in fp32 about 13 tensors of value_heads x head_dim (q, k,
-    v, their decayed and batched copies) and 5 of value_heads x 64 (the chunk's attention and decay matrices):
-    52 value_heads head_dim + 20 value_heads 64 bytes (measured on CPU within ~10 %: tests/unit/test_shape_families.py),
-    plus the layer's NORM_RESIDUAL."""
+    out_proj. Activations: the projections and the conv in bf16 (4 conv_dim + 6 V + 2 H, conv_dim = 2 K + V), and
+    transformers' PyTorch chunked delta rule (chunk 64; q and k repeated to the value heads) keeps per token in fp32
+    about 6 tensors of value_heads x 64 (the chunk's attention and decay matrices), 4 of value_heads x value_dim and 8
+    of value_heads x key_dim (q, k, v, their decayed and batched copies) and the chunk states (3 value_heads key_dim
+    value_dim / 64): 24 value_heads 64 + 16 value_heads value_dim + 32 value_heads key_dim + 12 value_heads key_dim
+    value_dim / 64 bytes (measured on CPU within ~6 % at three widths: tests/unit/test_shape_families.py,
+    bench/ssm_memory.py), plus the layer's NORM_RESIDUAL."""
     k, v = key_heads * key_dim, value_heads * value_dim
     n = h * (2 * k + 2 * v + 2 * value_heads) + (2 * k + v) * conv + 2 * value_heads + value_dim + v * h
-    act = 2 * (3 * (2 * k + v) + 3 * v + 2 * value_heads) + 52 * value_heads * max(key_dim, value_dim)
-    act += 20 * value_heads * 64 + NORM_RESIDUAL * h
+    act = 4 * (2 * k + v) + 6 * v + 2 * h + 24 * value_heads * 64 + 16 * v + 32 * value_heads * key_dim
+    act += 12 * value_heads * key_dim * value_dim // 64 + NORM_RESIDUAL * h
     return ("gated_deltanet", n, n, act, False, 0)
 
 
