@@ -21,7 +21,7 @@ from pathlib import Path
 
 from launcher.core.shape import ModelShape
 
-BODIES = {
+BODIES: dict[str, tuple[str, dict]] = {
     # name: (model_type, config.json fields at released widths; 2 layers of the one kind)
     "mamba2 (Mamba-Codestral-7B)": (
         "mamba2",
