@@ -96,7 +96,8 @@ GPT_OSS = frozenset({"gpt-oss-20b", "gpt-oss-120b"})
 """COMMON_MOE_SHAPES with gpt-oss's biases and attention sinks (ModelShape.biases), attention run eagerly."""
 
 COMMON_HYBRID_CONFIGS: dict[str, dict] = {
-    # the released config.json values (those the count reads; transformers' configuration defaults are these models)
+    # the released config.json values the count reads (transformers' configuration classes default to these models:
+    # their defaults count the same)
     "Qwen3-Next-80B": {
         "model_type": "qwen3_next", "hidden_size": 2048, "num_hidden_layers": 48, "intermediate_size": 5120,
         "vocab_size": 151936, "num_attention_heads": 16, "num_key_value_heads": 2, "head_dim": 256,
@@ -646,4 +647,6 @@ def fit_table(lay: Layout, names: list[str] | None = None, base: Options | None 
                 f"{short} (~{f.gpu_gb:.0f} GB/GPU" + (f", {f.host_gb_per_node:.0f} GB host/node)" if fix.cpu_offload else ")")
             )
         lines.append(f"  {name:<14} {shape.params / 1e9:>6.1f}B {tp:>3} {ranks:>5}  {cells[0]:<48} {cells[1]}")
+    if any(k.name.startswith(SCANNED) for name in names or COMMON_HYBRID_CONFIGS for k in common_shape(name).kinds):
+        lines.append(f"  ({SCAN_NOTE})")
     return lines
