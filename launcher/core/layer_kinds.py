@@ -215,7 +215,7 @@ def read_mamba2(c: dict) -> dict:
         h, d, heads, groups, state, _int(c, "conv_kernel", default=4), _int(c, "chunk_size", default=256),
         conv_bias=bool(c.get("use_conv_bias", True)), bias=bool(c.get("use_bias", False)),
     )  # fmt: skip
-    out = _base(c, h, layers, _int(c, "vocab_size"), heads, heads, d // heads, d, bool(c.get("tie_word_embeddings", True)))
+    out = _base(c, h, layers, _int(c, "vocab_size"), heads, heads, d // heads, d, bool(c.get("tie_word_embeddings", False)))
     return {**out, "kinds": group([join(mixer, norm(h))] * layers), "largest_extra": h * (2 * d + 2 * groups * state + heads)}
 
 
@@ -236,7 +236,7 @@ def read_nemotron_h(c: dict) -> dict:
     if not isinstance(types, list) or not types or len(types) != layers:
         raise ValueError("no layers_block_type (or hybrid_override_pattern) of num_hidden_layers entries")
     heads, kv = _int(c, "num_attention_heads"), _int(c, "num_key_value_heads", "num_attention_heads")
-    hd = _int(c, "head_dim") or h // heads
+    hd = _int(c, "head_dim", "attention_head_dim", default=128)  # transformers' default, not H / heads
     mh, mhd = _int(c, "mamba_num_heads", default=128), _int(c, "mamba_head_dim", default=64)
     mlp_bias, inter = bool(c.get("mlp_bias", False)), _int(c, "intermediate_size")
     e, k, width = _int(c, "n_routed_experts"), _int(c, "num_experts_per_tok"), _int(c, "moe_intermediate_size")
@@ -422,9 +422,9 @@ def read_lfm2(c: dict, moe_layers: set[int]) -> dict:
     inter = _int(c, "intermediate_size", "block_ff_dim")
     if c.get("model_type") == "lfm2" and c.get("block_auto_adjust_ff_dim", True):
         inter = int(2 * inter / 3)
-        if c.get("block_ffn_dim_multiplier") is not None:
+        if c.get("block_ffn_dim_multiplier", 1.0) is not None:
             multiple = _int(c, "block_multiple_of", default=256)
-            inter = int(float(c["block_ffn_dim_multiplier"]) * inter)
+            inter = int(float(c.get("block_ffn_dim_multiplier", 1.0)) * inter)
             inter = multiple * ((inter + multiple - 1) // multiple)
     conv = short_conv(h, _int(c, "conv_L_cache", default=3), bool(c.get("conv_bias", False)))
     mixer = attention(h, heads, kv, hd, qk_norm=True)
@@ -458,15 +458,15 @@ def read_plain_mlp(c: dict) -> dict:
     hd, inter = _int(c, "head_dim") or h // heads, _int(c, "intermediate_size")
     attn_bias, mlp_bias, norms, norm_bias, qk, head_bias = PLAIN_MLP[str(c["model_type"])]
 
-    def flag(v: object) -> bool:
-        return bool(c.get(v, False)) if isinstance(v, str) else bool(v)
+    def flag(v: object) -> bool:  # StarCoder2's use_bias defaults to True in transformers, the others to False
+        return bool(c.get(v, v == "use_bias")) if isinstance(v, str) else bool(v)
 
     mixer = attention(h, heads, kv, hd, bias=flag(attn_bias))
     if flag(qk):  # Phi's are LayerNorms (with bias) over head_dim, Apertus's RMS norms
         mixer = join(mixer, norm(2 * hd, bias=norm_bias))
     extra = ("", 2, 2, 0, False, 0) if c.get("model_type") == "apertus" else norm(0)
     layer = join(mixer, mlp(h, inter, gated=False, bias=flag(mlp_bias)), norm(norms * h, bias=norm_bias), extra)
-    tied = bool(c.get("tie_word_embeddings", False))
+    tied = bool(c.get("tie_word_embeddings", c["model_type"] == "starcoder2"))  # transformers' class defaults
     out = _base(c, h, layers, _int(c, "vocab_size"), heads, kv, hd, inter, tied)
     root = (h if norm_bias else 0) + (_int(c, "vocab_size") if head_bias else 0)
     return {**out, "kinds": group([layer] * layers), "root_extra": root}
@@ -484,10 +484,10 @@ def read_gpt2(c: dict) -> dict:
 def read_bloom(c: dict) -> dict:
     """BLOOM: fused query_key_value (3 H), a 4 H GELU MLP, biases, LayerNorms with bias, a LayerNorm after the
     embedding (ALiBi: no position weights)."""
-    h, layers, heads = (
-        _int(c, "hidden_size", "n_embed"),
-        _int(c, "n_layer", "num_hidden_layers"),
-        _int(c, "n_head", "num_attention_heads"),
+    h, layers, heads = (  # BloomConfig's defaults where config.json leaves them out
+        _int(c, "hidden_size", "n_embed", default=64),
+        _int(c, "n_layer", "num_hidden_layers", default=2),
+        _int(c, "n_head", "num_attention_heads", default=8),
     )
     layer = join(fused_attention(h, 3 * h, True), mlp(h, 4 * h, gated=False, bias=True), norm(2 * h, bias=True))
     out = _base(c, h, layers, _int(c, "vocab_size"), heads, heads, h // heads, 4 * h, bool(c.get("tie_word_embeddings", True)))

@@ -102,6 +102,20 @@ def test_the_shape_counts_the_model_transformers_builds(case):
         assert shape.layer_params == max(k.params for k in shape.kinds) < shape.params
 
 
+@pytest.mark.parametrize("family", [f for f in FAMILIES if f in K.READERS or f in K.MOE_AWARE])
+def test_a_config_json_without_the_fields_at_their_defaults_counts_the_same(family):
+    """Released config.json files leave fields out where transformers' configuration class has the default: the
+    count takes the same defaults (tie_word_embeddings, biases, LFM2's MLP rounding, ...)."""
+    from transformers import AutoConfig
+
+    config, _, _ = _built(family, {})
+    defaults = json.loads(AutoConfig.for_model(family).to_json_string())
+    sparse = {k: v for k, v in config.items() if k == "model_type" or defaults.get(k, ...) != v}
+    full, short = ModelShape.from_config(config), ModelShape.from_config(sparse)
+    assert isinstance(short, ModelShape) and isinstance(full, ModelShape), short
+    assert (short.params, short.active_params) == (full.params, full.active_params)
+
+
 def test_released_models_count_to_their_published_sizes():
     """From their config.json values (memory.COMMON_HYBRID_CONFIGS, simulate's rows): Qwen3-Next-80B-A3B "80B in total
     and 3B activated" (the card's 3B leaves out the embedding and lm_head; its 81.3B of safetensors add the MTP layer,
