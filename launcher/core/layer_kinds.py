@@ -1,6 +1,7 @@
 """The decoder layers of the families whose layers are not one Llama-style attention + SwiGLU MLP (or MoE) block:
 state-space and hybrid mixers (Mamba, Mamba-2, Gated DeltaNet, LFM2's short convolutions), fused-qkv GELU bodies with
-biases and learned position embeddings (GPT-2, BLOOM, GPT-NeoX, Falcon, OPT, GPT-J) and Gemma-3n. From config.json
+biases and learned position embeddings (GPT-2, BLOOM, GPT-NeoX, Falcon, OPT, GPT-J), 2-matrix MLP bodies (StarCoder2,
+Phi, Nemotron, Apertus, Arcee), Gemma-3n and Gemma 4; and multi-head latent attention's count (mla_attention). From config.json
 alone (no torch): each family's reader counts its layers' parameters as transformers builds them (checked against
 `sum(p.numel())` of the built model: tests/unit/test_shape_families.py) and gives the ModelShape fields it differs in.
 
@@ -576,6 +577,50 @@ def read_gemma3n(c: dict) -> dict:
     return {**out, "kinds": group(layer), "root_extra": root, "largest_extra": vp * layers * hp}
 
 
+def read_gemma4(c: dict) -> dict:
+    """Gemma 4's text model: per layer attention whose head_dim and kv heads a full-attention layer may override
+    (per_layer_config, or transformers' global_head_dim 512 and num_global_key_value_heads), q/k norms, no v_proj in a
+    full layer under attention_k_eq_v, no k/v weights in the last num_kv_shared_layers layers (whose GeGLU MLP is twice
+    as wide under use_double_wide_mlp); four norms; the per-layer input gate, projection and norm; with
+    enable_moe_block also a router (norm scale, per-expert scale) and experts beside the MLP, and three more norms. At
+    the root the per-layer embeddings, their projection and norm."""
+    h, layers = _int(c, "hidden_size"), _int(c, "num_hidden_layers")
+    heads, kv = _int(c, "num_attention_heads"), _int(c, "num_key_value_heads", "num_attention_heads")
+    hd, inter, hp = (
+        _int(c, "head_dim", default=256),
+        _int(c, "intermediate_size"),
+        _int(c, "hidden_size_per_layer_input", default=256),
+    )
+    types = _types(c, layers, "layer_types") or ["sliding_attention" if (i + 1) % 6 else "full_attention" for i in range(layers)]
+    overrides = {int(k): v for k, v in (c.get("per_layer_config") or {}).items()}
+    if "per_layer_config" not in c:  # transformers' __post_init__ builds it from these two
+        full = {"head_dim": _int(c, "global_head_dim", default=512)}
+        if c.get("num_global_key_value_heads") is not None and c.get("attention_k_eq_v", True):
+            full["num_key_value_heads"] = _int(c, "num_global_key_value_heads")
+        overrides = {i: full for i, t in enumerate(types) if t == "full_attention"}
+    shared, bias = layers - _int(c, "num_kv_shared_layers"), bool(c.get("attention_bias", False))
+    e, k, width = _int(c, "num_experts"), _int(c, "top_k_experts"), _int(c, "moe_intermediate_size")
+    layer = []
+    for i, t in enumerate(types):
+        d = int(overrides.get(i, {}).get("head_dim", hd))
+        n_kv = int(overrides.get(i, {}).get("num_key_value_heads", kv))
+        weights = linear(h, heads * d, bias) + d + linear(heads * d, h, bias)
+        if i < shared:  # k (and v unless k = v in a full layer) with the k norm
+            v = 0 if c.get("attention_k_eq_v") and t != "sliding_attention" else linear(h, n_kv * d, bias)
+            weights += linear(h, n_kv * d, bias) + v + d
+        wide = 2 if c.get("use_double_wide_mlp") and i >= shared else 1
+        parts = [("attention", weights, weights, 16 * h, True, 0), mlp(h, wide * inter), norm(4 * h)]
+        parts += [("", 2 * h * hp + h, 2 * h * hp + h, 0, False, 0)] if hp else []
+        if c.get("enable_moe_block"):
+            name, total, active, act, _, routed = moe(h, e, k, width)
+            parts += [(name, total + h + e, active + h + e, act, False, routed), norm(3 * h)]
+        layer.append(join(*parts))
+    root = (_int(c, "vocab_size_per_layer_input", default=262144) * layers * hp + h * layers * hp + hp) if hp else 0
+    out = _base(c, h, layers, _int(c, "vocab_size"), heads, kv, hd, inter, bool(c.get("tie_word_embeddings", True)))
+    moe_fields = {"experts": e, "experts_per_token": k, "expert_intermediate": width, "moe_layers": layers}
+    return {**out, **(moe_fields if c.get("enable_moe_block") else {}), "kinds": group(layer), "root_extra": root}
+
+
 def mla_attention(c: dict) -> int:
     """Multi-head latent attention's parameters with the layer's two norms (DeepSeek-V2/V3, MiniCPM3, GLM-4.7-Flash,
     A.X-K1), 0 for a family without kv_lora_rank: q through a q_lora_rank bottleneck (with its norm; DeepSeek-V2-Lite:
@@ -611,6 +656,7 @@ READERS: dict[str, Reader] = {
     "opt": read_opt,
     "gptj": read_gptj,
     "gemma3n_text": read_gemma3n,
+    "gemma4_text": read_gemma4,
     **dict.fromkeys(PLAIN_MLP, read_plain_mlp),
 }
 """model_type -> its reader (Qwen3-Next/Qwen3.5 and LFM2 take the MoE layer set too: MOE_AWARE)."""

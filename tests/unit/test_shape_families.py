@@ -49,6 +49,23 @@ VARIANTS = {
         "gemma3n_text",
         {"num_hidden_layers": 4, "num_kv_shared_layers": 2, "layer_types": ["sliding_attention", "full_attention"] * 2},
     ),
+    "gemma4_text+moe_k_eq_v_shared": (
+        "gemma4_text",
+        {
+            "num_hidden_layers": 4,
+            "layer_types": ["sliding_attention", "full_attention"] * 2,
+            "per_layer_config": None,
+            "global_head_dim": 128,
+            "num_global_key_value_heads": 2,
+            "attention_k_eq_v": True,
+            "num_kv_shared_layers": 2,
+            "use_double_wide_mlp": True,
+            "enable_moe_block": True,
+            "num_experts": 3,
+            "top_k_experts": 2,
+            "moe_intermediate_size": 32,
+        },
+    ),
     "phi+qk_layernorm": ("phi", {"qk_layernorm": True}),
     "lfm2+untied": ("lfm2", {"tie_word_embeddings": False}),
     "jamba+untied": ("jamba", {"tie_word_embeddings": False, "num_hidden_layers": 4}),
@@ -114,6 +131,16 @@ def test_a_config_json_without_the_fields_at_their_defaults_counts_the_same(fami
     full, short = ModelShape.from_config(config), ModelShape.from_config(sparse)
     assert isinstance(short, ModelShape) and isinstance(full, ModelShape), short
     assert (short.params, short.active_params) == (full.params, full.active_params)
+
+
+def test_gemma4s_full_layers_count_from_either_form_of_their_overrides():
+    """Gemma 4's config.json gives the full-attention layers' head_dim and kv heads as per_layer_config (transformers
+    writes it) or as global_head_dim / num_global_key_value_heads (which transformers turns into it): one count."""
+    config, total, _ = _built(*VARIANTS["gemma4_text+moe_k_eq_v_shared"])
+    assert config["per_layer_config"]["1"] == {"head_dim": 128, "num_key_value_heads": 2}
+    short = {k: v for k, v in config.items() if k != "per_layer_config"} | {"global_head_dim": 128}
+    shape = ModelShape.from_config(short | {"num_global_key_value_heads": 2})
+    assert getattr(shape, "params", shape) == total
 
 
 def test_released_models_count_to_their_published_sizes():
