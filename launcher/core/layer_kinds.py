@@ -1,9 +1,10 @@
 """The decoder layers of the families whose layers are not one Llama-style attention + SwiGLU MLP (or MoE) block:
 state-space and hybrid mixers (Mamba, Mamba-2, Gated DeltaNet, LFM2's short convolutions), fused-qkv GELU bodies with
 biases and learned position embeddings (GPT-2, BLOOM, GPT-NeoX, Falcon, OPT, GPT-J), 2-matrix MLP bodies (StarCoder2,
-Phi, Nemotron, Apertus, Arcee), Gemma-3n and Gemma 4; and multi-head latent attention's count (mla_attention). From config.json
-alone (no torch): each family's reader counts its layers' parameters as transformers builds them (checked against
-`sum(p.numel())` of the built model: tests/unit/test_shape_families.py) and gives the ModelShape fields it differs in.
+Phi, Nemotron, Apertus, Arcee), Gemma-3n and Gemma 4; and multi-head latent attention's count (mla_attention). From
+config.json alone (no torch): each family's reader counts its layers' parameters as transformers builds them (checked
+against `sum(p.numel())` of the built model: tests/unit/test_shape_families.py) and gives the ModelShape fields it
+differs in.
 
 Activations (LayerKind.act_bytes, bytes per token of one layer kept for the backward) are an estimate with stated terms,
 as launcher/memory.py's: 16 H for an attention block with its norms and residual (memory.py's own term), 8 I for a
