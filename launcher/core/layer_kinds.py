@@ -1,10 +1,10 @@
 """The decoder layers of the families whose layers are not one Llama-style attention + SwiGLU MLP (or MoE) block:
 state-space and hybrid mixers (Mamba, Mamba-2, Gated DeltaNet, LFM2's short convolutions), fused-qkv GELU bodies with
 biases and learned position embeddings (GPT-2, BLOOM, GPT-NeoX, Falcon, OPT, GPT-J), 2-matrix MLP bodies (StarCoder2,
-Phi, Nemotron, Apertus, Arcee), Gemma-3n and Gemma 4; and multi-head latent attention's count (mla_attention). From
-config.json alone (no torch): each family's reader counts its layers' parameters as transformers builds them (checked
-against `sum(p.numel())` of the built model: tests/unit/test_shape_families.py) and gives the ModelShape fields it
-differs in.
+Phi, Nemotron, Apertus, Arcee), Gemma-3n, Gemma 4, Llama 4 and Hunyuan-MoE (shared experts); and multi-head latent
+attention's count (mla_attention). From config.json alone (no torch): each family's reader counts its layers'
+parameters as transformers builds them (checked against `sum(p.numel())` of the built model:
+tests/unit/test_shape_families.py) and gives the ModelShape fields it differs in.
 
 Activations (LayerKind.act_bytes, bytes per token of one layer kept for the backward) are an estimate with stated terms,
 as launcher/memory.py's: 16 H for an attention block with its norms and residual (memory.py's own term), 8 I for a
@@ -622,6 +622,40 @@ def read_gemma4(c: dict) -> dict:
     return {**out, **(moe_fields if c.get("enable_moe_block") else {}), "kinds": group(layer), "root_extra": root}
 
 
+def read_llama4(c: dict) -> dict:
+    """Llama 4's text model: attention (its q/k norms are weightless L2 norms), then in each of moe_layers (every
+    interleave_moe_layer_step-th where config.json has no list) experts of intermediate_size with a router and a
+    shared SwiGLU expert of the same width, in the others a dense SwiGLU MLP of intermediate_size_mlp."""
+    h, layers = _int(c, "hidden_size"), _int(c, "num_hidden_layers")
+    heads, kv = _int(c, "num_attention_heads"), _int(c, "num_key_value_heads", "num_attention_heads")
+    hd, inter = _int(c, "head_dim", default=128), _int(c, "intermediate_size")
+    e, k = _int(c, "num_local_experts", default=16), _int(c, "num_experts_per_tok", default=1)
+    step = _int(c, "interleave_moe_layer_step", default=1)
+    moe_ids = c.get("moe_layers")
+    moe_ids = set(moe_ids) if isinstance(moe_ids, list) else set(range(step - 1, layers, step))
+    mixer = attention(h, heads, kv, hd, bias=bool(c.get("attention_bias", False)))
+    dense = mlp(h, _int(c, "intermediate_size_mlp"))
+    sparse = moe(h, e, k, inter, shared=inter)
+    layer = [join(mixer, sparse if i in moe_ids else dense, norm(2 * h)) for i in range(layers)]
+    out = _base(c, h, layers, _int(c, "vocab_size"), heads, kv, hd, inter, bool(c.get("tie_word_embeddings", False)))
+    moe_fields = {"experts": e, "experts_per_token": k, "expert_intermediate": inter, "shared_intermediate": inter}
+    return {**out, **moe_fields, "moe_layers": len(moe_ids & set(range(layers))), "kinds": group(layer)}
+
+
+def read_hunyuan_moe(c: dict) -> dict:
+    """Hunyuan-MoE (v1): attention with q/k norms, then in every layer experts of intermediate_size with a router and
+    an always-on shared SwiGLU MLP (shared_mlp) of the same width."""
+    h, layers = _int(c, "hidden_size"), _int(c, "num_hidden_layers")
+    heads, kv = _int(c, "num_attention_heads"), _int(c, "num_key_value_heads", "num_attention_heads")
+    hd, inter = _int(c, "head_dim") or h // heads, _int(c, "intermediate_size")
+    e, k = _int(c, "num_experts", default=1), _int(c, "moe_topk", default=1)
+    mixer = attention(h, heads, kv, hd, bias=bool(c.get("attention_bias", False)), qk_norm=True)
+    layer = join(mixer, moe(h, e, k, inter, shared=inter), norm(2 * h))
+    out = _base(c, h, layers, _int(c, "vocab_size"), heads, kv, hd, inter, bool(c.get("tie_word_embeddings", True)))
+    moe_fields = {"experts": e, "experts_per_token": k, "expert_intermediate": inter, "shared_intermediate": inter}
+    return {**out, **moe_fields, "moe_layers": layers, "kinds": group([layer] * layers)}
+
+
 def mla_attention(c: dict) -> int:
     """Multi-head latent attention's parameters with the layer's two norms (DeepSeek-V2/V3, MiniCPM3, GLM-4.7-Flash,
     A.X-K1), 0 for a family without kv_lora_rank: q through a q_lora_rank bottleneck (with its norm; DeepSeek-V2-Lite:
@@ -658,6 +692,8 @@ READERS: dict[str, Reader] = {
     "gptj": read_gptj,
     "gemma3n_text": read_gemma3n,
     "gemma4_text": read_gemma4,
+    "llama4_text": read_llama4,
+    "hunyuan_v1_moe": read_hunyuan_moe,
     **dict.fromkeys(PLAIN_MLP, read_plain_mlp),
 }
 """model_type -> its reader (Qwen3-Next/Qwen3.5 and LFM2 take the MoE layer set too: MOE_AWARE)."""

@@ -66,6 +66,7 @@ VARIANTS = {
             "moe_intermediate_size": 32,
         },
     ),
+    "llama4_text+interleaved": ("llama4_text", {"num_hidden_layers": 4, "interleave_moe_layer_step": 2, "moe_layers": None}),
     "phi+qk_layernorm": ("phi", {"qk_layernorm": True}),
     "lfm2+untied": ("lfm2", {"tie_word_embeddings": False}),
     "jamba+untied": ("jamba", {"tie_word_embeddings": False, "num_hidden_layers": 4}),
@@ -198,9 +199,10 @@ def test_dry_run_names_the_layer_kinds_or_says_why_there_is_no_estimate(tmp_path
     assert "model 0.12B parameters (layers: 12 attention+mlp)" in gpt2 and SCAN_NOTE not in gpt2, gpt2
     broken = {**COMMON_HYBRID_CONFIGS["MambaCodestral"], "model_type": "nemotron_h", "num_attention_heads": 32}
     assert "no estimate: nemotron_h: its config.json cannot be counted" in section(broken)
-    hunyuan = {"model_type": "hunyuan_v1_moe", "hidden_size": 4096, "num_hidden_layers": 32, "intermediate_size": 3072}
-    hunyuan |= {"vocab_size": 128256, "num_attention_heads": 32, "num_key_value_heads": 8, "num_experts": 64, "moe_topk": 8}
-    assert f"approximate: {APPROXIMATE['hunyuan_v1_moe']}, so every figure here is low" in section(hunyuan)
+    afmoe = {"model_type": "afmoe", "hidden_size": 2048, "num_hidden_layers": 32, "intermediate_size": 6144}
+    afmoe |= {"vocab_size": 200192, "num_attention_heads": 32, "num_key_value_heads": 4, "num_experts": 128}
+    afmoe |= {"num_experts_per_tok": 8, "moe_intermediate_size": 1024}
+    assert f"approximate: {APPROXIMATE['afmoe']}, so every figure here is low" in section(afmoe)
 
 
 MIXERS = {
