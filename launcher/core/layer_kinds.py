@@ -1,9 +1,9 @@
 """The decoder layers of the families whose layers are not one Llama-style attention + SwiGLU MLP (or MoE) block:
 state-space and hybrid mixers (Mamba, Mamba-2, Gated DeltaNet, LFM2's short convolutions), fused-qkv GELU bodies with
 biases and learned position embeddings (GPT-2, BLOOM, GPT-NeoX, Falcon, OPT, GPT-J), 2-matrix MLP bodies (StarCoder2,
-Phi, Nemotron, Apertus, Arcee), Gemma-3n, Gemma 4, Llama 4 and Hunyuan-MoE (shared experts); and multi-head latent
-attention's count (mla_attention). From config.json alone (no torch): each family's reader counts its layers'
-parameters as transformers builds them (checked against `sum(p.numel())` of the built model:
+Phi, Nemotron, Apertus, Arcee), Gemma-3n, Gemma 4, Llama 4, Hunyuan-MoE and AFMoE (shared experts, gates); and
+multi-head latent attention's count (mla_attention). From config.json alone (no torch): each family's reader counts its
+layers' parameters as transformers builds them (checked against `sum(p.numel())` of the built model:
 tests/unit/test_shape_families.py) and gives the ModelShape fields it differs in.
 
 Activations (LayerKind.act_bytes, bytes per token of one layer kept for the backward) are an estimate with stated terms,
@@ -656,6 +656,25 @@ def read_hunyuan_moe(c: dict) -> dict:
     return {**out, **moe_fields, "moe_layers": layers, "kinds": group([layer] * layers)}
 
 
+def read_afmoe(c: dict) -> dict:
+    """AFMoE: attention with q/k norms and a sigmoid output gate (gate_proj, heads x head_dim), four norms, then a
+    dense SwiGLU MLP in the first num_dense_layers and experts after, with a shared expert of num_shared_experts x
+    moe_intermediate_size and the router's expert_bias (a parameter, not trained)."""
+    h, layers = _int(c, "hidden_size"), _int(c, "num_hidden_layers")
+    heads, kv = _int(c, "num_attention_heads"), _int(c, "num_key_value_heads", "num_attention_heads")
+    hd, inter = _int(c, "head_dim") or h // heads, _int(c, "intermediate_size")
+    e, k, width = _int(c, "num_experts"), _int(c, "num_experts_per_tok"), _int(c, "moe_intermediate_size")
+    mixer = attention(h, heads, kv, hd, bias=bool(c.get("attention_bias", False)), qk_norm=True)
+    gate = ("", h * heads * hd, h * heads * hd, 0, False, 0)
+    name, total, active, act, _, routed = moe(h, e, k, width, shared=width * _int(c, "num_shared_experts", default=2))
+    sparse = (name, total + e, active + e, act, False, routed)
+    dense_layers = _int(c, "num_dense_layers", default=1)
+    layer = [join(mixer, gate, sparse if i >= dense_layers else mlp(h, inter), norm(4 * h)) for i in range(layers)]
+    out = _base(c, h, layers, _int(c, "vocab_size"), heads, kv, hd, inter, bool(c.get("tie_word_embeddings", False)))
+    moe_fields = {"experts": e, "experts_per_token": k, "expert_intermediate": width}
+    return {**out, **moe_fields, "moe_layers": max(layers - dense_layers, 0), "kinds": group(layer)}
+
+
 def mla_attention(c: dict) -> int:
     """Multi-head latent attention's parameters with the layer's two norms (DeepSeek-V2/V3, MiniCPM3, GLM-4.7-Flash,
     A.X-K1), 0 for a family without kv_lora_rank: q through a q_lora_rank bottleneck (with its norm; DeepSeek-V2-Lite:
@@ -694,6 +713,7 @@ READERS: dict[str, Reader] = {
     "gemma4_text": read_gemma4,
     "llama4_text": read_llama4,
     "hunyuan_v1_moe": read_hunyuan_moe,
+    "afmoe": read_afmoe,
     **dict.fromkeys(PLAIN_MLP, read_plain_mlp),
 }
 """model_type -> its reader (Qwen3-Next/Qwen3.5 and LFM2 take the MoE layer set too: MOE_AWARE)."""
