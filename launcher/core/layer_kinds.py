@@ -1,10 +1,10 @@
 """The decoder layers of the families whose layers are not one Llama-style attention + SwiGLU MLP (or MoE) block:
 state-space and hybrid mixers (Mamba, Mamba-2, Gated DeltaNet, LFM2's short convolutions), fused-qkv GELU bodies with
 biases and learned position embeddings (GPT-2, BLOOM, GPT-NeoX, Falcon, OPT, GPT-J), 2-matrix MLP bodies (StarCoder2,
-Phi, Nemotron, Apertus, Arcee), Gemma-3n, Gemma 4, Llama 4, Hunyuan-MoE and AFMoE (shared experts, gates); and
-multi-head latent attention's count (mla_attention). From config.json alone (no torch): each family's reader counts its
-layers' parameters as transformers builds them (checked against `sum(p.numel())` of the built model:
-tests/unit/test_shape_families.py) and gives the ModelShape fields it differs in.
+Phi, Nemotron, Apertus, Arcee), Gemma-3n, Gemma 4, Llama 4, Hunyuan-MoE, AFMoE and MiMo-V2-Flash (shared experts,
+gates, sinks); and multi-head latent attention's count (mla_attention). From config.json alone (no torch): each
+family's reader counts its layers' parameters as transformers builds them (checked against `sum(p.numel())` of the built
+model: tests/unit/test_shape_families.py) and gives the ModelShape fields it differs in.
 
 Activations (LayerKind.act_bytes, bytes per token of one layer kept for the backward) are an estimate with stated terms,
 as launcher/memory.py's: 16 H for an attention block with its norms and residual (memory.py's own term), 8 I for a
@@ -675,6 +675,33 @@ def read_afmoe(c: dict) -> dict:
     return {**out, **moe_fields, "moe_layers": max(layers - dense_layers, 0), "kinds": group(layer)}
 
 
+def read_mimo_v2_flash(c: dict) -> dict:
+    """MiMo-V2-Flash: attention with head_dim keys and v_head_dim values; a sliding-window layer has twice the kv heads
+    and an attention sink per head (layer_types; transformers' default: full at layer 0 and every 6th); then a dense
+    SwiGLU MLP or experts without a shared one (mlp_layer_types; default: layer 0 dense)."""
+    h, layers = _int(c, "hidden_size"), _int(c, "num_hidden_layers")
+    heads, kv = _int(c, "num_attention_heads", default=64), _int(c, "num_key_value_heads", default=4)
+    hd, vd, bias = _int(c, "head_dim", default=192), _int(c, "v_head_dim", default=128), bool(c.get("attention_bias", False))
+    types = _types(c, layers, "layer_types") or [
+        "full_attention" if i == 0 or not (i + 1) % 6 else "sliding_attention" for i in range(layers)
+    ]
+    mlps = _types(c, layers, "mlp_layer_types") or ["dense"] + ["sparse"] * (layers - 1)
+    inter, e, k = _int(c, "intermediate_size"), _int(c, "n_routed_experts", default=256), _int(c, "num_experts_per_tok")
+    width = _int(c, "moe_intermediate_size")
+    layer = []
+    for t, m in zip(types, mlps, strict=True):
+        swa = t == "sliding_attention"
+        n_kv = 2 * kv if swa else kv
+        n = linear(h, heads * hd, bias) + linear(h, n_kv * hd, bias) + linear(h, n_kv * vd, bias) + heads * vd * h
+        n += heads if swa else 0  # the sinks
+        ffn = moe(h, e, k, width) if m == "sparse" else mlp(h, inter)
+        layer.append(join(("attention", n, n, 16 * h, True, 0), ffn, norm(2 * h)))
+    out = _base(c, h, layers, _int(c, "vocab_size"), heads, kv, hd, inter, bool(c.get("tie_word_embeddings", False)))
+    moe_fields = {"experts": e, "experts_per_token": k, "expert_intermediate": width}
+    # transformers has no SDPA path for its sinks (_supports_sdpa False): the trainer's attention is the eager one
+    return {**out, **moe_fields, "moe_layers": mlps.count("sparse"), "eager_attention": True, "kinds": group(layer)}
+
+
 def mla_attention(c: dict) -> int:
     """Multi-head latent attention's parameters with the layer's two norms (DeepSeek-V2/V3, MiniCPM3, GLM-4.7-Flash,
     A.X-K1), 0 for a family without kv_lora_rank: q through a q_lora_rank bottleneck (with its norm; DeepSeek-V2-Lite:
@@ -714,6 +741,7 @@ READERS: dict[str, Reader] = {
     "llama4_text": read_llama4,
     "hunyuan_v1_moe": read_hunyuan_moe,
     "afmoe": read_afmoe,
+    "mimo_v2_flash": read_mimo_v2_flash,
     **dict.fromkeys(PLAIN_MLP, read_plain_mlp),
 }
 """model_type -> its reader (Qwen3-Next/Qwen3.5 and LFM2 take the MoE layer set too: MOE_AWARE)."""

@@ -182,7 +182,6 @@ NO_CONFIG = "no readable config.json"
 """ModelShape.parse's reason where the folder has no config.json here (a path on the cluster only): no estimate, and
 no line about it."""
 APPROXIMATE = {
-    "mimo_v2_flash": "its sliding-window layers' own head counts and attention sinks are not counted",
     "hy_v4": "its attention gate, sinks and hyper-connections are not counted",
 }
 """model_types counted as the Llama/MoE layout above although their layers hold more (the count is low; measured

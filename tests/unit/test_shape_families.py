@@ -199,10 +199,10 @@ def test_dry_run_names_the_layer_kinds_or_says_why_there_is_no_estimate(tmp_path
     assert "model 0.12B parameters (layers: 12 attention+mlp)" in gpt2 and SCAN_NOTE not in gpt2, gpt2
     broken = {**COMMON_HYBRID_CONFIGS["MambaCodestral"], "model_type": "nemotron_h", "num_attention_heads": 32}
     assert "no estimate: nemotron_h: its config.json cannot be counted" in section(broken)
-    mimo = {"model_type": "mimo_v2_flash", "hidden_size": 4096, "num_hidden_layers": 48, "intermediate_size": 16384}
-    mimo |= {"vocab_size": 152576, "num_attention_heads": 64, "num_key_value_heads": 4, "n_routed_experts": 256}
-    mimo |= {"num_experts_per_tok": 8, "moe_intermediate_size": 2048}
-    assert f"approximate: {APPROXIMATE['mimo_v2_flash']}, so every figure here is low" in section(mimo)
+    hy_v4 = {"model_type": "hy_v4", "hidden_size": 4096, "num_hidden_layers": 32, "intermediate_size": 12288}
+    hy_v4 |= {"vocab_size": 129280, "num_attention_heads": 32, "num_key_value_heads": 32, "n_routed_experts": 64}
+    hy_v4 |= {"num_experts_per_tok": 8, "moe_intermediate_size": 2048}
+    assert f"approximate: {APPROXIMATE['hy_v4']}, so every figure here is low" in section(hy_v4)
 
 
 MIXERS = {
