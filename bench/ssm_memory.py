@@ -72,7 +72,7 @@ BODIES: dict[str, tuple[str, dict]] = {
     ),  # fmt: skip
 }
 SMALL = {"hidden_size": 256, "num_heads": 8, "head_dim": 64, "intermediate_size": 512, "linear_num_key_heads": 2,
-         "linear_num_value_heads": 4, "linear_key_head_dim": 64, "linear_value_head_dim": 64, "head_dim_attn": 64,
+         "linear_num_value_heads": 4, "linear_key_head_dim": 64, "linear_value_head_dim": 64,
          "block_dim": 256, "conv_dim": 256, "conv_dim_out": 256, "mamba_dt_rank": 16, "num_attention_heads": 4,
          "num_key_value_heads": 2}  # fmt: skip
 """--small: the widths that shrink (hidden 256), so the CPU runs each body in seconds."""
