@@ -23,6 +23,11 @@ common model shapes. An estimate with stated terms, not a measurement (gpu/RESUL
   MoE            P counts every expert (FSDP shards them, AdamW holds them, a push sends them, vLLM serves them);
                  a gathered unit is a whole MoE layer (all its experts); activations take the experts_per_token
                  experts a token runs through; the largest tensor read at load is a layer's fused gate_up_proj
+  SSM, hybrids   families whose layers are not all attention + MLP (Mamba, Mamba-2, Gated DeltaNet, LFM2's short
+                 convolutions, fused-qkv GELU bodies, Gemma-3n: launcher.core.layer_kinds) are counted per layer kind:
+                 P, the largest gathered layer and each kind's activations per token (an SSM layer keeps transformers'
+                 PyTorch scan's fp32 tensors: Mamba 16 d N bytes, Mamba-2 B and C per head plus the chunk's scores);
+                 eager attention's scores count in the attention layers only
   vLLM           bf16 weights per GPU (vllm_weights_gb): 2P / tensor_parallel_size; with vllm.enable_expert_parallel
                  the routed experts split over TP x DP (2 (P - E) / TP + 2 E / (TP x DP), E = the routed experts'
                  parameters); they fit when they leave VLLM_HEADROOM_GB of the memory vLLM gets of a GPU
@@ -48,7 +53,7 @@ from dataclasses import dataclass
 from launcher.core.inputs import PromptLength, prompt_length
 from launcher.core.lora import ADAPTER, ENGINE, MERGED
 from launcher.core.plan import Plan
-from launcher.core.shape import ModelShape
+from launcher.core.shape import NO_CONFIG, ModelShape
 
 GB = 1e9
 PROMPT_TOKENS = 256
@@ -90,8 +95,48 @@ COMMON_MOE_SHAPES = {
 GPT_OSS = frozenset({"gpt-oss-20b", "gpt-oss-120b"})
 """COMMON_MOE_SHAPES with gpt-oss's biases and attention sinks (ModelShape.biases), attention run eagerly."""
 
+COMMON_HYBRID_CONFIGS: dict[str, dict] = {
+    # the released config.json values the count reads (transformers' configuration classes default to these models:
+    # their defaults count the same)
+    "Qwen3-Next-80B": {
+        "model_type": "qwen3_next", "hidden_size": 2048, "num_hidden_layers": 48, "intermediate_size": 5120,
+        "vocab_size": 151936, "num_attention_heads": 16, "num_key_value_heads": 2, "head_dim": 256,
+        "num_experts": 512, "num_experts_per_tok": 10, "moe_intermediate_size": 512,
+        "shared_expert_intermediate_size": 512, "linear_num_key_heads": 16, "linear_num_value_heads": 32,
+        "linear_key_head_dim": 128, "linear_value_head_dim": 128, "linear_conv_kernel_dim": 4,
+        "full_attention_interval": 4, "tie_word_embeddings": False,
+    },
+    "Jamba-v0.1": {
+        "model_type": "jamba", "hidden_size": 4096, "num_hidden_layers": 32, "intermediate_size": 14336,
+        "vocab_size": 65536, "num_attention_heads": 32, "num_key_value_heads": 8, "num_experts": 16,
+        "num_experts_per_tok": 2, "attn_layer_period": 8, "attn_layer_offset": 4, "expert_layer_period": 2,
+        "expert_layer_offset": 1, "mamba_d_state": 16, "mamba_d_conv": 4, "mamba_expand": 2, "mamba_dt_rank": 256,
+        "tie_word_embeddings": False,
+    },
+    "MambaCodestral": {
+        "model_type": "mamba2", "hidden_size": 4096, "num_hidden_layers": 64, "num_heads": 128, "head_dim": 64,
+        "n_groups": 8, "state_size": 128, "expand": 2, "conv_kernel": 4, "chunk_size": 256, "vocab_size": 32768,
+        "tie_word_embeddings": False,
+    },
+}  # fmt: skip
+"""Hybrid and SSM models for simulate's table, counted per layer kind (launcher.core.layer_kinds): Qwen3-Next-80B-A3B
+(79.7 B, 3.9 B active: Gated DeltaNet + MoE), Jamba-v0.1 (51.6 B, 12.1 B active: Mamba + attention + MoE),
+Mamba-Codestral-7B (7.29 B: Mamba-2 only)."""
+
+
+SCANNED = ("mamba", "gated_deltanet")
+"""Layer kinds whose activations are those of transformers' PyTorch scan (launcher.core.layer_kinds)."""
+SCAN_NOTE = (
+    "SSM layers: activations as transformers' PyTorch scan keeps them (fp32 state-sized tensors per token); the "
+    "mamba-ssm, causal-conv1d and flash-linear-attention kernels (not installed by scripts/install.sh) keep far less"
+)
+
 
 def common_shape(name: str) -> ModelShape:
+    if name in COMMON_HYBRID_CONFIGS:
+        shape = ModelShape.from_config(COMMON_HYBRID_CONFIGS[name])
+        assert isinstance(shape, ModelShape), shape
+        return shape
     if name in COMMON_MOE_SHAPES:
         h, n, i, v, heads, kv, hd, tied, e, k, ei = COMMON_MOE_SHAPES[name]
         return ModelShape(
@@ -206,7 +251,9 @@ class Estimate:
 
 
 def projections(shape: ModelShape) -> dict[str, tuple[int, int]]:
-    """(in, out) features of each linear projection of a decoder layer (Llama/Qwen2/Mistral names)."""
+    """(in, out) features of each linear projection of a decoder layer (Llama/Qwen2/Mistral names). A family counted per
+    layer kind (an SSM or hybrid, GPT-2's fused c_attn) is sized as if every layer had these: LoRA's adapters are a
+    small term, and an approximate one there."""
     h, q, kv, i = shape.hidden, shape.heads * shape.head_dim, shape.kv_heads * shape.head_dim, shape.intermediate
     return {
         "q_proj": (h, q),
@@ -240,11 +287,15 @@ def estimate(shape: ModelShape, lay: Layout, opt: Options) -> Estimate:
     if s == 1 and not opt.cpu_offload:  # one rank per shard group keeps every unit gathered (trainer.parallel.shard_model)
         gathered = b * (p + a) + 4 * (a_layer if opt.lora_r else shape.layer_params)
     adapted = sum(1 for name in projections(shape) if name in opt.lora_targets) if opt.lora_r else 0
-    per_layer = t * (16 * shape.hidden + 8 * mlp_width(shape) + 2 * opt.lora_r * adapted)
-    acts = (2 * t * shape.hidden * shape.layers + per_layer) if opt.activation_checkpointing else per_layer * shape.layers
-    if opt.eager(shape):
+    every, largest = shape.activation_bytes(mlp_width(shape))  # per token: all layers, the largest one
+    lora = 2 * opt.lora_r * adapted
+    if opt.activation_checkpointing:
+        acts = t * (2 * shape.hidden * shape.layers + largest + lora)
+    else:
+        acts = t * (every + lora * shape.layers)
+    if opt.eager(shape):  # an SSM or short-conv layer has no scores
         scores = lay.completions_per_rank * shape.heads * (lay.prompt_tokens + lay.completion_tokens) ** 2
-        acts += scores * (8 if opt.activation_checkpointing else 2 * shape.layers + 6)
+        acts += scores * (8 if opt.activation_checkpointing else 2 * shape.attention_layers + 6)
     # TRL scores the completion tokens only (its labels are -100 over the prompt): the prompt adds no logits
     logits = 6 * lay.completions_per_rank * lay.completion_tokens * shape.vocab
     reference = 4 * p if opt.reference_model else 0
@@ -349,7 +400,7 @@ def vllm_tp_choices(heads: int, gpus: int, data_parallel: int, shared: bool) -> 
 def routed_expert_params(shape: ModelShape) -> int:
     """The routed experts' parameters (0 for a dense model): what expert parallelism splits; the router and a shared
     expert stay with the dense part."""
-    return shape.moe_layers * (shape.moe_mlp_params(shape.experts) - shape.moe_mlp_params(0))
+    return shape.routed_expert_params
 
 
 def vllm_weights_gb(shape: ModelShape, tp: int, dp: int = 1, expert_parallel: bool = False) -> float:
@@ -398,6 +449,7 @@ def report(shape: ModelShape, lay: Layout, opt: Options) -> list[str]:
             if shape.experts
             else ""
         )
+        + (f" (layers: {', '.join(f'{k.count} {k.name}' for k in shape.kinds)})" if shape.kinds else "")
         + f"; shards over {lay.shard_ranks} ranks; options: {opt.describe()}; "
         f"T = {lay.completions_per_rank} completions x ({lay.prompt_tokens} prompt + {lay.completion_tokens}) tokens "
         f"per rank (prompt: {lay.prompt_how})",
@@ -418,6 +470,10 @@ def report(shape: ModelShape, lay: Layout, opt: Options) -> list[str]:
         + (f"; offloaded state ~{e.host_gb_per_node:.0f} GB pinned host memory per node" if opt.cpu_offload else ""),
         f"vLLM: bf16 weights {e.vllm_weights_gb:.1f} GB per GPU (tensor_parallel_size {lay.tensor_parallel_size})",
     ]
+    if any(k.name.startswith(SCANNED) for k in shape.kinds):
+        lines.insert(1, SCAN_NOTE)
+    if shape.approximate:  # counted as the Llama/MoE layout: say so rather than pass a low figure off as exact
+        lines.insert(1, f"approximate: {shape.approximate}, so every figure here is low (launcher/core/shape.py)")
     largest = lay.compute_bytes * shape.largest_tensor
     if lay.push_buffer_bytes and largest > lay.push_buffer_bytes:  # the ipc push never splits a tensor across windows
         lines.append(
@@ -520,10 +576,11 @@ def disk_line(shape: ModelShape, lay: Layout, opt: Options, keep: int, save_mode
 
 
 def plan_report(p: Plan) -> list[str]:
-    """The dry-run section for a plan; empty when the model's config.json cannot be read here."""
-    shape = ModelShape.read(p.config.vllm.model)
-    if not shape:
-        return []
+    """The dry-run section for a plan; empty when the model's config.json cannot be read here, one line saying why when
+    it cannot be counted (a hybrid without its layer pattern)."""
+    shape = ModelShape.parse(p.config.vllm.model)
+    if isinstance(shape, str):
+        return [] if shape.startswith(NO_CONFIG) else [f"no estimate: {shape}"]
     t, lay, opt = p.config.trainer, layout(p, prompt_length(p.config)), options(p)
     return [*report(shape, lay, opt), disk_line(shape, lay, opt, t.keep_checkpoints, t.save_model)]
 
@@ -568,7 +625,7 @@ def fit_table(lay: Layout, names: list[str] | None = None, base: Options | None 
         f"{lay.completion_tokens}) tokens per rank (estimate: launcher/memory.py)",
         f"  {'model':<14} {'params':>7} {'TP':>3} {'ranks':>5}  {'hsdp: cheapest options that fit':<48} {'fsdp (shards over all ranks)'}",
     ]
-    for name in names or [*COMMON_SHAPES, *COMMON_MOE_SHAPES]:
+    for name in names or [*COMMON_SHAPES, *COMMON_MOE_SHAPES, *COMMON_HYBRID_CONFIGS]:
         shape = common_shape(name)
         tps = [t for t in (1, 2, 4, 8) if t < gpus and shape.heads % t == 0] if not lay.shared_gpu else [1]
         tp = smallest_vllm_tp(shape, lay.gpu_gb * lay.vllm_fraction, tps)
@@ -590,4 +647,6 @@ def fit_table(lay: Layout, names: list[str] | None = None, base: Options | None 
                 f"{short} (~{f.gpu_gb:.0f} GB/GPU" + (f", {f.host_gb_per_node:.0f} GB host/node)" if fix.cpu_offload else ")")
             )
         lines.append(f"  {name:<14} {shape.params / 1e9:>6.1f}B {tp:>3} {ranks:>5}  {cells[0]:<48} {cells[1]}")
+    if any(k.name.startswith(SCANNED) for name in names or COMMON_HYBRID_CONFIGS for k in common_shape(name).kinds):
+        lines.append(f"  ({SCAN_NOTE})")
     return lines

@@ -93,8 +93,8 @@ DENSE: dict[str, dict[str, Any]] = {
     "mamba": {"state_size": 16, "time_step_rank": 8},
     "mamba2": {"state_size": 16, "n_groups": 1, "chunk_size": 64, "time_step_rank": 8},
     "falcon_mamba": {"state_size": 16, "time_step_rank": 8},
-    # Jamba: Mamba and attention layers, dense and 3-expert MLPs (LAYER_RULES); here, not in MOE, for the memory
-    # estimate's expert count (launcher.core.shape), which does not model Mamba layers
+    # Jamba: Mamba and attention layers, dense and 3-expert MLPs (LAYER_RULES); here, not in MOE, with the other
+    # hybrids (launcher.core.layer_kinds counts its Mamba layers and its experts)
     "jamba": {"num_experts": 3, "num_experts_per_tok": 2, "mamba_d_state": 16, "mamba_dt_rank": 8},
 }
 """model_type -> fields beyond the common ones."""

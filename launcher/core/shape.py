@@ -7,6 +7,8 @@ import json
 from dataclasses import dataclass
 from pathlib import Path
 
+from launcher.core.layer_kinds import MOE_AWARE, READERS, LayerKind, mla_attention
+
 
 @dataclass(frozen=True)
 class ModelShape:
@@ -37,18 +39,54 @@ class ModelShape:
     eager_attention: bool = False
     """transformers has no SDPA or built-in flash path for the family (gpt-oss: its attention sinks), so the trainer's
     attention is the eager one, which materializes every layer's scores (heads x L x L per sequence)."""
+    kinds: tuple[LayerKind, ...] = ()
+    """The decoder layers, counted per kind (launcher.core.layer_kinds), for families whose layers are not all the
+    Llama-style block above (SSM and hybrid mixers, fused-qkv GELU bodies, Gemma-3n); () = every layer that block."""
+    root_extra: int = 0
+    """Parameters outside the decoder layers beyond the embeddings, lm_head and final norm (learned positions,
+    LayerNorm biases, Gemma-3n's per-layer embeddings)."""
+    attention_weights: int = 0
+    """The attention block's parameters (with the layer's two norms) where it is not GQA's q/k/v/o: multi-head latent
+    attention (DeepSeek, MiniCPM3, GLM-4.7-Flash; with DSA's indexer), layer_kinds.mla_attention; 0 = GQA's."""
+    approximate: str = ""
+    """Why the count is low for this family (APPROXIMATE), for the estimate's line; '' = counted as transformers builds
+    it (within ~1 %)."""
+    largest_extra: int = 0
+    """The family's largest tensor where the Llama/MoE layout's guess is smaller (a Mamba in_proj, Gemma-3n's
+    per-layer embeddings)."""
 
     @classmethod
     def read(cls, model: str) -> ModelShape | None:
-        """From a local model folder's config.json (a multimodal one's text_config); None if not readable."""
+        """From a local model folder's config.json (a multimodal one's text_config); None if not readable or not
+        countable (parse says why)."""
+        shape = cls.parse(model)
+        return shape if isinstance(shape, ModelShape) else None
+
+    @classmethod
+    def parse(cls, model: str) -> ModelShape | str:
+        """The shape, or why there is none (one line)."""
         try:
             c = json.loads((Path(model) / "config.json").read_text())
-        except (OSError, ValueError):
-            return None
-        c = c.get("text_config", c)
+        except (OSError, ValueError) as e:
+            return f"{NO_CONFIG} in {model} ({type(e).__name__})"
+        return cls.from_config(c.get("text_config", c))
+
+    @classmethod
+    def from_config(cls, c: dict) -> ModelShape | str:
+        """The shape of a config.json's contents (the text model's), or why there is none (one line)."""
+        family = str(c.get("model_type", ""))
+        try:
+            if family in READERS:
+                return cls(**READERS[family](c))
+            if family in MOE_AWARE:
+                moe = _moe_fields(c) if "num_hidden_layers" in c else {}
+                ids = set(moe.pop("moe_layer_ids", ()))
+                return cls(**{**moe, **MOE_AWARE[family](c, ids)})
+        except (KeyError, TypeError, ValueError, ZeroDivisionError) as e:
+            return f"{family}: its config.json cannot be counted ({type(e).__name__}: {e})"
         need = ("hidden_size", "num_hidden_layers", "intermediate_size", "vocab_size", "num_attention_heads")
         if not all(isinstance(c.get(k), int) for k in need):
-            return None
+            return f"{family or 'the model'}: config.json lacks one of {', '.join(need)} as a number"
         heads = c["num_attention_heads"]
         return cls(
             hidden=c["hidden_size"],
@@ -60,11 +98,15 @@ class ModelShape:
             head_dim=int(c.get("head_dim") or c["hidden_size"] // heads),
             tied=bool(c.get("tie_word_embeddings", False)),
             eager_attention=c.get("model_type") in EAGER_ATTENTION,
-            **_moe_fields(c),
+            attention_weights=mla_attention(c),
+            approximate=APPROXIMATE.get(family, ""),
+            **{k: v for k, v in _moe_fields(c).items() if k != "moe_layer_ids"},
         )
 
     @property
     def attention_params(self) -> int:
+        if self.attention_weights:
+            return self.attention_weights
         h, q, kv = self.hidden, self.heads * self.head_dim, self.kv_heads * self.head_dim
         return h * q + q + 2 * (h * kv + kv) + q * h + 2 * h + (h + self.heads if self.biases else 0)
 
@@ -80,14 +122,19 @@ class ModelShape:
     @property
     def layer_params(self) -> int:
         """The largest decoder layer (what one FSDP2 unit gathers): an MoE layer gathers all its experts."""
+        if self.kinds:
+            return max(k.params for k in self.kinds)
         dense = 3 * self.hidden * self.intermediate
         return self.attention_params + max(dense if self.moe_layers < self.layers else 0, self.moe_mlp_params(self.experts))
 
     @property
     def root_params(self) -> int:
-        return self.vocab * self.hidden * (1 if self.tied else 2) + self.hidden
+        return self.vocab * self.hidden * (1 if self.tied else 2) + self.hidden + self.root_extra
 
     def _count(self, experts: int) -> int:
+        if self.kinds:  # each kind knows its total and its active parameters
+            active = experts < self.experts
+            return sum(k.count * (k.active if active else k.params) for k in self.kinds) + self.root_params
         dense_layers = self.layers - self.moe_layers
         mlp = dense_layers * 3 * self.hidden * self.intermediate + self.moe_layers * self.moe_mlp_params(experts)
         return self.layers * self.attention_params + mlp + self.root_params
@@ -106,9 +153,39 @@ class ModelShape:
     @property
     def largest_tensor(self) -> int:
         fused_experts = self.experts * 2 * self.expert_intermediate * self.hidden  # gate_up_proj [E, 2I, H]
-        return max(self.vocab * self.hidden, self.hidden * self.intermediate, fused_experts)
+        return max(self.vocab * self.hidden, self.hidden * self.intermediate, fused_experts, self.largest_extra)
+
+    @property
+    def routed_expert_params(self) -> int:
+        """The routed experts' parameters (0 for a dense model): what expert parallelism splits; the router and a
+        shared expert stay with the dense part."""
+        if self.kinds:
+            return sum(k.count * k.routed for k in self.kinds)
+        return self.moe_layers * (self.moe_mlp_params(self.experts) - self.moe_mlp_params(0))
+
+    @property
+    def attention_layers(self) -> int:
+        """Layers that run softmax attention (an SSM or short-conv layer has no scores)."""
+        return sum(k.count for k in self.kinds if k.attention) if self.kinds else self.layers
+
+    def activation_bytes(self, mlp_width: int) -> tuple[int, int]:
+        """Activation bytes per token kept for the backward: (every layer, the largest layer). The Llama/MoE block:
+        16 H (input, q/k/v, attention out) + 8 x its MLP width per token (launcher/memory.py); a family with kinds:
+        each kind's own (launcher.core.layer_kinds)."""
+        if self.kinds:
+            return sum(k.count * k.act_bytes for k in self.kinds), max(k.act_bytes for k in self.kinds)
+        one = 16 * self.hidden + 8 * mlp_width
+        return self.layers * one, one
 
 
+NO_CONFIG = "no readable config.json"
+"""ModelShape.parse's reason where the folder has no config.json here (a path on the cluster only): no estimate, and
+no line about it."""
+APPROXIMATE = {
+    "hy_v4": "its attention gate, sinks and hyper-connections are not counted",
+}
+"""model_types counted as the Llama/MoE layout above although their layers hold more (the count is low; measured
+on the tiny bodies by tests/unit/test_shape_families.py): the estimate says so beside its figures."""
 BIASED_EXPERTS = frozenset({"gpt_oss"})
 """model_types whose experts, router and attention output carry biases, with a sink per head (ModelShape.biases)."""
 EAGER_ATTENTION = frozenset({"gpt_oss"})
@@ -150,5 +227,6 @@ def _moe_fields(c: dict) -> dict:
         "expert_intermediate": width,
         "shared_intermediate": shared,
         "moe_layers": len(moe),
+        "moe_layer_ids": moe,
         "biases": c.get("model_type") in BIASED_EXPERTS,
     }
