@@ -131,7 +131,7 @@ def test_status_shows_the_first_start_and_the_restart_side_by_side(tmp_path):
 def job(tmp_path: Path, **over: dict) -> C.JobConfig:
     (tmp_path / "config.json").write_text(json.dumps({"architectures": ["Qwen2ForCausalLM"], "num_attention_heads": 4}))
     d: dict = {
-        "vllm": {"model": str(tmp_path), "cudagraph_max_size": 0},  # sized to the work (the default is vLLM's own)
+        "vllm": {"model": str(tmp_path)},
         "slurm": {"gpus_per_node": 1},
         "trainer": {"per_device_train_batch_size": 64},
         "job": {"job_dir": str(tmp_path / "j")},
@@ -155,11 +155,17 @@ def capture(argv: list[str]) -> int | None:
 def test_a_gpu_server_captures_graphs_for_its_work_forks_its_engine_and_inspects_in_process(tmp_path):
     argv, env, why = server(tmp_path)
     assert capture(argv) == 128, "64 completions in flight on the one-GPU node: vLLM's 2 x rule gives 128"
-    assert "VLLM_WORKER_MULTIPROC_METHOD" not in env and env[Env.INSPECT_IN_PROCESS] == "1"
+    assert env["VLLM_WORKER_MULTIPROC_METHOD"] == "fork" and env[Env.INSPECT_IN_PROCESS] == "1"
     assert "up to batch 128: 2 x 64 sequences in flight" in why[0] and "= 1 x 64 x 1 x 1 = 64" in why[0]
-    assert "spawned" in why[1] and "opt-in" in why[1] and "API server process" in why[2]
-    _, env, why = server(tmp_path, vllm={"engine_start": "fork"})
-    assert env["VLLM_WORKER_MULTIPROC_METHOD"] == "fork" and "forked" in why[1]
+    assert "forked" in why[1] and "(vllm.engine_start auto)" in why[1] and "API server process" in why[2]
+    _, env, why = server(tmp_path, vllm={"engine_start": "spawn"})
+    assert env["VLLM_WORKER_MULTIPROC_METHOD"] == "spawn" and "spawned" in why[1]
+    # a TP 2 server: auto leaves vLLM's spawn (forked TP workers have not run on GPUs); fork when asked
+    tp2 = {"slurm": {"gpus_per_node": 3}, "vllm": {"tensor_parallel_size": 2}}
+    _, env, why = server(tmp_path, **tp2)
+    assert "VLLM_WORKER_MULTIPROC_METHOD" not in env and "spawned" in why[1] and "2 x 1 workers" in why[1]
+    _, env, _ = server(tmp_path, slurm=tp2["slurm"], vllm={**tp2["vllm"], "engine_start": "fork"})
+    assert env["VLLM_WORKER_MULTIPROC_METHOD"] == "fork"
     # generated ahead: max_staleness 1 keeps two steps' completions in flight; 3 steps would reach vLLM's 512 default
     assert capture(server(tmp_path, trainer={"max_staleness": 1})[0]) == 256
     argv, _, why = server(tmp_path, trainer={"max_staleness": 3})
