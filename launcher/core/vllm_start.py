@@ -20,7 +20,8 @@ but paid the imports and the spawn again: 63.6 s.
                 graph (a mixed prefill step of more tokens than the size runs without one); on the H100 (the same
                 runs) 11 sizes in 4 s against 51 in 8-9 s, generation within the spread of the default's runs
 
-None of it reaches a CPU build: it captures no graphs and always spawns (vLLM's CPU platform forces it).
+None of it reaches a CPU build: it captures no graphs and always spawns (vLLM's CPU platform forces it). On ROCm, auto
+leaves `vllm serve`'s spawn (vLLM's ROCm platform would fork if told: `fork` is not refused there).
 """
 
 from __future__ import annotations
@@ -29,6 +30,9 @@ from typing import TYPE_CHECKING
 
 if TYPE_CHECKING:
     from launcher.core.plan import Plan
+
+START_METHOD_ENV = "VLLM_WORKER_MULTIPROC_METHOD"
+"""How vLLM starts its engine core and workers (fork or spawn)."""
 
 VLLM_MAX_CAPTURE = 512
 """vLLM 0.32's largest default capture size (1024 on Blackwell data-center GPUs): at or above it, vLLM's default stays."""
@@ -47,6 +51,9 @@ def in_flight(p: Plan, steps: int) -> tuple[int | None, str]:
     t = p.config.trainer
     if t.rollout_func:
         return None, "trainer.rollout_func sends requests of its own"
+    if t.tools or t.environment:  # each tool turn's prefill rides with other episodes' decodes: mixed steps of up to
+        # vLLM's 512 tokens keep their piecewise graphs (not measured apart on a GPU: vLLM's own sizes stay)
+        return None, "multi-turn episodes (trainer.tools / trainer.environment) prefill tool output beside decodes"
     batch = p.ranks_per_node * t.per_device_train_batch_size * steps
     train = batch * (t.max_staleness + 1)
     why = (
@@ -119,7 +126,7 @@ def vllm_env(p: Plan) -> dict[str, str]:
     """The engine core's start method; the in-process inspection's switch is launcher.core.jobdir's Env (set by the
     command, launcher.node.commands: jobdir imports the plan, which imports this module)."""
     method = engine_method(p)
-    return {"VLLM_WORKER_MULTIPROC_METHOD": method} if method else {}
+    return {START_METHOD_ENV: method} if method else {}
 
 
 def derivation_lines(p: Plan, steps: int) -> list[str]:
@@ -129,12 +136,16 @@ def derivation_lines(p: Plan, steps: int) -> list[str]:
     graphs = f"vLLM CUDA graphs up to batch {size}: {why}" if size else f"vLLM CUDA graphs: {why}"
     method = engine_method(p)
     how = "vllm.engine_start " + v.engine_start
-    if method == "fork":
-        start = f"vLLM engine core forked from the API server, vLLM already imported ({how})"
+    if p.device == "cpu":
+        start = f"vLLM engine core as vLLM starts it ({how}: its CPU build always spawns)"
+    elif method == "fork":
+        start = f"vLLM engine core forked from the API server, vLLM already imported ({how})" + (
+            "; a VLLM_WORKER_MULTIPROC_METHOD exported on the node wins over auto" if v.engine_start == "auto" else ""
+        )
     elif method == "spawn":
         start = f"vLLM engine core spawned, a fresh interpreter ({how})"
-    elif p.device == "cpu" or p.platform != "cuda":
-        start = f"vLLM engine core as vLLM starts it ({how}: {'its CPU build spawns' if p.device == 'cpu' else 'spawn on ROCm'})"
+    elif p.platform != "cuda":
+        start = f"vLLM engine core as vLLM starts it ({how}: on ROCm `vllm serve` spawns it unless told otherwise)"
     else:
         start = (
             f"vLLM engine core as vLLM starts it, spawned ({how}: {p.tensor_parallel_size} x {p.data_parallel_size} "

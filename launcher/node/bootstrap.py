@@ -167,9 +167,22 @@ class HealthWatch:
             proc = self.proc
             raise NodeFailure(
                 f"{self.where}: vLLM server {proc.describe()} not healthy at {self.url} after "
-                f"{self.deadline_s:.0f} s (vllm.health_timeout_s)\n  last lines of {proc.log_path}:\n{tail(proc.log_path)}"
+                f"{self.deadline_s:.0f} s (vllm.health_timeout_s){_timeout_hint(proc.log_path)}\n  last lines of "
+                f"{proc.log_path}:\n{tail(proc.log_path)}"
             )
         return False
+
+
+def _timeout_hint(log: Path) -> str:
+    """A server that never reached its engine core's first line: a forked engine core can hang on a lock or thread the
+    API server held (vllm.engine_start auto forks a one-worker CUDA server)."""
+    text = tail(log, 400)
+    if "EngineCore" in text or "Engine000" in text:
+        return ""
+    return (
+        "\n  hint: the engine core never logged; if it was forked (vllm.engine_start: auto or fork), try "
+        "--set vllm.engine_start=spawn"
+    )
 
 
 def _exited_before_healthy(proc: Supervised, rc: int, url: str, where: str) -> NodeFailure:

@@ -7,6 +7,7 @@ them with shlex.join, so a config value with spaces, quotes or `$()` is an argum
 from __future__ import annotations
 
 import json
+import os
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -15,6 +16,7 @@ from launcher.core.config import ConfigError
 from launcher.core.jobdir import PLUGIN_ENV, Env, JobDir
 from launcher.core.lora import ADAPTER, ENGINE, serving_rank
 from launcher.core.plan import Plan, generation_steps
+from launcher.core.vllm_start import START_METHOD_ENV
 
 IN_JOB = JobDir(Path())
 """The job folder's paths relative to the folder itself (a command's log is named relative to it)."""
@@ -137,7 +139,10 @@ def vllm_command(plan: Plan, node: int, python: str = "python", allocated: str |
     cache = JobDir(Path(plan.job_dir)).compile_cache(node, v.cache_dir)
     env.update({"VLLM_CACHE_ROOT": str(cache / "vllm"), "TORCHINDUCTOR_CACHE_DIR": str(cache / "inductor")})
     env["TRITON_CACHE_DIR"] = str(cache / "triton")
-    env |= vllm_start.vllm_env(plan)  # GPU: the engine core forked from the API server (launcher.core.vllm_start)
+    start_env = vllm_start.vllm_env(plan)  # GPU: the engine core forked from the API server (launcher.core.vllm_start)
+    if v.engine_start == "auto" and START_METHOD_ENV in os.environ:  # a site's own choice (say spawn) wins over auto
+        start_env.pop(START_METHOD_ENV, None)
+    env |= start_env
     if v.inspect_in_process:  # the model class inspected in the API server, not in a fresh Python (vllm_plugin)
         env[Env.INSPECT_IN_PROCESS] = "1"
     env |= platform.process_env(plan, "vllm")

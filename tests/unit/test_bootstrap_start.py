@@ -89,6 +89,8 @@ def test_a_server_that_never_becomes_healthy_fails_at_the_deadline_naming_node_u
     ) in r.stderr, r.stderr
     tail = r.stderr[r.stderr.index(f"last lines of {log}:") :]
     assert tail.rstrip().endswith("\n    fake vLLM: loading the weights, slowly"), tail  # what the server printed last
+    # no engine core line in its log: the way out of a forked engine core that hangs is named
+    assert "hint: the engine core never logged" in r.stderr and "--set vllm.engine_start=spawn" in r.stderr, r.stderr
     ev = events(d)
     # the trainer started beside the server (trainer.start_with_server) and was stopped with it
     assert "vllm_start" in ev and "vllm_healthy" not in ev and "trainer_start" in ev and "failed" in ev, ev

@@ -166,6 +166,18 @@ def test_a_gpu_server_captures_graphs_for_its_work_forks_its_engine_and_inspects
     assert "VLLM_WORKER_MULTIPROC_METHOD" not in env and "spawned" in why[1] and "2 x 1 workers" in why[1]
     _, env, _ = server(tmp_path, slurm=tp2["slurm"], vllm={**tp2["vllm"], "engine_start": "fork"})
     assert env["VLLM_WORKER_MULTIPROC_METHOD"] == "fork"
+
+
+def test_a_start_method_the_site_exports_wins_over_auto_and_the_cpu_build_is_not_said_to_fork(tmp_path, monkeypatch):
+    monkeypatch.setenv("VLLM_WORKER_MULTIPROC_METHOD", "spawn")
+    _, env, why = server(tmp_path)
+    assert "VLLM_WORKER_MULTIPROC_METHOD" not in env and "exported on the node wins over auto" in why[1]
+    _, env, _ = server(tmp_path, vllm={"engine_start": "fork"})  # asked for by name: the config wins
+    assert env["VLLM_WORKER_MULTIPROC_METHOD"] == "fork"
+    monkeypatch.delenv("VLLM_WORKER_MULTIPROC_METHOD")
+    cpu = {"job": {"device": "cpu"}, "slurm": {"gpus_per_node": 3}, "trainer": {"dtype": "float32"}}
+    _, _, why = server(tmp_path, **cpu, vllm={"engine_start": "fork", "dtype": "float32"})
+    assert "its CPU build always spawns" in why[1] and "forked" not in why[1]
     # generated ahead: max_staleness 1 keeps two steps' completions in flight; 3 steps would reach vLLM's 512 default
     assert capture(server(tmp_path, trainer={"max_staleness": 1})[0]) == 256
     argv, _, why = server(tmp_path, trainer={"max_staleness": 3})
@@ -184,6 +196,7 @@ def test_a_gpu_server_captures_graphs_for_its_work_forks_its_engine_and_inspects
         ({"vllm": {"extra_args": ["--enforce-eager"]}}, None, "vllm.extra_args decide"),
         ({"vllm": {"extra_args": ["-cc", '{"cudagraph_capture_sizes": [1, 8]}']}}, None, "vllm.extra_args decide"),
         ({"trainer": {"eval": {"dataset": "data/letters_eval.jsonl"}}}, None, "every prompt of its file"),
+        ({"trainer": {"environment": "trainer.agents.countdown:Countdown"}}, None, "prefill tool output beside decodes"),
         ({"trainer": {"eval": {"dataset": "data/letters_eval.jsonl", "max_prompts": 50, "samples_per_prompt": 4}}}, 400, "eval"),
     ],
 )
@@ -235,7 +248,7 @@ def test_nothing_changes_on_cpu_and_each_choice_can_be_turned_back(tmp_path):
         vllm={"dtype": "float32"},
     )
     assert capture(argv) is None and "VLLM_WORKER_MULTIPROC_METHOD" not in env
-    assert "CPU build: no CUDA graphs" in why[0] and "its CPU build spawns" in why[1]
+    assert "CPU build: no CUDA graphs" in why[0] and "its CPU build always spawns" in why[1]
     _, env, why = server(tmp_path, vllm={"engine_start": "spawn", "inspect_in_process": False})
     assert env["VLLM_WORKER_MULTIPROC_METHOD"] == "spawn" and Env.INSPECT_IN_PROCESS not in env
     assert "fresh Python process" in why[2]
