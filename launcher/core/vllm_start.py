@@ -18,7 +18,8 @@ but paid the imports and the spawn again: 63.6 s.
                 vLLM's own rule for max_num_seqs applied to the run's real concurrency rather than to max_num_seqs'
                 default of 1024: a decode batch never exceeds the sequences in flight, so every decode batch keeps its
                 graph (a mixed prefill step of more tokens than the size runs without one); on the H100 (the same
-                runs) 11 sizes in 4 s against 51 in 8-9 s, generation within the spread of the default's runs
+                runs, multi-turn agents: their tool turns' prefills ride beside decodes, the case a smaller size
+                could slow) 11 sizes in 4 s against 51 in 8-9 s, generation within the spread of the default's runs
 
 None of it reaches a CPU build: it captures no graphs and always spawns (vLLM's CPU platform forces it). On ROCm, auto
 leaves `vllm serve`'s spawn (vLLM's ROCm platform would fork if told: `fork` is not refused there).
@@ -51,9 +52,6 @@ def in_flight(p: Plan, steps: int) -> tuple[int | None, str]:
     t = p.config.trainer
     if t.rollout_func:
         return None, "trainer.rollout_func sends requests of its own"
-    if t.tools or t.environment:  # each tool turn's prefill rides with other episodes' decodes: mixed steps of up to
-        # vLLM's 512 tokens keep their piecewise graphs (not measured apart on a GPU: vLLM's own sizes stay)
-        return None, "multi-turn episodes (trainer.tools / trainer.environment) prefill tool output beside decodes"
     batch = p.ranks_per_node * t.per_device_train_batch_size * steps
     train = batch * (t.max_staleness + 1)
     why = (

@@ -196,7 +196,6 @@ def test_a_start_method_the_site_exports_wins_over_auto_and_the_cpu_build_is_not
         ({"vllm": {"extra_args": ["--enforce-eager"]}}, None, "vllm.extra_args decide"),
         ({"vllm": {"extra_args": ["-cc", '{"cudagraph_capture_sizes": [1, 8]}']}}, None, "vllm.extra_args decide"),
         ({"trainer": {"eval": {"dataset": "data/letters_eval.jsonl"}}}, None, "every prompt of its file"),
-        ({"trainer": {"environment": "trainer.agents.countdown:Countdown"}}, None, "prefill tool output beside decodes"),
         ({"trainer": {"eval": {"dataset": "data/letters_eval.jsonl", "max_prompts": 50, "samples_per_prompt": 4}}}, 400, "eval"),
     ],
 )
