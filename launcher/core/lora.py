@@ -97,12 +97,14 @@ KERNEL_DIRECT_WEIGHT = {
     "falcon_mamba": ("x_proj",),
     "bamba": ("out_proj",),
     "granitemoehybrid": ("out_proj",),
+    "zamba2": ("out_proj",),
 }
 """Linear layers whose weight goes straight into a mamba-ssm kernel when one is installed (training, no cache):
 mamba_inner_fn takes x_proj.weight (modeling_mamba.py:375, modeling_falcon_mamba.py:398),
-mamba_split_conv1d_scan_combined takes out_proj.weight (modeling_bamba.py:679, modeling_granitemoehybrid.py:602; the
-same in nemotron_h and mamba2, whose out_proj peft refuses anyway). Without the kernels (CPU) they are called as
-modules and train. The default leaves them out, so it trains the same everywhere; a user's list naming them is warned."""
+mamba_split_conv1d_scan_combined takes out_proj.weight (modeling_bamba.py:679, modeling_granitemoehybrid.py:602,
+modeling_zamba2.py:750; the same in nemotron_h, mamba2 and falcon_h1, whose out_proj peft refuses anyway). Without the
+kernels (CPU) they are called as modules and train. The default leaves them out, so it trains the same everywhere; a
+user's list naming them is warned."""
 
 
 def bypassed(model_type_: str | None) -> tuple[str, ...]:
