@@ -134,8 +134,8 @@ def check_bypassed_targets(cfg: JobConfig) -> None:
             )
     if targets == [ALL_LINEAR] and bypassed(mt):
         raise ConfigError(
-            f"trainer.lora.target_modules 'all-linear' reaches {', '.join(bypassed(mt))} of {mt}, which peft refuses or "
-            "transformers or a mamba-ssm kernel bypasses; leave trainer.lora.target_modules at its default (without them)"
+            f"trainer.lora.target_modules 'all-linear' reaches {', '.join(bypassed(mt))} of {mt}, refused by peft or "
+            "bypassed in training; leave trainer.lora.target_modules at its default (without them)"
         )
 
 

@@ -123,7 +123,7 @@ def test_a_users_own_targets_are_kept_and_checked(bodies):
         plan(cfg(bodies["mamba"], target_modules=["in_proj", "out_proj"]), "/jobs/x")  # before: peft's error on the nodes
     with pytest.raises(C.ConfigError, match=r"'mixer.dt_proj': transformers reads mamba's dt_proj.weight directly"):
         plan(cfg(bodies["mamba"], target_modules=["in_proj", "mixer.dt_proj"]), "/jobs/x")  # before: a dead adapter
-    with pytest.raises(C.ConfigError, match=r"'all-linear' reaches out_proj, conv1d, dt_proj, x_proj of mamba.*default"):
+    with pytest.raises(C.ConfigError, match=r"'all-linear' reaches out_proj, conv1d, dt_proj, x_proj of mamba, refused.*default"):
         plan(cfg(bodies["mamba"], target_modules=["all-linear"]), "/jobs/x")  # before: peft's error on the nodes
     kernel = cfg(bodies["mamba"], target_modules=["in_proj", "x_proj"])  # trains on CPU, not where mamba-ssm runs it
     assert plan(kernel, "/jobs/x").config.trainer.lora.target_modules == ["in_proj", "x_proj"]
