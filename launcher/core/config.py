@@ -235,7 +235,7 @@ class LoraConfig:
     dropout: float = 0.0
     """Dropout on the adapters' input while training (parity and generation run without it)."""
     target_modules: list[str] = field(default_factory=lambda: list(LORA_TARGETS))
-    """Linear layers that get adapters, by module name (peft's target_modules). The default (a Llama's names) is resolved per model at plan time from its weight names: every linear layer of its decoder layers (LFM2's in_proj/out_proj/w1-w3, MLA's q_a_proj ... kv_b_proj, GPT-NeoX's query_key_value/dense*), on an MoE those outside its MLP block; dry-run's `LoRA targets` line names them. The embedding and the LM head are refused (vLLM 0.32 serves adapters on linear projections)."""
+    """Linear layers that get adapters, by module name (peft's target_modules). The default (a Llama's names) is resolved per model at plan time from its weight names: every linear layer of its decoder layers (LFM2's in_proj/out_proj/w1-w3, MLA's q_a_proj ... kv_b_proj, GPT-NeoX's query_key_value/dense*), on an MoE those outside its MLP block, never one transformers or peft bypasses (Mamba's dt_proj); dry-run's `LoRA targets` line names them, or says why not (a hub name is not resolved: name the layers yourself). The embedding and the LM head are refused (vLLM 0.32 serves adapters on linear projections)."""
     push: Literal["auto", "adapter", "merged"] = "auto"
     """How a push reaches the servers: adapter = only the adapter (peft format, loaded at run time, generation names it); merged = the base with the adapter merged in, through vllm.weight_transfer_backend; auto = adapter where vLLM can serve it (dry-run says which and why)."""
     adapter_transport: Literal["engine", "disk"] = "engine"

@@ -26,9 +26,9 @@ from pathlib import Path
 
 from launcher.core.config import ConfigError, JobConfig
 from launcher.core.dataset_schema import DatasetError, Schema, read_jsonl, read_schema
-from launcher.core.lora import resolve_targets, target_problems
+from launcher.core.lora import kernel_bypass_warning, resolve_targets, target_problems
 from launcher.core.reward_check import reward_needs
-from launcher.core.weights import WeightsError, weight_shapes
+from launcher.core.weights import WeightsError, looks_local, weight_shapes
 
 FAST_TOKENIZER = "tokenizer.json"
 """The fast tokenizer's file: what transformers 5 and vLLM load first (and what the memory estimate counts with)."""
@@ -47,16 +47,6 @@ WEIGHT_GLOBS = ("*.safetensors", "*.bin", "*.safetensors.index.json", "*.bin.ind
 
 class PreflightError(ValueError):
     pass
-
-
-def looks_local(model: str) -> bool:
-    """A hub name is `org/name` (or `name`); anything absolute, relative-dotted or home-based is a path, and so is
-    anything that exists here, has more than one slash, or starts in a folder that exists here (models/qwen7b with a
-    models/ folder: a missing model folder, not a hub name)."""
-    if model.startswith(("/", "./", "../", "~")) or model.count("/") > 1 or Path(model).expanduser().exists():
-        return True
-    first = model.split("/", 1)[0]
-    return "/" in model and Path(first).is_dir()
 
 
 def check_model(model: str) -> None:
@@ -340,8 +330,8 @@ def _count_tokens(tokenizer_json: str, state: tuple[int, int], texts: tuple[str,
 
 def input_notes(config: JobConfig) -> list[str]:
     """What dry-run's plan says of the inputs beside the checks: how the dataset feeds max_steps, and a WARNING where
-    the LoRA targets leave a fused projection of the model without adapters."""
-    return [n for n in (epochs_note(config), *lora_target_findings(config)[1]) if n]
+    the LoRA targets leave a fused projection of the model without adapters, or name a layer a mamba-ssm kernel bypasses."""
+    return [n for n in (epochs_note(config), *lora_target_findings(config)[1], kernel_bypass_warning(config)) if n]
 
 
 def check_template_for(config: JobConfig, schema: Schema, key: str) -> None:

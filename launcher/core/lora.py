@@ -21,7 +21,7 @@ from pathlib import Path
 
 from launcher.core.config import LORA_REFUSED_TARGETS, LORA_TARGETS, ConfigError, JobConfig
 from launcher.core.shape import ModelShape
-from launcher.core.weights import WeightsError, weight_shapes
+from launcher.core.weights import WeightsError, looks_local, weight_shapes
 
 VLLM_LORA_RANKS = (1, 8, 16, 32, 64, 128, 256, 320, 512)
 """vLLM 0.32's choices of --max-lora-rank (vllm/config/lora.py MaxLoRARanks)."""
@@ -78,15 +78,78 @@ PEFT_MAMBA_REFUSED = ("out_proj", "conv1d")
 Mamba mixer's fused kernels read out_proj's and conv1d's weights directly, past an adapter), at get_peft_model, that
 is on the nodes after the queue: the default leaves them out and a user's list naming them is refused at plan time."""
 
+DIRECT_WEIGHT = {
+    "mamba": ("dt_proj",),
+    "falcon_mamba": ("dt_proj",),
+    "jamba": ("dt_proj",),
+    "gemma3n": ("correction_coefs",),
+    "gemma3n_text": ("correction_coefs",),
+}
+"""Linear layers whose weight transformers 5.19 reads directly instead of calling the module, so an adapter there is
+bypassed and never trains (peft accepts it silently): `time_step = self.dt_proj.weight @ ...` on every path
+(modeling_mamba.py:437, modeling_falcon_mamba.py:475, modeling_jamba.py:576), and Gemma-3n's AltUp in training
+(`F.linear(modalities, self.correction_coefs.weight.clamp(...))`, modeling_gemma3n.py:1060). Found by a backward pass
+with every adapter non-zero over all 77 tiny families (tests/unit/test_lora_default_targets.py does it for a few). The
+default leaves them out; a user's list naming them is refused at plan time."""
 
-def check_mamba_targets(cfg: JobConfig) -> None:
-    mt = model_type(cfg.vllm.model)
-    bad = [m for m in cfg.trainer.lora.target_modules if m.rpartition(".")[2] in PEFT_MAMBA_REFUSED]
-    if mt in PEFT_MAMBA_TYPES and bad:
+KERNEL_DIRECT_WEIGHT = {
+    "mamba": ("x_proj",),
+    "falcon_mamba": ("x_proj",),
+    "bamba": ("out_proj",),
+    "granitemoehybrid": ("out_proj",),
+    "zamba2": ("out_proj",),
+}
+"""Linear layers whose weight goes straight into a mamba-ssm kernel when one is installed (training, no cache):
+mamba_inner_fn takes x_proj.weight (modeling_mamba.py:375, modeling_falcon_mamba.py:398),
+mamba_split_conv1d_scan_combined takes out_proj.weight (modeling_bamba.py:679, modeling_granitemoehybrid.py:602,
+modeling_zamba2.py:750; the same in nemotron_h, mamba2 and falcon_h1, whose out_proj peft refuses anyway). Without the
+kernels (CPU) they are called as modules and train. The default leaves them out, so it trains the same everywhere; a
+user's list naming them is warned."""
+
+
+def bypassed(model_type_: str | None) -> tuple[str, ...]:
+    """The leaves of this model type an adapter would miss somewhere (PEFT_MAMBA_REFUSED included where peft refuses)."""
+    mt = model_type_ or ""
+    refused = PEFT_MAMBA_REFUSED if mt in PEFT_MAMBA_TYPES else ()
+    return refused + DIRECT_WEIGHT.get(mt, ()) + KERNEL_DIRECT_WEIGHT.get(mt, ())
+
+
+def check_bypassed_targets(cfg: JobConfig) -> None:
+    """trainer.lora.target_modules names nothing peft refuses on a Mamba-based model (PEFT_MAMBA_REFUSED) or that
+    transformers bypasses (DIRECT_WEIGHT), and is not 'all-linear' on a model type with any of those or of
+    KERNEL_DIRECT_WEIGHT (peft's all-linear is every linear layer but the output layer: it reaches them)."""
+    mt = model_type(cfg.vllm.model) or ""
+    targets = list(cfg.trainer.lora.target_modules)
+    for m in targets:
+        leaf = m.rpartition(".")[2]
+        if mt in PEFT_MAMBA_TYPES and leaf in PEFT_MAMBA_REFUSED:
+            raise ConfigError(
+                f"trainer.lora.target_modules {m!r}: peft 0.21 refuses LoRA on {', '.join(PEFT_MAMBA_REFUSED)} of a "
+                f"Mamba-based model ({mt}); leave it out of trainer.lora.target_modules"
+            )
+        if leaf in DIRECT_WEIGHT.get(mt, ()):
+            raise ConfigError(
+                f"trainer.lora.target_modules {m!r}: transformers reads {mt}'s {leaf}.weight directly, so its adapter "
+                "would never train; leave it out of trainer.lora.target_modules"
+            )
+    if targets == [ALL_LINEAR] and bypassed(mt):
         raise ConfigError(
-            f"trainer.lora.target_modules {bad[0]!r}: peft 0.21 refuses LoRA on {', '.join(PEFT_MAMBA_REFUSED)} of a "
-            f"Mamba-based model ({mt}); leave it out of trainer.lora.target_modules"
+            f"trainer.lora.target_modules 'all-linear' reaches {', '.join(bypassed(mt))} of {mt}, refused by peft or "
+            "bypassed in training; leave trainer.lora.target_modules at its default (without them)"
         )
+
+
+def kernel_bypass_warning(cfg: JobConfig) -> str:
+    """A user's list naming a KERNEL_DIRECT_WEIGHT layer: trains without the mamba-ssm kernels, not with them."""
+    lora = cfg.trainer.lora
+    mt = model_type(cfg.vllm.model) or ""
+    named = [m for m in lora.target_modules if m.rpartition(".")[2] in KERNEL_DIRECT_WEIGHT.get(mt, ())]
+    if not lora.enabled or not named:
+        return ""
+    return (
+        f"WARNING: trainer.lora.target_modules {named[0]!r}: where mamba-ssm is installed, {mt}'s kernel reads its weight "
+        "directly and the adapter never trains; leave it out to train the same everywhere"
+    )
 
 
 def lora_push(cfg: JobConfig, data_parallel_size: int | None = None) -> tuple[str, str]:
@@ -96,7 +159,7 @@ def lora_push(cfg: JobConfig, data_parallel_size: int | None = None) -> tuple[st
     if not lora.enabled:
         return "", ""
     check_moe_targets(cfg)
-    check_mamba_targets(cfg)
+    check_bypassed_targets(cfg)
     if lora.push == MERGED:
         return MERGED, "trainer.lora.push: merged"
     dp = data_parallel_size or cfg.vllm.data_parallel_size
@@ -154,8 +217,8 @@ def resolve_targets(cfg: JobConfig) -> JobConfig:
         layers = linear_layers(shapes)
         # per-expert matrices in the checkpoint say MoE too, where config.json's fields are not ModelShape's
         targets = default_targets(layers, moe or any(".experts." in m for ms in layers.values() for m in ms))
-        if model_type(cfg.vllm.model) in PEFT_MAMBA_TYPES:
-            targets = [t for t in targets if t not in PEFT_MAMBA_REFUSED]
+        gone = bypassed(model_type(cfg.vllm.model))  # peft refuses them, or transformers or a kernel bypasses them
+        targets = [t for t in targets if t not in gone]
         if not targets:
             raise ConfigError(
                 f"trainer.lora.target_modules: the default finds no linear layer in the decoder layers of {cfg.vllm.model}"
@@ -166,6 +229,26 @@ def resolve_targets(cfg: JobConfig) -> JobConfig:
     else:
         return cfg
     return replace(cfg, trainer=replace(cfg.trainer, lora=replace(lora, target_modules=targets)))
+
+
+def unresolved_note(cfg: JobConfig) -> str:
+    """Where the default targets were not resolved (the plan's LoRA targets line): '' where they were (or LoRA is off,
+    or the list is the user's), else what happens instead and how to set them. A hub name is never resolved (its
+    weights are in a node's HF cache, read neither here nor by Plan.load); a folder without safetensors weights here is
+    resolved by the nodes at start (Plan.load) if they find safetensors there; *.bin weights are never read."""
+    lora, model = cfg.trainer.lora, cfg.vllm.model
+    if not lora.enabled or tuple(lora.target_modules) != LORA_TARGETS or readable_weight_shapes(model) is not None:
+        return ""
+    fix = "set trainer.lora.target_modules=[...] to the model's own linear layers"
+    if not looks_local(model):
+        return (
+            "not resolved: vllm.model is a hub name, read neither here nor on the nodes; peft gets a Llama's names as they "
+            f"are (an error on the nodes if none match); {fix}"
+        )
+    return (
+        "not resolved here: no safetensors weights in vllm.model on this host; the nodes resolve it at start if they "
+        f"find them there (never for *.bin only: peft then gets a Llama's names as they are); or {fix}"
+    )
 
 
 def default_targets(layers: dict[str, list[str]], moe: bool) -> list[str]:

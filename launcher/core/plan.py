@@ -14,7 +14,7 @@ from typing import Any
 from launcher.core import emulation, quantization, vllm_start
 from launcher.core import platform as platform_mod
 from launcher.core.config import ROUTING_REPLAY_FAMILIES, ConfigError, JobConfig, rebuild
-from launcher.core.lora import architecture, lora_push, resolve_targets
+from launcher.core.lora import architecture, lora_push, resolve_targets, unresolved_note
 from launcher.core.shape import ModelShape
 
 # The rendezvous host is only known inside the allocation (the first hostname of SLURM_JOB_NODELIST);
@@ -394,7 +394,8 @@ def derivation(p: Plan) -> list[str]:
         [
             f"LoRA push = {p.lora_push}: {lora_push(p.config, p.data_parallel_size)[1]}",
             f"LoRA targets = {', '.join(t.lora.target_modules)}"
-            + (" (a mixture of experts: attention only)" if moe_lora else ""),
+            + (" (a mixture of experts: attention only)" if moe_lora else "")
+            + (f" ({note})" if (note := unresolved_note(p.config)) else ""),
         ]
         if p.lora_push
         else []

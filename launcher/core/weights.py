@@ -13,6 +13,17 @@ import json
 import struct
 from pathlib import Path
 
+
+def looks_local(model: str) -> bool:
+    """A hub name is `org/name` (or `name`); anything absolute, relative-dotted or home-based is a path, and so is
+    anything that exists here, has more than one slash, or starts in a folder that exists here (models/qwen7b with a
+    models/ folder: a missing model folder, not a hub name)."""
+    if model.startswith(("/", "./", "../", "~")) or model.count("/") > 1 or Path(model).expanduser().exists():
+        return True
+    first = model.split("/", 1)[0]
+    return "/" in model and Path(first).is_dir()
+
+
 MAX_HEADER_BYTES = 100_000_000
 """safetensors' own limit on the JSON header (safetensors/src/tensor.rs MAX_HEADER_SIZE)."""
 
