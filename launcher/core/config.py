@@ -321,8 +321,8 @@ _KERNELS_REPO = re.compile(r"^[\w.-]+/[\w.-]+(@[\w.-]+)?(:[\w]+)?$")
 def _check_attention(value: str) -> None:
     if value and value not in ATTENTION and not _KERNELS_REPO.match(value):
         raise ConfigError(
-            f"trainer.attn_implementation {value!r} is not one of {', '.join(ATTENTION)} nor a kernels-hub repo "
-            "(org/name, e.g. kernels-community/vllm-flash-attn3); '' leaves it to transformers"
+            f"trainer.attn_implementation {repr(value)[:32]} is not one of {', '.join(ATTENTION)}: "
+            "set one, or a kernels-hub org/name"
         )
 
 
