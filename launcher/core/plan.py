@@ -209,14 +209,27 @@ UNSUPPORTED_FAMILIES = {
 """model_type -> why a push cannot hand vLLM the trained weights (found by the family sweep, trainer.tiny_families)."""
 
 
+NO_GQA_FAMILIES = frozenset({"gpt_neox"})
+"""Families whose transformers model has as many kv heads as heads and ignores num_key_value_heads, while vLLM 0.32
+(its Transformers backend) sizes the served attention by it: a config.json carrying fewer would be served wrong."""
+
+
 def check_family(model: str) -> None:
-    """The model's family is one whose trained weights reach vLLM (a model folder not readable here is not checked)."""
+    """The model's family is one whose trained weights reach vLLM and whose config both sides read alike (a model
+    folder not readable here is not checked)."""
     try:
-        model_type = json.loads((Path(model) / "config.json").read_text()).get("model_type")
+        config = json.loads((Path(model) / "config.json").read_text())
     except (OSError, ValueError):
         return
+    model_type = config.get("model_type")
     if model_type in UNSUPPORTED_FAMILIES:
         raise ConfigError(f"vllm.model: {model_type} is not supported: {UNSUPPORTED_FAMILIES[model_type]}; pick another model")
+    kv, heads = config.get("num_key_value_heads"), config.get("num_attention_heads")
+    if model_type in NO_GQA_FAMILIES and kv is not None and kv != heads:
+        raise ConfigError(
+            f"vllm.model: its {model_type} config.json sets num_key_value_heads {kv} (heads {heads}), which transformers "
+            "ignores and vLLM serves with; remove that field"
+        )
 
 
 SINKLESS_ATTENTION = {

@@ -17,9 +17,11 @@ from trainer.tiny_families import FAMILIES, MOE, PUSH_NOT_CHECKED, SWEEP_ONLY
 
 ALL_FAMILIES = os.environ.get("SLURM_GRPO_TEST_ALL_FAMILIES") == "1"
 """Every family of trainer.tiny_families, SWEEP_ONLY included (the unit tier runs without them)."""
-FORWARD_CHECKED = {"gpt_neox"}
+FORWARD_CHECKED = {"gpt_neox", "gptj", "phi", "stablelm", "falcon", "cohere", "gpt2"}
 """Families whose pushed model's forward is also compared with transformers' (prompt logprobs of PROBE): GPT-NeoX, served
-by vLLM's Transformers backend, which sizes its attention by config fields transformers' own model ignores."""
+by vLLM's Transformers backend, which sizes its attention by config fields transformers' own model ignores (its tiny
+body once carried 1 kv head: 0.2 off untrained); the others (sweep only) for their partial rotary, parallel residual
+or learned positions, which each side implements on its own."""
 PROBE = [3, 17, 42, 99, 5, 250, 7, 11, 64, 128, 31, 200]
 """A token sequence for the forward comparison (the tiny bodies' vocabulary is 300)."""
 
@@ -226,6 +228,41 @@ def test_families_whose_push_cannot_reach_vllm_are_refused_at_plan_time(tmp_path
         msg = str(e.value)
         assert msg.startswith(f"vllm.model: {family} is not supported: ") and "\n" not in msg and len(msg) <= 200, msg
     planned("qwen3_moe")
+
+
+def test_a_gpt_neox_config_with_fewer_kv_heads_is_refused_at_plan_time(tmp_path):
+    """GPT-NeoX has no GQA: transformers ignores a num_key_value_heads in its config.json, vLLM 0.32 serves with it (the
+    tiny body's 1 kv head put prompt logprobs 0.2 off before any training); such a config is refused in one line, the
+    field absent (Pythia's configs) or equal to the heads plans."""
+    import json
+
+    from launcher.core import config as C
+    from launcher.core.plan import plan
+
+    body = {  # Pythia-70M's config.json, the fields a plan reads
+        "architectures": ["GPTNeoXForCausalLM"],
+        "model_type": "gpt_neox",
+        "hidden_size": 512,
+        "intermediate_size": 2048,
+        "num_attention_heads": 8,
+        "num_hidden_layers": 6,
+        "vocab_size": 50304,
+        "rotary_pct": 0.25,
+        "use_parallel_residual": True,
+        "tie_word_embeddings": False,
+        "torch_dtype": "float16",
+    }
+
+    def planned(**fields) -> None:
+        (tmp_path / "config.json").write_text(json.dumps(body | fields))
+        plan(C.from_dict({"vllm": {"model": str(tmp_path)}, "slurm": {"gpus_per_node": 2}}), str(tmp_path / "j"))
+
+    with pytest.raises(C.ConfigError) as e:
+        planned(num_key_value_heads=1)
+    msg = str(e.value)
+    assert msg.startswith("vllm.model: its gpt_neox config.json sets num_key_value_heads 1") and len(msg) <= 200, msg
+    planned()
+    planned(num_key_value_heads=8)
 
 
 def test_nonpersistent_buffers_are_computed_by_the_model_from_pretrained_uses(tmp_path):
