@@ -34,8 +34,8 @@ DENSE: dict[str, dict[str, Any]] = {
     "glm4": {},
     "granite": {},
     "smollm3": {},
-    "cohere": {},
-    "cohere2": {},
+    "cohere": {"tie_word_embeddings": True},  # vLLM 0.32 drops lm_head and ties it (as every Command-R checkpoint)
+    "cohere2": {"tie_word_embeddings": True},  # vLLM 0.32 drops lm_head and ties it (as every Command-R checkpoint)
     "starcoder2": {},
     "stablelm": {},
     "olmo": {},

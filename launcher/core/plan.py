@@ -214,6 +214,11 @@ NO_GQA_FAMILIES = frozenset({"gpt_neox"})
 (its Transformers backend) sizes the served attention by it: a config.json carrying fewer would be served wrong."""
 
 
+ALWAYS_TIED_FAMILIES = frozenset({"cohere", "cohere2", "lfm2", "lfm2_moe", "zamba2"})
+"""Families whose vLLM 0.32 class computes logits from the embedding whatever the config says (Cohere drops the
+checkpoint's lm_head; LFM2, LFM2-MoE and Zamba2 tie it): an untied checkpoint would be served with the wrong head."""
+
+
 def check_family(model: str) -> None:
     """The model's family is one whose trained weights reach vLLM and whose config both sides read alike (a model
     folder not readable here is not checked)."""
@@ -229,6 +234,11 @@ def check_family(model: str) -> None:
         raise ConfigError(
             f"vllm.model: its {model_type} config.json sets num_key_value_heads {kv} (heads {heads}), which transformers "
             "ignores and vLLM serves with; remove that field"
+        )
+    if model_type in ALWAYS_TIED_FAMILIES and config.get("tie_word_embeddings") is False:
+        raise ConfigError(
+            f"vllm.model: {model_type} with tie_word_embeddings false is not supported: vLLM 0.32 always computes its "
+            "logits from the embedding; pick a tied checkpoint"
         )
 
 

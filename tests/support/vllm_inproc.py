@@ -89,6 +89,7 @@ class InProcessVllm:
         from vllm.forward_context import set_forward_context
         from vllm.model_executor.layers.attention import Attention
         from vllm.v1.attention.backend import CommonAttentionMetadata
+        from vllm.v1.kv_cache_interface import AttentionSpec
 
         layers = [m for m in model.modules() if isinstance(m, Attention)]
         n = len(ids)
@@ -109,6 +110,7 @@ class InProcessVllm:
         with set_current_vllm_config(cfg):
             for layer in layers:
                 spec = layer.get_kv_cache_spec(cfg)
+                assert isinstance(spec, AttentionSpec), spec
                 assert n <= spec.block_size, (n, spec.block_size)
                 layer.kv_cache = torch.zeros(1, spec.num_kv_heads, spec.block_size, 2 * spec.head_size, dtype=spec.dtype)
                 builder = layer.get_attn_backend().get_builder_cls()(spec, [layer.layer_name], cfg, torch.device("cpu"))
