@@ -34,8 +34,8 @@ DENSE: dict[str, dict[str, Any]] = {
     "glm4": {},
     "granite": {},
     "smollm3": {},
-    "cohere": {},
-    "cohere2": {},
+    "cohere": {"tie_word_embeddings": True},  # vLLM 0.32 drops lm_head and ties it (as every Command-R checkpoint)
+    "cohere2": {"tie_word_embeddings": True},  # vLLM 0.32 drops lm_head and ties it (as every Command-R checkpoint)
     "starcoder2": {},
     "stablelm": {},
     "olmo": {},
@@ -47,7 +47,9 @@ DENSE: dict[str, dict[str, Any]] = {
     "apertus": {},
     "arcee": {},
     "phi": {},
-    "gpt_neox": {},
+    # GPT-NeoX (Pythia) has no GQA and its released configs no num_key_value_heads: transformers ignores the field,
+    # vLLM's Transformers backend sizes its attention by it (1 kv head: parity 0.2 off before any training step)
+    "gpt_neox": {"num_key_value_heads": OMIT},
     # Gemma 4: its per-layer input embeddings default to 262144 x 256 per layer (135 M parameters at 2 layers): sized
     # to the tokenizer (SIZED); its layers: LAYER_RULES
     "gemma4_text": {"hidden_size_per_layer_input": 16, "sliding_window": 16},
@@ -86,7 +88,7 @@ DENSE: dict[str, dict[str, Any]] = {
     "falcon": {"head_dim": OMIT},  # Falcon-7B's layout: multi-query, parallel attention
     "bloom": {"tie_word_embeddings": True},  # vLLM 0.32 always ties Bloom's lm_head (as every Bloom checkpoint)
     "gpt2": {},
-    "gptj": {"rotary_dim": 32},
+    "gptj": {"rotary_dim": 32, "tie_word_embeddings": False},  # vLLM 0.32 asserts GPT-J untied (as GPT-J-6B is)
     "opt": {},
     "hyperclovax": {},
     "granite_swa": {"sliding_window": 16},

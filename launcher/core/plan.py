@@ -209,14 +209,37 @@ UNSUPPORTED_FAMILIES = {
 """model_type -> why a push cannot hand vLLM the trained weights (found by the family sweep, trainer.tiny_families)."""
 
 
+NO_GQA_FAMILIES = frozenset({"gpt_neox"})
+"""Families whose transformers model has as many kv heads as heads and ignores num_key_value_heads, while vLLM 0.32
+(its Transformers backend) sizes the served attention by it: a config.json carrying fewer would be served wrong."""
+
+
+ALWAYS_TIED_FAMILIES = frozenset({"cohere", "cohere2", "lfm2", "lfm2_moe", "zamba2"})
+"""Families whose vLLM 0.32 class computes logits from the embedding whatever the config says (Cohere drops the
+checkpoint's lm_head; LFM2, LFM2-MoE and Zamba2 tie it): an untied checkpoint would be served with the wrong head."""
+
+
 def check_family(model: str) -> None:
-    """The model's family is one whose trained weights reach vLLM (a model folder not readable here is not checked)."""
+    """The model's family is one whose trained weights reach vLLM and whose config both sides read alike (a model
+    folder not readable here is not checked)."""
     try:
-        model_type = json.loads((Path(model) / "config.json").read_text()).get("model_type")
+        config = json.loads((Path(model) / "config.json").read_text())
     except (OSError, ValueError):
         return
+    model_type = config.get("model_type")
     if model_type in UNSUPPORTED_FAMILIES:
         raise ConfigError(f"vllm.model: {model_type} is not supported: {UNSUPPORTED_FAMILIES[model_type]}; pick another model")
+    kv, heads = config.get("num_key_value_heads"), config.get("num_attention_heads")
+    if model_type in NO_GQA_FAMILIES and kv is not None and kv != heads:
+        raise ConfigError(
+            f"vllm.model: its {model_type} config.json sets num_key_value_heads {kv} (heads {heads}), which transformers "
+            "ignores and vLLM serves with; remove that field"
+        )
+    if model_type in ALWAYS_TIED_FAMILIES and config.get("tie_word_embeddings") is False:
+        raise ConfigError(
+            f"vllm.model: {model_type} with tie_word_embeddings false is not supported: vLLM 0.32 always computes its "
+            "logits from the embedding; pick a tied checkpoint"
+        )
 
 
 SINKLESS_ATTENTION = {

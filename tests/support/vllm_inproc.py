@@ -79,3 +79,45 @@ class InProcessVllm:
             initialize_layerwise_reload(model)
             model.load_weights(weights)
             finalize_layerwise_reload(model, cfg.model_config)
+
+    @staticmethod
+    def prompt_logprobs(model: Any, cfg: Any, ids: list[int]) -> list[float]:
+        """log p(ids[i+1] | ids[:i+1]) by vLLM's own forward (its CPU attention kernel, one prefill into a fresh KV
+        cache), as the server answers the parity probe's prompt_logprobs."""
+        import torch
+        from vllm.config import set_current_vllm_config
+        from vllm.forward_context import set_forward_context
+        from vllm.model_executor.layers.attention import Attention
+        from vllm.v1.attention.backend import CommonAttentionMetadata
+        from vllm.v1.kv_cache_interface import AttentionSpec
+
+        layers = [m for m in model.modules() if isinstance(m, Attention)]
+        n = len(ids)
+        common = CommonAttentionMetadata(
+            query_start_loc=torch.tensor([0, n], dtype=torch.int32),
+            query_start_loc_cpu=torch.tensor([0, n], dtype=torch.int32),
+            seq_lens=torch.tensor([n], dtype=torch.int32),
+            num_reqs=1,
+            num_actual_tokens=n,
+            max_query_len=n,
+            max_seq_len=n,
+            block_table_tensor=torch.zeros((1, 1), dtype=torch.int32),
+            # padded with -1 (no slot) past the sequence, as the runner's persistent buffer: a model whose attention
+            # sees more key rows than tokens (the tiny GPT-NeoX had 1 kv head for 2) reads those, not past the tensor
+            slot_mapping=torch.cat([torch.arange(n), torch.full((8 * n,), -1)])[:n],
+        )
+        metadata, slots = {}, {}
+        with set_current_vllm_config(cfg):
+            for layer in layers:
+                spec = layer.get_kv_cache_spec(cfg)
+                assert isinstance(spec, AttentionSpec), spec
+                assert n <= spec.block_size, (n, spec.block_size)
+                layer.kv_cache = torch.zeros(1, spec.num_kv_heads, spec.block_size, 2 * spec.head_size, dtype=spec.dtype)
+                builder = layer.get_attn_backend().get_builder_cls()(spec, [layer.layer_name], cfg, torch.device("cpu"))
+                metadata[layer.layer_name] = builder.build(0, common)
+                slots[layer.layer_name] = common.slot_mapping
+            with torch.no_grad(), set_forward_context(metadata, cfg, num_tokens=n, slot_mapping=slots):
+                hidden = model(input_ids=torch.tensor(ids), positions=torch.arange(n))
+                logits = model.compute_logits(hidden)
+        logprobs = torch.log_softmax(logits.float(), -1)
+        return [logprobs[i, ids[i + 1]].item() for i in range(n - 1)]

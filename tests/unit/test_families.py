@@ -17,6 +17,14 @@ from trainer.tiny_families import FAMILIES, MOE, PUSH_NOT_CHECKED, SWEEP_ONLY
 
 ALL_FAMILIES = os.environ.get("SLURM_GRPO_TEST_ALL_FAMILIES") == "1"
 """Every family of trainer.tiny_families, SWEEP_ONLY included (the unit tier runs without them)."""
+FORWARD_CHECKED = {"gpt_neox"} | ({"cohere2", "cohere", "gptj", "phi", "stablelm", "falcon", "gpt2"} if ALL_FAMILIES else set())
+"""Families whose pushed model's forward is also compared with transformers' (prompt logprobs of PROBE): GPT-NeoX, served
+by vLLM's Transformers backend, which sizes its attention by config fields transformers' own model ignores (its tiny
+body once carried 1 kv head: 0.2 off untrained). In the sweep only: Cohere and Cohere-2 (vLLM always ties their lm_head:
+the untied tiny bodies were 0.2 off; vLLM's Cohere layer norm is torch.compiled, 4 s on first use) and the families with
+partial rotary, parallel residual or learned positions, which each side implements on its own."""
+PROBE = [3, 17, 42, 99, 5, 250, 7, 11, 64, 128, 31, 200]
+"""A token sequence for the forward comparison (the tiny bodies' vocabulary is 300)."""
 
 
 @pytest.fixture(scope="module")
@@ -137,7 +145,7 @@ def push_and_compare(rank: int, world: int, _port: int, dirs: dict[str, str], ou
         names = served_names(model, [n for n, _ in model.named_parameters()])
         return [(names[n], p.detach().clone()) for n, p in model.named_parameters()]
 
-    before, after, frozen = {}, {}, {}
+    before, after, frozen, want_logprobs = {}, {}, {}, {}
     torch.manual_seed(1)
     # every HF model before vLLM's classes are imported: vLLM's olmo2 decorates transformers' Olmo2Model in place
     for family, d in dirs.items():
@@ -147,6 +155,10 @@ def push_and_compare(rank: int, world: int, _port: int, dirs: dict[str, str], ou
             for p in model.parameters():  # "a training step": every parameter moves
                 p.add_(0.1 * torch.randn_like(p))
         after[family] = as_pushed(model)
+        if family in FORWARD_CHECKED:
+            with torch.no_grad():
+                lp = torch.log_softmax(model(torch.tensor([PROBE])).logits[0].float(), -1)
+            want_logprobs[family] = [lp[i, PROBE[i + 1]].item() for i in range(len(PROBE) - 1)]
         # persistent buffers (DeepSeek's e_score_correction_bias) are not trained, so not pushed: vLLM keeps its own
         frozen[family] = set(served_names(model, [n for n, _ in persistent_buffers(model)]).values())
         model.save_pretrained(f"{out_root}/{family}")  # the same weights as a checkpoint vLLM loads from scratch
@@ -166,6 +178,9 @@ def push_and_compare(rank: int, world: int, _port: int, dirs: dict[str, str], ou
             "params": len(fresh),
             "split": "load_weights" in vars(served),  # the plugin's per-expert split (trainer.push.vllm_plugin)
         }
+        if family in FORWARD_CHECKED:  # the trained weights in vLLM's model: its forward is transformers'
+            got = vllm.prompt_logprobs(served, cfg, PROBE)
+            out[family]["logprob_diff"] = max(abs(a - b) for a, b in zip(got, want_logprobs[family], strict=True))
     return out
 
 
@@ -176,12 +191,16 @@ def test_every_familys_push_lands_in_vllms_model_as_a_fresh_load(family_dirs, tm
     and re-prepacked by the CPU kernel; DeepSeek's and gpt-oss's fused experts split per expert by the plugin, DeepSeek's MLA's absorbed
     W_UK_T / W_UV recomputed, gpt-oss's attention sinks loaded through their weight loader; its router's e_score_correction_bias, a buffer the trainer neither trains nor pushes, kept). One vLLM model per family: loaded from the trained weights, pushed the
     untrained ones (every parameter must move), then the trained ones (every parameter must be back, bit for bit).
-    PUSH_NOT_CHECKED's families are left out (vLLM's CPU build cannot build them; the reason is beside each)."""
+    PUSH_NOT_CHECKED's families are left out (vLLM's CPU build cannot build them; the reason is beside each). For
+    FORWARD_CHECKED's families, vLLM's forward on the pushed weights gives transformers' prompt logprobs."""
     dirs = {f: d for f, d in family_dirs.items() if f not in PUSH_NOT_CHECKED}  # the reason is beside each
     res = run_ranks(1, functools.partial(push_and_compare, dirs=dirs, out_root=str(tmp_path)), timeout_s=600)[0]
     for family, r in res.items():
         assert r["params"] > 0 and not r["unmoved"], f"{family}: a push left vLLM's parameters {r['unmoved']} as they were"
         assert not r["differ"], f"{family}: after a push, vLLM's parameters differ from a fresh load: {r}"
+    # fp32 on both sides: the same numbers up to rounding
+    off = {f: res[f]["logprob_diff"] for f in FORWARD_CHECKED & set(res) if not res[f]["logprob_diff"] < 1e-4}
+    assert not off, f"vLLM's prompt logprobs differ from transformers' (max |diff| per family): {off}"
     assert res["mixtral"]["renamed"] == ["block_sparse_moe"], res["mixtral"]  # vLLM's module name, not HF's mlp
     # only the loaders without fused expert names (DeepSeek, GLM-4.7-Flash, HY-V3, A.X-K1, MiMo-V2-Flash) or that write
     # them past the reload (gpt-oss) get the fused tensors split; the others keep one tensor per layer
@@ -211,6 +230,57 @@ def test_families_whose_push_cannot_reach_vllm_are_refused_at_plan_time(tmp_path
         msg = str(e.value)
         assert msg.startswith(f"vllm.model: {family} is not supported: ") and "\n" not in msg and len(msg) <= 200, msg
     planned("qwen3_moe")
+
+
+def test_configs_vllm_would_serve_unlike_transformers_are_refused_at_plan_time(tmp_path):
+    """GPT-NeoX has no GQA: transformers ignores a num_key_value_heads in its config.json, vLLM 0.32 serves with it (the
+    tiny body's 1 kv head put prompt logprobs 0.2 off before any training); such a config is refused in one line, the
+    field absent (Pythia's configs) or equal to the heads plans. An untied Cohere (vLLM always ties it) is refused too."""
+    import json
+
+    from launcher.core import config as C
+    from launcher.core.plan import plan
+
+    body = {  # Pythia-70M's config.json, the fields a plan reads
+        "architectures": ["GPTNeoXForCausalLM"],
+        "model_type": "gpt_neox",
+        "hidden_size": 512,
+        "intermediate_size": 2048,
+        "num_attention_heads": 8,
+        "num_hidden_layers": 6,
+        "vocab_size": 50304,
+        "rotary_pct": 0.25,
+        "use_parallel_residual": True,
+        "tie_word_embeddings": False,
+        "torch_dtype": "float16",
+    }
+
+    def planned(**fields) -> None:
+        (tmp_path / "config.json").write_text(json.dumps(body | fields))
+        plan(C.from_dict({"vllm": {"model": str(tmp_path)}, "slurm": {"gpus_per_node": 2}}), str(tmp_path / "j"))
+
+    with pytest.raises(C.ConfigError) as e:
+        planned(num_key_value_heads=1)
+    msg = str(e.value)
+    assert msg.startswith("vllm.model: its gpt_neox config.json sets num_key_value_heads 1") and len(msg) <= 200, msg
+    planned()
+    planned(num_key_value_heads=8)
+    # Cohere: vLLM 0.32 drops the checkpoint's lm_head and computes logits from the embedding
+    body = {
+        "architectures": ["CohereForCausalLM"],
+        "model_type": "cohere",
+        "hidden_size": 256,
+        "intermediate_size": 512,
+        "num_attention_heads": 4,
+        "num_key_value_heads": 4,
+        "num_hidden_layers": 2,
+        "vocab_size": 1000,
+        "tie_word_embeddings": True,
+    }
+    planned()
+    with pytest.raises(C.ConfigError) as e:
+        planned(tie_word_embeddings=False)
+    assert str(e.value).startswith("vllm.model: cohere with tie_word_embeddings false is not supported"), e.value
 
 
 def test_nonpersistent_buffers_are_computed_by_the_model_from_pretrained_uses(tmp_path):
