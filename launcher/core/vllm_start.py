@@ -109,8 +109,8 @@ def engine_method(p: Plan) -> str | None:
     how = p.config.vllm.engine_start
     if how != "auto":
         return how
-    # auto: fork where it has run on a GPU (one worker, CUDA); vLLM's own spawn elsewhere (its CPU and ROCm builds
-    # spawn anyway; TP/DP workers forked on GPUs have not run yet)
+    # auto: fork where it has run on a GPU (one worker, CUDA); vLLM's own choice elsewhere (its CPU build always
+    # spawns, `vllm serve` spawns on ROCm unless told; TP/DP workers forked on GPUs have not run yet)
     one_worker = p.server_world == 1
     return "fork" if p.device != "cpu" and p.platform == "cuda" and one_worker else None
 
