@@ -85,6 +85,7 @@ class SlurmGrpoCallback(TrainerCallback):
         if self.resume is None:
             return
         step, path = self.resume
+        self.rollout.before_resume()  # a GPU shared with vLLM: its KV cache sized before the optimizer state lands
         got = checkpoint.load(path, model, optimizer, lr_scheduler)
         state.global_step = got
         self.resumed_from = self.last_saved = got
@@ -141,6 +142,7 @@ class SlurmGrpoCallback(TrainerCallback):
 
     # -------------------------------------------------------------- checkpoints, preemption
     def on_step_end(self, args, state, control, model=None, optimizer=None, lr_scheduler=None, **kw):
+        self.rollout.end_step()  # multi-turn: the push's parity checked, every node's figures gathered (before on_log)
         self.profiler.end(state.global_step)
         if self.on_first_step is not None:  # start-up timing: the node's first finished step
             self.on_first_step()

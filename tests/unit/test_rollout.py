@@ -29,6 +29,7 @@ from trainer.push.gloo_engine import receive_packed  # imports vLLM: not inside 
 from trainer.push.pusher import PushSettings
 from trainer.push.wire import ParamMeta
 from trainer.rollout.node import GenerationSettings, NodeRollout, TrlAdapter
+from trainer.rollout.parity import ParityError
 from trainer.tiny_model import make_tiny_model
 
 pytestmark = pytest.mark.filterwarnings("ignore:Tensor .* exceeds buffer_size_bytes")  # vLLM's, for our small bucket
@@ -63,6 +64,8 @@ class FakeVllm(LocalHttpServer):
         self.arrived: dict[int, threading.Event] = {s: threading.Event() for s in range(16)}
         self.group: dist.ProcessGroupGloo | None = None
         self.bucket_bytes = 0
+        self.drop_updates = False
+        """Receive every pushed tensor but keep the old weights: a push that did not land."""
         self.start()
 
     def release(self) -> None:
@@ -121,7 +124,8 @@ class Handler(JsonHandler):
             for chunk in receive_packed(srv.group, meta, srv.bucket_bytes):
                 received.update({n: t.clone() for n, t in chunk})
             with srv.lock:
-                srv.load(received)
+                if not srv.drop_updates:
+                    srv.load(received)
         elif self.path == "/finish_weight_update":
             srv.version += 1
         self.answer(answer)
@@ -202,7 +206,8 @@ def comps(step: int, version: int) -> list[tuple[list[int], list[float]]]:
 
 def test_at_max_staleness_0_each_step_pushes_then_generates_its_own_batch_without_pausing(tiny, par, server):
     """Through TrlAdapter, as TRL drives it: sync_weights (the push, parity before and after), then generate. Each
-    batch is generated at its own step with the weights just pushed; nothing is sent ahead, nothing is paused."""
+    batch is generated at its own step with the weights just pushed; nothing is sent ahead, nothing is paused. The
+    after-push probe is not waited for in sync_weights: it is in flight beside the batch and checked after it."""
     rollout = rollout_for(tiny, par, server, max_staleness=0)
     adapter = TrlAdapter(rollout, max_completion_length=3, temperature=0.7)
     assert rollout.ahead is None
@@ -212,31 +217,28 @@ def test_at_max_staleness_0_each_step_pushes_then_generates_its_own_batch_withou
         if step:
             train_step(rollout.pusher.model, seed=10 + step)
         adapter.sync_weights()
+        assert rollout.parity.pending is not None and rollout.figures.parity is None, "the probe did not hold the push"
         got.append(adapter.generate(batch(step), None, num_generations=2))
+        assert rollout.parity.pending is None and rollout.figures.parity is not None, "checked before training on it"
         if step == 0:
             figures_0 = rollout.figures
-    assert server.calls == [
-        "/init_weight_transfer_engine",
-        *WEIGHTS,
-        "/reset_prefix_cache",
-        "plp",  # after the push
-        "gen 0",
-        "plp",  # before the push: how stale the server was
-        *WEIGHTS,
-        "/reset_prefix_cache",
-        "plp",
-        "gen 1",
-    ], server.calls
+    # the after-push probe ("plp") and the batch ("gen <step>") go out at once, in either order
+    n0 = len(WEIGHTS) + 2
+    assert server.calls[:n0] == ["/init_weight_transfer_engine", *WEIGHTS, "/reset_prefix_cache"], server.calls
+    assert sorted(server.calls[n0 : n0 + 2]) == ["gen 0", "plp"], server.calls
+    assert server.calls[n0 + 2 : -2] == ["plp", *WEIGHTS, "/reset_prefix_cache"], "before the push: how stale it was"
+    assert sorted(server.calls[-2:]) == ["gen 1", "plp"], server.calls
+    assert len(server.calls) == 14
     for step, (prompts, ids, logprobs, extra) in enumerate(got):
         assert prompts == batch(step) and extra is None
         assert ids == [c for c, _ in comps(step, version=step + 1)], "generated with the weights of this step's push"
         assert logprobs == [[[lp] for lp in LOGPROBS]] * 2
     assert all(b["max_tokens"] == 3 and b["temperature"] == 0.7 and b["n"] == 1 for b in server.bodies), server.bodies
     f = rollout.figures
-    assert figures_0.staleness == 0 and figures_0.parity_stale is None and figures_0.server_requests == 7
+    assert figures_0.staleness == 0 and figures_0.parity_stale is None and figures_0.server_requests == 6
     assert f.staleness == 0 and f.pushes_paused == 0 and f.pushes_paused_running == 0
     assert f.ahead_hits == 0 and f.ahead_misses == 0
-    assert f.server_requests == len(server.calls) == 14, "every request was the main client's"
+    assert f.server_requests == len(server.calls) - 3 == 11, "the main client's: the probes have their own"
     assert f.gen_tokens == 6
     assert f.parity is not None and f.parity < 1e-3, "the push landed: the server's logprobs are the trainer's"
     assert f.parity_stale is not None and f.parity_stale > 1e-3, "before the push the server had step 0's weights"
@@ -293,8 +295,8 @@ def test_at_max_staleness_2_a_push_with_a_later_batch_outstanding_pauses_it(tiny
     assert (f0.ahead_hits, f1.ahead_hits, f2.ahead_hits) == (0, 1, 2) and f2.ahead_misses == 0
     assert (f0.pushes_paused, f1.pushes_paused, f2.pushes_paused) == (0, 1, 2)
     assert (f1.pushes_paused_running, f2.pushes_paused_running) == (1, 2), "the paused batch was still generating"
-    # the main client's requests only: not the batches the queue sent ahead on its own client
-    assert (f0.server_requests, f1.server_requests, f2.server_requests) == (7, 15, 23)
+    # the main client's requests only: not the batches the queue sent ahead, nor the parity probes (their own clients)
+    assert (f0.server_requests, f1.server_requests, f2.server_requests) == (6, 12, 18)
     assert f2.parity is not None and f2.parity < 1e-3 and f2.parity_stale is not None and f2.parity_stale > 1e-3
     assert rollout.by_node == {0: f2} and isinstance(f2, NodeFigures)
 
@@ -341,3 +343,36 @@ def test_a_resumed_attempts_first_push_is_probed_before_it(tiny, par, server):
             assert rollout.figures.parity_stale is not None and rollout.figures.parity_stale > 1e-3
     assert rollout.figures.parity_stale is None and rollout.figures.parity is not None
     assert [h["kind"] for h in rollout.parity.history] == ["stale", "after_push", "after_push"]
+
+
+def test_a_push_that_did_not_land_stops_the_step_after_its_generation_before_training(tiny, par, server):
+    """The after-push probe is not waited for in sync_weights; a push whose weights the server dropped is caught when
+    the batch generated beside the probe comes back (before TRL trains on it), naming the node and the step."""
+    rollout = rollout_for(tiny, par, server, max_staleness=0)
+    adapter = TrlAdapter(rollout, max_completion_length=3, temperature=0.7)
+    server.drop_updates = True
+    rollout.begin_step(0)
+    adapter.sync_weights()  # returns with the probe in flight
+    assert rollout.parity.pending is not None
+    with pytest.raises(ParityError, match="node 0: parity check failed at step 0"):
+        adapter.generate(batch(0), None, num_generations=2)
+    assert server.calls[-2:] in (["plp", "gen 0"], ["gen 0", "plp"]), server.calls
+
+
+def test_multi_turn_checks_the_probe_and_gathers_the_figures_at_the_steps_end(tiny, par, server):
+    """Multi-turn (trainer.agents.generation.RankGeneration): ranks make different numbers of requests, so the probe
+    is checked and every node's figures gathered in end_step (the callback's on_step_end), not in a generate call."""
+    from trainer.agents.generation import RankGeneration
+
+    rollout = rollout_for(tiny, par, server, max_staleness=0)
+    backend = RankGeneration(rollout, max_completion_length=3, temperature=0.7)
+    assert rollout.gather_at_step_end
+    rollout.begin_step(0)
+    backend.sync_weights()
+    backend.generate(batch(0), None, num_generations=2)
+    backend.generate(batch(0), None, num_generations=2)  # a second turn
+    assert rollout.parity.pending is not None and rollout.by_node == {}, "nothing checked or gathered mid-step"
+    rollout.end_step()
+    assert rollout.parity.pending is None
+    f = rollout.by_node[0]
+    assert f.parity is not None and f.parity < 1e-3 and f.parity_s is not None and f.push_s is not None

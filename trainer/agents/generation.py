@@ -8,7 +8,9 @@ concurrent requests of the node's ranks itself.
 
 Pushes stay at step boundaries: TRL calls `sync_weights` once per step on every rank, before that step's first
 request, and the push is a collective over the node's ranks (the FSDP gather), so it starts only after every rank has
-finished the previous step's episodes: no request of the node is in flight while weights change.
+finished the previous step's episodes: no request of the node is in flight while weights change. The after-push parity
+probe goes out beside the step's first turns; it is checked, and every node's figures gathered, at the step's end
+(NodeRollout.end_step, from the callback's on_step_end on every rank), where every rank is again in step.
 """
 
 from __future__ import annotations
@@ -28,6 +30,7 @@ class RankGeneration(TrlAdapter):
         super().__init__(rollout, **trl_kwargs)
         s = rollout.settings
         self.client = VllmServer(s.server_url, s.model, s.node, s.request_timeout_s)
+        rollout.gather_at_step_end = True  # no collective between the ranks' turns: the figures wait for on_step_end
         self.requests = 0
         """Generation requests this rank sent since the last `take_figures` (one per turn of its batch)."""
         self.gen_s = 0.0
@@ -48,12 +51,11 @@ class RankGeneration(TrlAdapter):
         return prompts, [c for c, _ in comps], [[[lp] for lp in lps] for _, lps in comps], None
 
     def sync_weights(self) -> None:
-        """Once per step on every rank: the push (a collective: every rank of the node has finished its episodes),
-        then every node's figures (push, parity) gathered, as the single-turn path does after its generation."""
+        """Once per step on every rank: the push (a collective: every rank of the node has finished its episodes), its
+        parity probe sent beside the first turns; checked and gathered with every node's figures at the step's end."""
         if self.before_push is not None:
             self.before_push()
-        self.rollout.push(self.rollout.step)
-        self.rollout.gather_figures()
+        self.rollout.push(self.rollout.step, probe_in_background=True)
 
     def take_figures(self) -> dict[str, float]:
         out = {"requests": self.requests, "gen_s": self.gen_s, "tokens": self.tokens}

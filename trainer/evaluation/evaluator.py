@@ -143,8 +143,8 @@ class Evaluator:
             prompts, completions, completion_ids, extra = self._single_turn(rows, step)
         else:
             prompts, completions, completion_ids, extra = self._episodes(rows, step)
-        # single-turn: the node's time is its leader's (the others wait in the gather, some of it for the leader's
-        # parity check after the push); multi-turn: each rank generates its own, the node's time is its slowest rank's
+        # single-turn: the node's time is its leader's (the others wait in the gather for it); multi-turn: each rank
+        # generates its own, the node's time is its slowest rank's
         gen_s = time.time() - g0 if self.loop is not None or self.par.is_leader else 0.0
         share = Share(node=self.par.node, indices=mine, totals=[], gen_s=gen_s, completions=len(rows))
         share.tokens = sum(len(c) for c in completion_ids)

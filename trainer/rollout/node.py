@@ -77,6 +77,8 @@ class GenerationSettings:
     server_start_timeout_s: float = 0.0
     """> 0: the trainer started beside its server (trainer.start_with_server), which may still be starting: every rank
     waits for its /health, up to this long (vllm.health_timeout_s), before its first request or step; 0 = it is up."""
+    server_shares_gpu: bool = False
+    """vLLM and this node's trainer ranks share its GPUs (the plan's shared_gpu: one-GPU nodes, slurm.layout shared)."""
     lora: LoraPush | None = None
     """trainer.lora: how the push moves the adapter (trainer.push.adapter); model is then the adapter's name."""
     routing_replay: bool = False
@@ -108,6 +110,7 @@ class GenerationSettings:
             server_engines=plan.data_parallel_size,
             parity_every=t.parity_every,
             server_start_timeout_s=float(plan.config.vllm.health_timeout_s) if t.start_with_server else 0.0,
+            server_shares_gpu=n.shared_gpu,
             lora=lora,
             routing_replay=t.routing_replay,
         )
@@ -159,6 +162,8 @@ class NodeRollout:
         """This node's figures as they stand (leader; empty elsewhere)."""
         self.by_node: dict[int, NodeFigures] = {}
         """Every node's figures at the last generation (gathered from the node leaders, on every rank)."""
+        self.gather_at_step_end = False
+        """Multi-turn generation (trainer.agents.generation): the figures are gathered at the step's end (end_step)."""
         s = settings
         self.client: VllmServer | None = None
         self.ahead: AheadQueue | None = None
@@ -187,10 +192,24 @@ class NodeRollout:
             s.parity_every,
         )
 
-    def begin_step(self, step: int) -> None:
-        if self.server_start is not None:  # every rank, before the first step's collectives: none waits in one
+    def wait_for_server(self) -> None:
+        """Every rank: wait for the node's server to be healthy if it may still be starting (trainer.start_with_server),
+        so that no rank waits in a collective meanwhile. At once after the first call."""
+        if self.server_start is not None:
             self.server_start.wait_started()
             self.server_start = None
+
+    def before_resume(self) -> None:
+        """Before a resumed attempt loads its checkpoint (the optimizer state: twice the fp32 model) onto GPUs it shares
+        with vLLM: wait for the server. vLLM sizes its KV cache as its share of the GPU less every byte the GPU lost
+        between its start and the end of its profile run, other processes' included; a restart of a 2.8 B body on one
+        H100 whose trainer loaded its Adam state in that window got -9.7 GiB and vLLM did not start (2026-12-06,
+        gpu/results/2026-12-06-lora-shapes/). The first start creates the optimizer state at the first step, after."""
+        if self.settings.server_shares_gpu:
+            self.wait_for_server()
+
+    def begin_step(self, step: int) -> None:
+        self.wait_for_server()  # every rank, before the first step's collectives: none waits in one
         ensure_loaded = getattr(self.pusher, "ensure_loaded", None)  # trainer.lora: the adapter's name servable
         if ensure_loaded is not None:
             ensure_loaded()
@@ -228,6 +247,7 @@ class NodeRollout:
         if client is not None:
             # gen_s: the server's time for this step's batch; gen_wait_s: what the step waited for it (less when ahead)
             self._note(gen_tokens=node_tokens, gen_wait_s=time.time() - t0, server_requests=client.requests_sent)
+        self.settle_parity()  # the after-push probe went out beside this batch: checked before anything trains on it
         if self.settings.max_staleness:
             self.send_ahead(step, sampling)
         self.gather_figures()
@@ -255,9 +275,13 @@ class NodeRollout:
                 self.by_node[got[0]] = got[1]
 
     # ------------------------------------------------------------------ weights
-    def push(self, step: int) -> None:
+    def push(self, step: int, probe_in_background: bool = False) -> None:
         """Push and check parity: after the push (it landed) always, before it (how stale the server was) when due
-        (trainer.parity_every); one trainer forward serves both (trainer.rollout.parity). Collective."""
+        (trainer.parity_every); one trainer forward serves both (trainer.rollout.parity). Collective.
+        probe_in_background (TRL's sync_weights, during training): the after-push probe goes out beside the step's
+        generation and `settle_parity` checks it (after the generation, or at the step's end); else it is checked
+        here."""
+        self.settle_parity()  # the last push's probe first: one in flight at most, and its check before a new push
         if step == self.pushed_step:  # an evaluation brought this push forward (trainer.evaluation): nothing changed since
             return
         in_flight, running = self.ahead.wait(step) if self.ahead is not None else (False, False)
@@ -268,27 +292,48 @@ class NodeRollout:
             parity_s = time.time() - t0
             push_s = self.pusher.push(step, keep_in_flight=in_flight)
             t1 = time.time()
-            after = self.parity.compare(step, "after_push", mine)
+            if probe_in_background:
+                self.parity.start_after_push(step, mine)
+                after = None
+            else:
+                after = self.parity.compare(step, "after_push", mine)
             parity_s += time.time() - t1
         except ServerError as e:
             raise ServerError(f"weight push at step {step} (node {self.par.node}) failed: {e}") from e
         self.pushed_step = step
         if self.par.is_leader:
-            per_engine = self.parity.history[-1]["per_engine"]
-            self._note(
-                push_s=push_s,
-                parity=after,
-                parity_stale=stale,
-                parity_engines=per_engine,
-                parity_s=parity_s,
-                probe_drift=self.parity.drift(mine),
-            )
+            self._note(push_s=push_s, parity_stale=stale, parity_s=parity_s, probe_drift=self.parity.drift(mine), parity=None)
             self._note(push_bytes=push_bytes(self.pusher))
+            if not probe_in_background:
+                self._note_after_push(after)
             if in_flight:  # pushes that paused later steps' requests; _running: one was still generating then
                 self._note(
                     pushes_paused=self.figures.pushes_paused + 1,
                     pushes_paused_running=self.figures.pushes_paused_running + running,
                 )
+
+    def settle_parity(self) -> None:
+        """Check the after-push probe `push` sent in the background, if one is in flight (node leader; a no-op
+        elsewhere): its wait counts in the step's parity seconds. Raises ParityError as the check in `push` would."""
+        if self.parity.pending is None:
+            return
+        t0 = time.time()
+        try:
+            after = self.parity.settle()
+        except ServerError as e:
+            raise ServerError(f"parity probe after the push (node {self.par.node}) failed: {e}") from e
+        self._note(parity_s=(self.figures.parity_s or 0.0) + time.time() - t0)
+        self._note_after_push(after)
+
+    def _note_after_push(self, after: float | None) -> None:
+        self._note(parity=after, parity_engines=self.parity.history[-1]["per_engine"])
+
+    def end_step(self) -> None:
+        """The callback's on_step_end, on every rank: multi-turn generation (trainer.agents) settles its probe and
+        gathers every node's figures here, once its ranks' episodes are all done (a collective)."""
+        if self.gather_at_step_end:
+            self.settle_parity()
+            self.gather_figures()
 
     def finish(self, step: int) -> NodeFinal | None:
         """The last optimizer step is never pushed during training (a push precedes each generation): push it,
@@ -353,4 +398,4 @@ class TrlAdapter:
         return prompts, completion_ids, logprobs, None
 
     def sync_weights(self) -> None:
-        self.rollout.push(self.rollout.step)
+        self.rollout.push(self.rollout.step, probe_in_background=True)

@@ -13,11 +13,17 @@ both comparisons; its host sync also orders the optimizer's writes before the pu
 push landed (after the push) is asked of every push, one request per engine, all engines at once. The stale probe
 only measures how far the server lagged: it runs at the first push of an attempt (a resumed server starts from the
 base model) and every `parity_every` steps.
+
+During training the after-push probe does not hold the step (`start_after_push`, then `settle`): it goes out on its
+own client in the background the moment the push is done, so the server prefills its 48 tokens beside the step's
+first generation requests, and the leader reads the answer when that generation has come back (single-turn) or at
+the step's end (multi-turn). On one GPU it was 4-5 % of every step (0.05-0.1 s of 0.9-2.5 s, 2026-12-06,
+`gpu/results/2026-12-06-lora-shapes/`). A push that did not land still stops the job before the next push.
 """
 
 from __future__ import annotations
 
-from concurrent.futures import ThreadPoolExecutor
+from concurrent.futures import Future, ThreadPoolExecutor
 
 import torch
 from torch.distributed.fsdp import FSDPModule
@@ -67,12 +73,16 @@ class ParityChecker:
         """The trainer's probe logprobs at this attempt's first push: the origin of drift()."""
         self.checks = 0
         """Pushes checked so far in this attempt."""
-        # with several engines, one client per engine so the probes go out at once (a Session is not shared by threads)
+        # the probes' own clients, one per engine, so the probes go out at once and beside the main client's generation
+        # requests (a Session is not shared by threads)
         self._engine_clients: list[VllmServer] = []
-        if client is not None and engines > 1:
+        if client is not None:
             self._engine_clients = [
                 VllmServer(client.base_url, client.model, client.node, client.timeout_s) for _ in range(engines)
             ]
+        self._background = ThreadPoolExecutor(1, thread_name_prefix="parity-probe") if client is not None else None
+        self.pending: tuple[int, list[float], Future[list[list[float]]]] | None = None
+        """An after-push probe in flight (start_after_push): its step, the trainer's side, the server's answer."""
 
     def stale_due(self, step: int) -> bool:
         """Whether the push at `step` is preceded by a stale probe: never before step 0's (nothing trained yet), always
@@ -100,7 +110,7 @@ class ParityChecker:
         """Each engine's logprobs of the probe (node leader only): one request per engine, all at once."""
         assert self.client is not None
         if self.engines == 1:
-            return [self.client.prompt_logprobs(self.ids, step)]
+            return [self._engine_clients[0].prompt_logprobs(self.ids, step)]
         with ThreadPoolExecutor(self.engines) as pool:
             futures = [pool.submit(c.prompt_logprobs, self.ids, step, e) for e, c in enumerate(self._engine_clients)]
             return [f.result() for f in futures]
@@ -121,7 +131,28 @@ class ParityChecker:
             self.checks += 1
         if self.client is None:  # not the node leader
             return None
-        theirs = self.server_side(step)
+        return self._judge(step, kind, mine, self.server_side(step))
+
+    def start_after_push(self, step: int, mine: list[float]) -> None:
+        """The after-push probe, sent in the background (leader; a count elsewhere): `settle` reads it. The caller
+        settles any earlier one first (one probe in flight at most)."""
+        assert self.pending is None, "settle() the last push's probe before the next push"
+        self.checks += 1
+        if self._background is not None:
+            self.pending = (step, mine, self._background.submit(self.server_side, step))
+
+    def settle(self) -> float | None:
+        """Wait for the probe start_after_push sent (within the client's request timeout: the request carries it too)
+        and check it as compare does, raising in the caller's thread. None when none is in flight."""
+        if self.pending is None:
+            return None
+        step, mine, answer = self.pending
+        self.pending = None
+        assert self.client is not None
+        return self._judge(step, "after_push", mine, answer.result(timeout=self.client.timeout_s + 30))
+
+    def _judge(self, step: int, kind: str, mine: list[float], theirs: list[list[float]]) -> float:
+        assert self.client is not None
         per_engine = [max(abs(a - b) for a, b in zip(mine, t, strict=True)) for t in theirs]
         diff = max(per_engine)
         self.history.append(
