@@ -40,6 +40,13 @@ MODEL=/tmp/model-$TAG JOB=${JOB:-/tmp/job-$TAG}
 case " ${EXTRA:-} " in *job.job_dir=*)  # the logs, metrics and report below are read from $JOB
   echo "device.sh: set JOB=/path instead of --set job.job_dir in EXTRA (the results are collected from \$JOB)" >&2; exit 2;;
 esac
+# the device's disk is 64 GiB: three bodies of 3-7 B with their job folders (final model, checkpoints) filled it
+# (2026-12-06, call 9): another tag's bodies and job folders go first when less than 40 GiB is free
+if [ "$(df -k --output=avail /tmp | tail -1)" -lt $((40 * 1024 * 1024)) ]; then
+  for d in /tmp/model-* /tmp/job-*; do
+    case $d in "$MODEL" | "$JOB") ;; *) [ -e "$d" ] && { log "disk: removing $d"; rm -rf "$d"; } ;; esac
+  done
+fi
 log "building the model"
 if [ -n "${MODEL_BUILDER:-}" ]; then  # e.g. "python3 -m trainer.agents.tiny_tool_model --like qwen2-1.5b --dtype bfloat16 --device cuda"
   [ -f $MODEL/config.json ] || $MODEL_BUILDER $MODEL | tail -1

@@ -206,8 +206,9 @@ def comps(step: int, version: int) -> list[tuple[list[int], list[float]]]:
 
 def test_at_max_staleness_0_each_step_pushes_then_generates_its_own_batch_without_pausing(tiny, par, server):
     """Through TrlAdapter, as TRL drives it: sync_weights (the push, parity before and after), then generate. Each
-    batch is generated at its own step with the weights just pushed; nothing is sent ahead, nothing is paused. The
-    after-push probe is not waited for in sync_weights: it is in flight beside the batch and checked after it."""
+    batch is generated at its own step with the weights just pushed; nothing is sent ahead, nothing is paused. No
+    parity work holds sync_weights: the after-push probe is in flight beside the batch, the trainer's side runs while
+    the server generates, and both are checked when the batch is back."""
     rollout = rollout_for(tiny, par, server, max_staleness=0)
     adapter = TrlAdapter(rollout, max_completion_length=3, temperature=0.7)
     assert rollout.ahead is None
@@ -218,8 +219,10 @@ def test_at_max_staleness_0_each_step_pushes_then_generates_its_own_batch_withou
             train_step(rollout.pusher.model, seed=10 + step)
         adapter.sync_weights()
         assert rollout.parity.pending is not None and rollout.figures.parity is None, "the probe did not hold the push"
+        assert rollout.probe_forward_due, "the trainer's side runs while the server generates, not in the push"
         got.append(adapter.generate(batch(step), None, num_generations=2))
         assert rollout.parity.pending is None and rollout.figures.parity is not None, "checked before training on it"
+        assert not rollout.probe_forward_due
         if step == 0:
             figures_0 = rollout.figures
     # the after-push probe ("plp") and the batch ("gen <step>") go out at once, in either order

@@ -19,6 +19,8 @@ import time
 from collections.abc import Callable
 from typing import Any
 
+import torch.distributed as dist
+
 from trainer.rollout.node import NodeRollout, TrlAdapter
 from trainer.rollout.server import VllmServer
 
@@ -56,6 +58,10 @@ class RankGeneration(TrlAdapter):
         if self.before_push is not None:
             self.before_push()
         self.rollout.push(self.rollout.step, probe_in_background=True)
+        # the other ranks leave the push's collectives while the leader still finishes it on the server (the last
+        # bucket, finish_weight_update, the prefix reset): none may send a turn before that (vLLM's CPU worker
+        # crashed on one arriving mid-update)
+        dist.barrier(group=self.rollout.par.node_group)
 
     def take_figures(self) -> dict[str, float]:
         out = {"requests": self.requests, "gen_s": self.gen_s, "tokens": self.tokens}

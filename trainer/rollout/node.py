@@ -33,6 +33,7 @@ import hashlib
 import logging
 import time
 from collections.abc import Callable
+from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 from typing import Any, cast
 
@@ -116,18 +117,35 @@ class GenerationSettings:
         )
 
 
-def node_generate(par: Parallel, prompts: list[list[int]], ask_server: Callable[[list[list[int]]], list]):
+def node_generate(
+    par: Parallel,
+    prompts: list[list[int]],
+    ask_server: Callable[[list[list[int]]], list],
+    meanwhile: Callable[[], None] | None = None,
+):
     """Gather the node's prompts on its leader (node group only), ask the node's server once for one
     completion per entry, scatter each rank its own completions in its own order. Collective over
-    the node's ranks. Returns (this rank's completions, tokens generated on the node: leader only)."""
+    the node's ranks. Returns (this rank's completions, tokens generated on the node: leader only).
+    meanwhile: run on every rank while the leader's request is out (a collective of the whole world may run there:
+    every rank of every node calls this at the same step)."""
     gathered: list[Any] | None = [None] * len(par.node_ranks) if par.is_leader else None
     dist.gather_object(prompts, gathered, dst=par.leader, group=par.node_group)
     out: list[Any] | None = None
     tokens = 0
+    if gathered is None and meanwhile is not None:
+        meanwhile()
     if gathered is not None:  # the node leader
         flat = [p for rank_prompts in gathered for p in rank_prompts]
         try:
-            comps = ask_server(flat)
+            if meanwhile is None:
+                comps = ask_server(flat)
+            else:
+                with ThreadPoolExecutor(1, thread_name_prefix="generation") as pool:
+                    asked = pool.submit(ask_server, flat)
+                    try:
+                        meanwhile()
+                    finally:  # the request's own deadline (trainer.request_timeout_s) ends it
+                        comps = asked.result()
             assert len(comps) == len(flat), (len(comps), len(flat))
             out, i = [], 0
             for rank_prompts in gathered:
@@ -164,6 +182,10 @@ class NodeRollout:
         """Every node's figures at the last generation (gathered from the node leaders, on every rank)."""
         self.gather_at_step_end = False
         """Multi-turn generation (trainer.agents.generation): the figures are gathered at the step's end (end_step)."""
+        self.probe_mine: list[float] | None = None
+        """The trainer's probe logprobs with the weights of the last push (ParityChecker.trainer_side)."""
+        self.probe_forward_due = False
+        """The last push left its trainer side to run while the server generates (probe_forward)."""
         s = settings
         self.client: VllmServer | None = None
         self.ahead: AheadQueue | None = None
@@ -243,7 +265,8 @@ class NodeRollout:
             self._note(staleness=0, gen_s=gen_s)
             return comps
 
-        mine, node_tokens = node_generate(self.par, prompts, ask_server)
+        # the trainer's side of the push's parity runs while the server generates the batch
+        mine, node_tokens = node_generate(self.par, prompts, ask_server, meanwhile=self.probe_forward)
         if client is not None:
             # gen_s: the server's time for this step's batch; gen_wait_s: what the step waited for it (less when ahead)
             self._note(gen_tokens=node_tokens, gen_wait_s=time.time() - t0, server_requests=client.requests_sent)
@@ -278,55 +301,73 @@ class NodeRollout:
     def push(self, step: int, probe_in_background: bool = False) -> None:
         """Push and check parity: after the push (it landed) always, before it (how stale the server was) when due
         (trainer.parity_every); one trainer forward serves both (trainer.rollout.parity). Collective.
-        probe_in_background (TRL's sync_weights, during training): the after-push probe goes out beside the step's
-        generation and `settle_parity` checks it (after the generation, or at the step's end); else it is checked
-        here."""
-        self.settle_parity()  # the last push's probe first: one in flight at most, and its check before a new push
+        probe_in_background (TRL's sync_weights, during training): nothing of parity holds the push: the probes'
+        server sides go out (the after-push one in the background, beside the step's generation), the trainer's side
+        runs while the server generates (single-turn generate; multi-turn: here) and settle_parity compares them.
+        Else both are checked here."""
+        self.settle_parity()  # the last push's first: at most one in flight, and checked before a new push
         if step == self.pushed_step:  # an evaluation brought this push forward (trainer.evaluation): nothing changed since
             return
         in_flight, running = self.ahead.wait(step) if self.ahead is not None else (False, False)
+        later_forward = probe_in_background and not self.gather_at_step_end
         try:
             t0 = time.time()
-            mine = self.parity.trainer_side()
-            stale = self.parity.compare(step, "stale", mine) if self.parity.stale_due(step) else None
+            mine = None
+            if later_forward:
+                if self.par.device.type == "cuda":  # what the forward's host sync did: the optimizer's writes first
+                    torch.cuda.current_stream(self.par.device).synchronize()
+            else:
+                mine = self.parity.trainer_side()
+            if self.parity.stale_due(step):
+                self.parity.probe_stale(step)
             parity_s = time.time() - t0
             push_s = self.pusher.push(step, keep_in_flight=in_flight)
             t1 = time.time()
-            if probe_in_background:
-                self.parity.start_after_push(step, mine)
-                after = None
-            else:
-                after = self.parity.compare(step, "after_push", mine)
+            self.parity.start_after_push(step)
             parity_s += time.time() - t1
         except ServerError as e:
             raise ServerError(f"weight push at step {step} (node {self.par.node}) failed: {e}") from e
         self.pushed_step = step
+        self.probe_mine = mine
+        self.probe_forward_due = later_forward
         if self.par.is_leader:
-            self._note(push_s=push_s, parity_stale=stale, parity_s=parity_s, probe_drift=self.parity.drift(mine), parity=None)
+            self._note(push_s=push_s, parity_s=parity_s, parity=None, parity_stale=None)
             self._note(push_bytes=push_bytes(self.pusher))
-            if not probe_in_background:
-                self._note_after_push(after)
             if in_flight:  # pushes that paused later steps' requests; _running: one was still generating then
                 self._note(
                     pushes_paused=self.figures.pushes_paused + 1,
                     pushes_paused_running=self.figures.pushes_paused_running + running,
                 )
+        if not probe_in_background:
+            self.settle_parity()  # the probes just sent, checked now
+
+    def probe_forward(self) -> None:
+        """The trainer's side of the last push's probes, if still due: collective over every rank (an FSDP forward)."""
+        if self.probe_forward_due:
+            self.probe_forward_due = False
+            self.probe_mine = self.parity.trainer_side()
 
     def settle_parity(self) -> None:
-        """Check the after-push probe `push` sent in the background, if one is in flight (node leader; a no-op
-        elsewhere): its wait counts in the step's parity seconds. Raises ParityError as the check in `push` would."""
-        if self.parity.pending is None:
-            return
+        """Compare the probes the last push left to check (its trainer side first, if still due: a collective, so every
+        rank calls this at the same points: a push, a generation, a step's end). The server's answers wait on the
+        node leader only; the wait counts in the step's parity seconds. Raises ParityError as the check in push would."""
         t0 = time.time()
+        self.probe_forward()
+        if self.parity.pending is None and self.parity.pending_stale is None:
+            return
         try:
-            after = self.parity.settle()
+            self._note_parity()
         except ServerError as e:
-            raise ServerError(f"parity probe after the push (node {self.par.node}) failed: {e}") from e
+            raise ServerError(f"parity probe of the push at step {self.pushed_step} (node {self.par.node}) failed: {e}") from e
         self._note(parity_s=(self.figures.parity_s or 0.0) + time.time() - t0)
-        self._note_after_push(after)
 
-    def _note_after_push(self, after: float | None) -> None:
-        self._note(parity=after, parity_engines=self.parity.history[-1]["per_engine"])
+    def _note_parity(self) -> None:
+        assert self.probe_mine is not None
+        stale, after = self.parity.settle(self.probe_mine)
+        if self.par.is_leader:
+            self._note(parity_stale=stale, probe_drift=self.parity.drift(self.probe_mine))
+            if after is not None:
+                self._note(parity=after, parity_engines=self.parity.history[-1]["per_engine"])
 
     def end_step(self) -> None:
         """The callback's on_step_end, on every rank: multi-turn generation (trainer.agents) settles its probe and

@@ -14,11 +14,13 @@ push landed (after the push) is asked of every push, one request per engine, all
 only measures how far the server lagged: it runs at the first push of an attempt (a resumed server starts from the
 base model) and every `parity_every` steps.
 
-During training the after-push probe does not hold the step (`start_after_push`, then `settle`): it goes out on its
-own client in the background the moment the push is done, so the server prefills its 48 tokens beside the step's
-first generation requests, and the leader reads the answer when that generation has come back (single-turn) or at
-the step's end (multi-turn). On one GPU it was 4-5 % of every step (0.05-0.1 s of 0.9-2.5 s, 2026-12-06,
-`gpu/results/2026-12-06-lora-shapes/`). A push that did not land still stops the job before the next push.
+During training neither side holds the step (trainer.rollout.node NodeRollout.push and settle_parity): the
+after-push probe goes out on its own client in the background the moment the push is done (`start_after_push`), so
+the server prefills its 48 tokens beside the step's first generation requests; the stale probe's server side is asked
+before the push (`probe_stale`); the trainer's side (an FSDP forward, which costs what gathering the model costs) runs
+while the node's server generates the step's batch (single-turn; multi-turn runs it at the push), and `settle`
+compares both after the batch is back, before anything trains on it. On one GPU the probes were 4-5 % of every step
+(0.05-0.1 s of 0.9-2.5 s, growing with the model: the forward, 2026-12-06, `gpu/results/2026-12-06-lora-shapes/`).
 """
 
 from __future__ import annotations
@@ -81,8 +83,10 @@ class ParityChecker:
                 VllmServer(client.base_url, client.model, client.node, client.timeout_s) for _ in range(engines)
             ]
         self._background = ThreadPoolExecutor(1, thread_name_prefix="parity-probe") if client is not None else None
-        self.pending: tuple[int, list[float], Future[list[list[float]]]] | None = None
-        """An after-push probe in flight (start_after_push): its step, the trainer's side, the server's answer."""
+        self.pending: tuple[int, Future[list[list[float]]]] | None = None
+        """An after-push probe in flight (start_after_push): its step and the server's answer to come."""
+        self.pending_stale: tuple[int, list[list[float]]] | None = None
+        """A stale probe's server side (probe_stale), waiting for the trainer's side."""
 
     def stale_due(self, step: int) -> bool:
         """Whether the push at `step` is preceded by a stale probe: never before step 0's (nothing trained yet), always
@@ -133,23 +137,34 @@ class ParityChecker:
             return None
         return self._judge(step, kind, mine, self.server_side(step))
 
-    def start_after_push(self, step: int, mine: list[float]) -> None:
-        """The after-push probe, sent in the background (leader; a count elsewhere): `settle` reads it. The caller
+    def start_after_push(self, step: int) -> None:
+        """The after-push probe, sent in the background (leader; a count elsewhere): `settle` checks it. The caller
         settles any earlier one first (one probe in flight at most)."""
         assert self.pending is None, "settle() the last push's probe before the next push"
         self.checks += 1
         if self._background is not None:
-            self.pending = (step, mine, self._background.submit(self.server_side, step))
+            self.pending = (step, self._background.submit(self.server_side, step))
 
-    def settle(self) -> float | None:
-        """Wait for the probe start_after_push sent (within the client's request timeout: the request carries it too)
-        and check it as compare does, raising in the caller's thread. None when none is in flight."""
-        if self.pending is None:
-            return None
-        step, mine, answer = self.pending
-        self.pending = None
-        assert self.client is not None
-        return self._judge(step, "after_push", mine, answer.result(timeout=self.client.timeout_s + 30))
+    def probe_stale(self, step: int) -> None:
+        """The stale probe's server side, now (before the push; leader only): `settle` compares it."""
+        if self.client is not None:
+            self.pending_stale = (step, self.server_side(step))
+
+    def settle(self, mine: list[float]) -> tuple[float | None, float | None]:
+        """(stale, after push): the probes probe_stale and start_after_push sent, against the trainer's side of the
+        same weights (`mine`); each None when not sent. Waits for the background probe within the client's request
+        timeout (the request carries it too); raises ParityError in the caller's thread as compare does."""
+        stale = after = None
+        if self.pending_stale is not None:
+            step, theirs = self.pending_stale
+            self.pending_stale = None
+            stale = self._judge(step, "stale", mine, theirs)
+        if self.pending is not None:
+            step, answer = self.pending
+            self.pending = None
+            assert self.client is not None
+            after = self._judge(step, "after_push", mine, answer.result(timeout=self.client.timeout_s + 30))
+        return stale, after
 
     def _judge(self, step: int, kind: str, mine: list[float], theirs: list[list[float]]) -> float:
         assert self.client is not None
