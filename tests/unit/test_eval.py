@@ -239,7 +239,13 @@ def one_evaluation(rank: int, world: int, _port: int, job_dir: str) -> dict:
     par = cpu_parallel(rank, world, nodes=2)
     server = FakeServer(par.node) if par.is_leader else None
     pushes: list[int] = []
-    rollout = SimpleNamespace(client=server, step=-1)
+    parity: list[str] = []  # the push's parity (trainer.rollout.node): its forward during generation, then the check
+    rollout = SimpleNamespace(
+        client=server,
+        step=-1,
+        probe_forward=lambda: parity.append("forward"),
+        settle_parity=lambda: parity.append("settled"),
+    )
     backend = SimpleNamespace(rollout=rollout, sampling={"max_tokens": 4}, sync_weights=lambda: pushes.append(rollout.step))
     reported: list[dict] = []
     trainer = SimpleNamespace(
@@ -264,7 +270,8 @@ def one_evaluation(rank: int, world: int, _port: int, job_dir: str) -> dict:
     e = Evaluator(C.EvalConfig(dataset="x", samples_per_prompt=3), par, rows, [exact, node_of], Path(job_dir))
     e.attach(trainer)
     row = e.run(6)
-    return {"node": par.node, "asked": server.asked if server else None, "pushes": pushes, "row": row, "reported": reported}
+    out = {"node": par.node, "asked": server.asked if server else None, "pushes": pushes, "row": row, "reported": reported}
+    return {**out, "parity": parity}
 
 
 def test_one_evaluation_over_two_nodes_each_generating_its_share_on_its_own_server(tmp_path):
@@ -272,6 +279,8 @@ def test_one_evaluation_over_two_nodes_each_generating_its_share_on_its_own_serv
 
     res = run_ranks(4, functools.partial(one_evaluation, job_dir=str(tmp_path)))
     assert all(r["pushes"] == [6] for r in res.values())  # every rank pushed the step's weights first, once
+    # and settled its parity before returning: no optimizer step can come between the eval push and its check
+    assert all(r["parity"] == ["forward", "settled"] for r in res.values())
     # 7 prompts over 4 ranks: 2, 2, 2, 1; node 0 = ranks 0-1 (p0-p3), node 1 = ranks 2-3 (p4-p6), each k = 3 times
     assert sorted(res[0]["asked"]) == sorted(f"p{i}" for i in range(4) for _ in range(3))
     assert sorted(res[2]["asked"]) == sorted(f"p{i}" for i in range(4, 7) for _ in range(3))

@@ -379,3 +379,49 @@ def test_multi_turn_checks_the_probe_and_gathers_the_figures_at_the_steps_end(ti
     assert rollout.parity.pending is None
     f = rollout.by_node[0]
     assert f.parity is not None and f.parity < 1e-3 and f.parity_s is not None and f.push_s is not None
+
+
+def test_the_trainers_side_of_parity_runs_while_the_server_generates_the_batch(tiny, par):
+    """The point of deferring the probe's forward: it runs while the leader's generation request is out. The fake
+    holds the step's batch until the forward has started, so without the overlap the request would hang to its
+    deadline and the test fail."""
+    srv = FakeVllm(load(tiny, noise_seed=1), hold=(0,))
+    try:
+        rollout = rollout_for(tiny, par, srv, max_staleness=0)
+        adapter = TrlAdapter(rollout, max_completion_length=3, temperature=0.7)
+        forward = rollout.parity.trainer_side
+        seen: list[bool] = []
+
+        def forward_while_generating() -> list[float]:
+            seen.append(srv.arrived[0].wait(TIMEOUT_S))  # the batch is on the server, held
+            srv.hold[0].set()
+            return forward()
+
+        rollout.parity.trainer_side = forward_while_generating  # type: ignore[method-assign]
+        rollout.begin_step(0)
+        adapter.sync_weights()
+        assert seen == [] and rollout.probe_forward_due
+        adapter.generate(batch(0), None, num_generations=2)
+        assert seen == [True], "the forward ran while the batch was on the server"
+        assert rollout.figures.parity is not None and rollout.figures.parity < 1e-3
+    finally:
+        srv.close()
+
+
+def test_an_evaluation_push_is_settled_before_the_next_optimizer_step(tiny, par, server):
+    """An evaluation pushes (sync_weights) and generates outside TRL's step; what it left unsettled is checked at the
+    next step's begin_step, before that step's optimizer step changes the weights; a forward due after the weights
+    moved on is refused with the reason, never compared."""
+    rollout = rollout_for(tiny, par, server, max_staleness=0)
+    adapter = TrlAdapter(rollout, max_completion_length=3, temperature=0.7)
+    rollout.begin_step(0)
+    adapter.sync_weights()  # an evaluation's push: nothing generated through the rollout after it
+    rollout.begin_step(0)  # the next step starts at the same weights
+    assert not rollout.probe_forward_due and rollout.figures.parity is not None and rollout.figures.parity < 1e-3
+    adapter.sync_weights()  # the same step's push: settled, nothing changed, nothing sent
+    rollout.step = 1  # a push left due past an optimizer step (a path that skipped its settle)
+    rollout.pushed_step = None
+    adapter.sync_weights()
+    rollout.step = 2
+    with pytest.raises(RuntimeError, match="the parity forward of the push at step 1 is due at step 2"):
+        rollout.probe_forward()

@@ -54,7 +54,8 @@ class RankGeneration(TrlAdapter):
 
     def sync_weights(self) -> None:
         """Once per step on every rank: the push (a collective: every rank of the node has finished its episodes), its
-        parity probe sent beside the first turns; checked and gathered with every node's figures at the step's end."""
+        parity probe sent beside the first turns; checked and gathered with every node's figures at the step's end. The
+        node barrier after it stands where the world's figure gather used to: it keeps every turn after the push."""
         if self.before_push is not None:
             self.before_push()
         self.rollout.push(self.rollout.step, probe_in_background=True)

@@ -179,7 +179,11 @@ class Evaluator:
         def ask_server(flat: list[list[int]]):
             return client.complete(flat, **sampling, step=step)
 
-        comps, _ = node_generate(self.par, ids, ask_server)
+        rollout = self.backend.rollout
+        # the eval push's parity: the trainer's side while the server generates, compared here (before any optimizer
+        # step could change the weights it checks)
+        comps, _ = node_generate(self.par, ids, ask_server, meanwhile=rollout.probe_forward)
+        rollout.settle_parity()
         completion_ids = [list(c) for c, _ in comps]
         return prompts, decode(tokenizer, prompts, ids, completion_ids), completion_ids, {}
 

@@ -34,6 +34,7 @@ import logging
 import time
 from collections.abc import Callable
 from concurrent.futures import ThreadPoolExecutor
+from concurrent.futures import TimeoutError as FutureTimeout
 from dataclasses import dataclass
 from typing import Any, cast
 
@@ -127,7 +128,8 @@ def node_generate(
     completion per entry, scatter each rank its own completions in its own order. Collective over
     the node's ranks. Returns (this rank's completions, tokens generated on the node: leader only).
     meanwhile: run on every rank while the leader's request is out (a collective of the whole world may run there:
-    every rank of every node calls this at the same step)."""
+    every rank of every node calls this at the same step). On the leader ask_server runs on a worker thread meanwhile:
+    what meanwhile touches must be none of what ask_server does (NodeRollout's figures: only ask_server notes them)."""
     gathered: list[Any] | None = [None] * len(par.node_ranks) if par.is_leader else None
     dist.gather_object(prompts, gathered, dst=par.leader, group=par.node_group)
     out: list[Any] | None = None
@@ -186,6 +188,8 @@ class NodeRollout:
         """The trainer's probe logprobs with the weights of the last push (ParityChecker.trainer_side)."""
         self.probe_forward_due = False
         """The last push left its trainer side to run while the server generates (probe_forward)."""
+        self.probe_step = 0
+        """The step the trainer was at when it pushed last (its weights are the pushed ones until it moves on)."""
         s = settings
         self.client: VllmServer | None = None
         self.ahead: AheadQueue | None = None
@@ -232,6 +236,7 @@ class NodeRollout:
 
     def begin_step(self, step: int) -> None:
         self.wait_for_server()  # every rank, before the first step's collectives: none waits in one
+        self.settle_parity()  # a push whose probes nothing settled yet: now, before this step's optimizer step
         ensure_loaded = getattr(self.pusher, "ensure_loaded", None)  # trainer.lora: the adapter's name servable
         if ensure_loaded is not None:
             ensure_loaded()
@@ -305,6 +310,7 @@ class NodeRollout:
         server sides go out (the after-push one in the background, beside the step's generation), the trainer's side
         runs while the server generates (single-turn generate; multi-turn: here) and settle_parity compares them.
         Else both are checked here."""
+        self.wait_for_server()  # a resumed attempt with no step left pushes first (finish) while vLLM may be starting
         self.settle_parity()  # the last push's first: at most one in flight, and checked before a new push
         if step == self.pushed_step:  # an evaluation brought this push forward (trainer.evaluation): nothing changed since
             return
@@ -330,6 +336,7 @@ class NodeRollout:
         self.pushed_step = step
         self.probe_mine = mine
         self.probe_forward_due = later_forward
+        self.probe_step = self.step
         if self.par.is_leader:
             self._note(push_s=push_s, parity_s=parity_s, parity=None, parity_stale=None)
             self._note(push_bytes=push_bytes(self.pusher))
@@ -342,8 +349,16 @@ class NodeRollout:
             self.settle_parity()  # the probes just sent, checked now
 
     def probe_forward(self) -> None:
-        """The trainer's side of the last push's probes, if still due: collective over every rank (an FSDP forward)."""
+        """The trainer's side of the last push's probes, if still due: collective over every rank (an FSDP forward).
+        Only valid before the next optimizer step (it must see the pushed weights): the step's generation, an
+        evaluation's, or at the latest the next step's begin_step, before its optimizer step."""
         if self.probe_forward_due:
+            if self.step != self.probe_step:
+                raise RuntimeError(
+                    f"node {self.par.node}: the parity forward of the push at step {self.probe_step} is due at step "
+                    f"{self.step}: the weights changed since the push, so it would compare other weights (a bug: the "
+                    "push's probes are settled before the next optimizer step)"
+                )
             self.probe_forward_due = False
             self.probe_mine = self.parity.trainer_side()
 
@@ -357,8 +372,8 @@ class NodeRollout:
             return
         try:
             self._note_parity()
-        except ServerError as e:
-            raise ServerError(f"parity probe of the push at step {self.pushed_step} (node {self.par.node}) failed: {e}") from e
+        except (ServerError, FutureTimeout) as e:
+            raise ServerError(f"parity probe of the push at step {self.pushed_step} (node {self.par.node}) failed: {e!r}") from e
         self._note(parity_s=(self.figures.parity_s or 0.0) + time.time() - t0)
 
     def _note_parity(self) -> None:

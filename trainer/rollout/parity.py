@@ -128,15 +128,6 @@ class ParityChecker:
             self.first = list(mine)
         return max(abs(a - b) for a, b in zip(mine, self.first, strict=True))
 
-    def compare(self, step: int, kind: str, mine: list[float]) -> float | None:
-        """The server's probe against the trainer's (`mine`, from trainer_side). Leader: the largest difference (and
-        the check: after a push it must be within the tolerance); None on the other ranks (no request)."""
-        if kind == "after_push":
-            self.checks += 1
-        if self.client is None:  # not the node leader
-            return None
-        return self._judge(step, kind, mine, self.server_side(step))
-
     def start_after_push(self, step: int) -> None:
         """The after-push probe, sent in the background (leader; a count elsewhere): `settle` checks it. The caller
         settles any earlier one first (one probe in flight at most)."""
@@ -184,7 +175,3 @@ class ParityChecker:
                 raise ParityError(msg)
             print("WARNING: " + msg, flush=True)
         return diff
-
-    def check(self, step: int, kind: str) -> float | None:
-        """Both sides at once (a forward and the server's probe): collective over every rank."""
-        return self.compare(step, kind, self.trainer_side())
