@@ -144,7 +144,8 @@ class ParityChecker:
     def settle(self, mine: list[float]) -> tuple[float | None, float | None]:
         """(stale, after push): the probes probe_stale and start_after_push sent, against the trainer's side of the
         same weights (`mine`); each None when not sent. Waits for the background probe within the client's request
-        timeout (the request carries it too); raises ParityError in the caller's thread as compare does."""
+        timeout (the request carries it too); raises ParityError in the caller's thread when an after-push probe disagrees
+        by more than the tolerance (trainer.parity_action fail; warn prints it)."""
         stale = after = None
         if self.pending_stale is not None:
             step, theirs = self.pending_stale
