@@ -225,7 +225,9 @@ def build(plan: Plan, par: Parallel, preemption: grpo.PreemptionFlag) -> Run:
     if ahead is not None:
         ahead.attach(trainer, trl_glue.generation_backend(trainer))
     elif t.multi_turn:
-        agent_figures.attach(trainer, trl_glue.generation_backend(trainer), par.rank)
+        rank_generation = trl_glue.generation_backend(trainer)
+        agent_figures.attach(trainer, rank_generation, par.rank)
+        rank_generation.forward_in_first_turn = not t.rollout_func  # TRL's tool loop: every rank's first turn, each step
     if lookahead is not None:
         lookahead.attach(trainer)
     if evaluator is not None:

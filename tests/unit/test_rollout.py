@@ -381,6 +381,65 @@ def test_multi_turn_checks_the_probe_and_gathers_the_figures_at_the_steps_end(ti
     assert f.parity is not None and f.parity < 1e-3 and f.parity_s is not None and f.push_s is not None
 
 
+def test_in_trls_tool_loop_the_parity_forward_runs_beside_the_first_turn(tiny, par):
+    """Multi-turn with TRL's own tool loop (RankGeneration.forward_in_first_turn, trainer.run): the push leaves the
+    trainer's side of parity to the step's first request, which every rank makes before the optimizer step; the fake
+    holds that turn until the forward has started, so without the overlap it would hang to its deadline. Later turns
+    run nothing beside them; end_step compares. A step whose first turn never came refuses to compare at its end."""
+    from trainer.agents.generation import RankGeneration
+
+    srv = FakeVllm(load(tiny, noise_seed=1), hold=(0,))
+    try:
+        rollout = rollout_for(tiny, par, srv, max_staleness=0)
+        backend = RankGeneration(rollout, max_completion_length=3, temperature=0.7)
+        backend.forward_in_first_turn = True
+        forward = rollout.parity.trainer_side
+        seen: list[bool] = []
+
+        def forward_while_generating() -> list[float]:
+            seen.append(srv.arrived[0].wait(TIMEOUT_S))  # the first turn is on the server, held
+            srv.hold[0].set()
+            return forward()
+
+        rollout.parity.trainer_side = forward_while_generating  # type: ignore[method-assign]
+        rollout.begin_step(0)
+        backend.sync_weights()
+        assert seen == [] and rollout.probe_forward_due
+        backend.generate(batch(0), None, num_generations=2)
+        assert seen == [True] and not rollout.probe_forward_due, "the forward ran while the first turn was on the server"
+        backend.generate(batch(0), None, num_generations=2)  # a second turn: nothing beside it
+        assert seen == [True] and backend.take_figures()["requests"] == 2
+        rollout.end_step()
+        assert rollout.by_node[0].parity is not None and rollout.by_node[0].parity < 1e-3
+
+        rollout.begin_step(1)
+        backend.sync_weights()  # no generation follows (a path that broke the promise)
+        with pytest.raises(RuntimeError, match="the parity forward of the push at step 1 did not run in the step's first"):
+            rollout.end_step()
+    finally:
+        srv.close()
+
+
+def test_a_failed_parity_forward_beside_the_generation_is_named_as_such(tiny, par, server):
+    """The forward runs beside the leader's request (node_generate's meanwhile): its error reaches every rank of the
+    node as the parity forward's, not as the generation's."""
+    rollout = rollout_for(tiny, par, server, max_staleness=0)
+    adapter = TrlAdapter(rollout, max_completion_length=3, temperature=0.7)
+    rollout.begin_step(0)
+    adapter.sync_weights()
+
+    def broken_forward() -> list[float]:
+        raise torch.cuda.OutOfMemoryError("CUDA out of memory (as a forward would say)")
+
+    rollout.parity.trainer_side = broken_forward  # type: ignore[method-assign]
+    with pytest.raises(RuntimeError) as caught:
+        adapter.generate(batch(0), None, num_generations=2)
+    msg = str(caught.value)
+    assert msg.startswith("node 0: the trainer's side of parity (probe_forward)") and "out of memory" in msg, msg
+    assert "generation of" not in msg, msg
+    assert "gen 0" in server.calls, "the request itself was answered"
+
+
 def test_the_trainers_side_of_parity_runs_while_the_server_generates_the_batch(tiny, par):
     """The point of deferring the probe's forward: it runs while the leader's generation request is out. The fake
     holds the step's batch until the forward has started, so without the overlap the request would hang to its

@@ -10,7 +10,11 @@ Pushes stay at step boundaries: TRL calls `sync_weights` once per step on every 
 request, and the push is a collective over the node's ranks (the FSDP gather), so it starts only after every rank has
 finished the previous step's episodes: no request of the node is in flight while weights change. The after-push parity
 probe goes out beside the step's first turns; it is checked, and every node's figures gathered, at the step's end
-(NodeRollout.end_step, from the callback's on_step_end on every rank), where every rank is again in step.
+(NodeRollout.end_step, from the callback's on_step_end on every rank), where every rank is again in step. In TRL's own
+tool loop every rank's first request of a step is its whole batch's first turn, made by every rank before any
+optimizer step: the trainer's side of the probe (an FSDP forward, a collective of the world) runs there, while the
+server generates that turn (`forward_in_first_turn`). A user's rollout_func promises no such request: its forward
+stays at the push.
 """
 
 from __future__ import annotations
@@ -21,7 +25,7 @@ from typing import Any
 
 import torch.distributed as dist
 
-from trainer.rollout.node import NodeRollout, TrlAdapter
+from trainer.rollout.node import NodeRollout, TrlAdapter, beside
 from trainer.rollout.server import VllmServer
 
 
@@ -39,15 +43,24 @@ class RankGeneration(TrlAdapter):
         self.tokens = 0
         self.before_push: Callable[[], None] | None = None
         """Waits for this rank's episodes running ahead (trainer.agents.ahead_rollout), so none straddles a push."""
+        self.forward_in_first_turn = False
+        """TRL's tool loop drives generate (trainer.run): each step's first call on every rank, before the optimizer
+        step, runs the push's parity forward beside its request."""
 
     def generate(self, prompts: list[list[int]], images, num_generations: int, profiler=None):
         """One completion per prompt entry, from this rank's own request (TRL passes the prompts already repeated
         num_generations times, and later turns one history per episode)."""
         if images is not None and any(i is not None for i in images):
             raise NotImplementedError("node-local generation serves text prompts only")
-        t0 = time.time()
-        comps = self.client.complete(prompts, **self.sampling, step=self.rollout.step)
-        self.gen_s += time.time() - t0
+
+        def ask():
+            t0 = time.time()
+            out = self.client.complete(prompts, **self.sampling, step=self.rollout.step)
+            self.gen_s += time.time() - t0
+            return out
+
+        # the step's first turn: the push's parity forward (every rank, this same call) while the server generates it
+        comps = beside(ask, self.rollout.probe_forward) if self.rollout.probe_forward_due else ask()
         self.requests += 1
         self.tokens += sum(len(c) for c, _ in comps)
         return prompts, [c for c, _ in comps], [[[lp] for lp in lps] for _, lps in comps], None
@@ -58,7 +71,7 @@ class RankGeneration(TrlAdapter):
         node barrier after it stands where the world's figure gather used to: it keeps every turn after the push."""
         if self.before_push is not None:
             self.before_push()
-        self.rollout.push(self.rollout.step, probe_in_background=True)
+        self.rollout.push(self.rollout.step, probe_in_background=True, forward_in_generation=self.forward_in_first_turn)
         # the other ranks leave the push's collectives while the leader still finishes it on the server (the last
         # bucket, finish_weight_update, the prefix reset): none may send a turn before that (vLLM's CPU worker
         # crashed on one arriving mid-update)

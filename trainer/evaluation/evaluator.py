@@ -191,6 +191,7 @@ class Evaluator:
         """This rank's episodes through the project's episode loop, on this rank's own client (no collective)."""
         client, sampling = self.backend.client, self.backend.sampling
         eps = self.loop.run([dict(r) for r in rows], lambda p: client.complete(p, **sampling, step=step)) if rows else []
+        self.backend.rollout.settle_parity()  # the eval push's (every rank: a collective), before any optimizer step
         extra: dict[str, list] = {
             "env_reward": [ep.env.get_reward() if callable(getattr(ep.env, "get_reward", None)) else None for ep in eps],
             "env_class": [type(ep.env).__name__ if ep.env is not None else "" for ep in eps],

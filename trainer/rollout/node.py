@@ -36,7 +36,7 @@ from collections.abc import Callable
 from concurrent.futures import ThreadPoolExecutor
 from concurrent.futures import TimeoutError as FutureTimeout
 from dataclasses import dataclass
-from typing import Any, cast
+from typing import Any, TypeVar, cast
 
 import torch
 import torch.distributed as dist
@@ -118,6 +118,27 @@ class GenerationSettings:
         )
 
 
+class MeanwhileFailed(RuntimeError):
+    """What ran beside a generation request (beside's meanwhile: the parity forward) failed, not the request."""
+
+
+T = TypeVar("T")
+
+
+def beside(ask: Callable[[], T], meanwhile: Callable[[], None]) -> T:
+    """ask() on a worker thread while meanwhile() runs on this one (the trainer's side of parity while the server
+    generates); ask's answer once both are done. ask's own deadline (trainer.request_timeout_s) bounds the wait for it;
+    an error of meanwhile is raised as MeanwhileFailed once ask is over, so a report tells the two apart."""
+    with ThreadPoolExecutor(1, thread_name_prefix="generation") as pool:
+        asked = pool.submit(ask)
+        try:
+            meanwhile()
+        except Exception as e:  # leaving the pool waits for ask
+            what = getattr(meanwhile, "__name__", "meanwhile")
+            raise MeanwhileFailed(f"the trainer's side of parity ({what}) beside the generation request failed: {e!r}") from e
+        return asked.result()
+
+
 def node_generate(
     par: Parallel,
     prompts: list[list[int]],
@@ -139,22 +160,16 @@ def node_generate(
     if gathered is not None:  # the node leader
         flat = [p for rank_prompts in gathered for p in rank_prompts]
         try:
-            if meanwhile is None:
-                comps = ask_server(flat)
-            else:
-                with ThreadPoolExecutor(1, thread_name_prefix="generation") as pool:
-                    asked = pool.submit(ask_server, flat)
-                    try:
-                        meanwhile()
-                    finally:  # the request's own deadline (trainer.request_timeout_s) ends it
-                        comps = asked.result()
+            comps = ask_server(flat) if meanwhile is None else beside(lambda: ask_server(flat), meanwhile)
             assert len(comps) == len(flat), (len(comps), len(flat))
             out, i = [], 0
             for rank_prompts in gathered:
                 out.append(comps[i : i + len(rank_prompts)])
                 i += len(rank_prompts)
             tokens = sum(len(c[0]) for c in comps)  # (ids, logprobs[, routes])
-        except Exception as e:  # hand the error to every rank of the node, so none waits forever
+        except MeanwhileFailed as e:  # hand the error to every rank of the node, so none waits forever
+            out = [RuntimeError(f"node {par.node}: {e}")] * len(par.node_ranks)
+        except Exception as e:
             out = [RuntimeError(f"generation of {len(flat)} completions on node {par.node} failed: {e}")] * len(par.node_ranks)
     mine: list[Any] = [None]
     dist.scatter_object_list(mine, out, src=par.leader, group=par.node_group)
@@ -303,19 +318,20 @@ class NodeRollout:
                 self.by_node[got[0]] = got[1]
 
     # ------------------------------------------------------------------ weights
-    def push(self, step: int, probe_in_background: bool = False) -> None:
+    def push(self, step: int, probe_in_background: bool = False, forward_in_generation: bool = False) -> None:
         """Push and check parity: after the push (it landed) always, before it (how stale the server was) when due
         (trainer.parity_every); one trainer forward serves both (trainer.rollout.parity). Collective.
         probe_in_background (TRL's sync_weights, during training): nothing of parity holds the push: the probes'
-        server sides go out (the after-push one in the background, beside the step's generation), the trainer's side
-        runs while the server generates (single-turn generate; multi-turn: here) and settle_parity compares them.
-        Else both are checked here."""
+        server sides go out (the after-push one in the background, beside the step's generation) and settle_parity
+        compares them. forward_in_generation: the trainer's side too waits, for the step's first generation to run it
+        (probe_forward) while the server generates; the caller promises one comes before the next optimizer step, on
+        every rank (else begin_step's settle runs it). Else it runs here. Neither: both are checked here."""
         self.wait_for_server()  # a resumed attempt with no step left pushes first (finish) while vLLM may be starting
         self.settle_parity()  # the last push's first: at most one in flight, and checked before a new push
         if step == self.pushed_step:  # an evaluation brought this push forward (trainer.evaluation): nothing changed since
             return
         in_flight, running = self.ahead.wait(step) if self.ahead is not None else (False, False)
-        later_forward = probe_in_background and not self.gather_at_step_end
+        later_forward = probe_in_background and forward_in_generation
         try:
             t0 = time.time()
             mine = None
@@ -388,6 +404,11 @@ class NodeRollout:
         """The callback's on_step_end, on every rank: multi-turn generation (trainer.agents) settles its probe and
         gathers every node's figures here, once its ranks' episodes are all done (a collective)."""
         if self.gather_at_step_end:
+            if self.probe_forward_due:  # past the optimizer step: the forward would see other weights than were pushed
+                raise RuntimeError(
+                    f"node {self.par.node}: the parity forward of the push at step {self.probe_step} did not run in the "
+                    "step's first generation request (a bug: forward_in_generation promised one before the optimizer step)"
+                )
             self.settle_parity()
             self.gather_figures()
 
@@ -454,4 +475,4 @@ class TrlAdapter:
         return prompts, completion_ids, logprobs, None
 
     def sync_weights(self) -> None:
-        self.rollout.push(self.rollout.step, probe_in_background=True)
+        self.rollout.push(self.rollout.step, probe_in_background=True, forward_in_generation=True)
