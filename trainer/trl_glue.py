@@ -103,7 +103,7 @@ def grpo_config(job_dir: Path, t: TrainerConfig, device: str, **overrides: Any):
         # TRL defaults this to True; trainer.activation_checkpointing decides (the loader applies it per layer)
         gradient_checkpointing=t.activation_checkpointing,
     )
-    return GRPOConfig(**{**settings, **t.grpo, **overrides})
+    return GRPOConfig(**{**settings, **t.grpo_settings, **overrides})
 
 
 def build_trainer(

@@ -401,7 +401,7 @@ class TrainerConfig:
     wandb_project: str = "slurm-grpo"
     """W&B project name."""
     max_staleness: int = 0
-    """Asynchronous generation per node: 0 = generate, then train (synchronous); k = each node's server generates the batches of the next k steps with the weights it has while the node's ranks train, so a completion is used at most k optimizer steps after the weights that started it (TRL's importance-sampling correction on vLLM's logprobs). With k >= 2 a push pauses requests in flight (vLLM /pause mode keep) and they finish under the new weights."""
+    """Asynchronous generation per node: 0 = generate, then train (synchronous); k = each node's server generates the batches of the next k steps with the weights it has while the node's ranks train, so a completion is used at most k optimizer steps after the weights that started it (TRL's importance-sampling correction on vLLM's logprobs). With k >= 2 a push pauses requests in flight (vLLM /pause mode keep) and they finish under the new weights. With k >= 1 the correction is per token (trainer.grpo.vllm_importance_sampling_mode token_truncate unless set: TRL's per-sequence default stops learning one step off)."""
     profile_steps: list[int] = field(default_factory=list)
     """[first, last]: run torch.profiler over these steps on each node leader and write its tables (CPU and device time per operator, sorted) to profile/node{N}-rank{R}.txt in the job folder; [] = off. Costs time while it runs."""
     stall_timeout_s: int = 900
@@ -488,6 +488,18 @@ class TrainerConfig:
     def multi_turn(self) -> bool:
         """Tools, an environment or a rollout_func: each rank generates on its node's server by itself."""
         return bool(self.tools or self.environment or self.rollout_func)
+
+    @property
+    def grpo_settings(self) -> dict[str, Any]:
+        """trainer.grpo as trl.GRPOConfig receives it. With max_staleness >= 1 and no vllm_importance_sampling_mode of
+        the user's: token_truncate. TRL's default, sequence_mask, weighs a completion by exp(the sum over its tokens of
+        trainer minus vLLM logprob) and zeroes it above 3; a completion one optimizer step old differs by 0.2-0.8 a token
+        on a GPU run, so over 256 tokens every ratio is 0 or masked and nothing learns (a 2.8 B body one step off: mean
+        ratio 1e-16 to 0.15, reward 0.03 -> 0.19 in 16 steps, where the synchronous run reached 1.0 at step 6;
+        gpu/results/2026-12-06-agents-lora-q3b/). Per token, truncated at 3, each token keeps its own correction."""
+        if self.max_staleness and "vllm_importance_sampling_mode" not in self.grpo:
+            return {**self.grpo, "vllm_importance_sampling_mode": "token_truncate"}
+        return dict(self.grpo)
 
     @property
     def run_kind(self) -> str:

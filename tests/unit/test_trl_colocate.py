@@ -29,6 +29,22 @@ def test_the_kind_of_run_that_side_by_side_figures_are_matched_by():
     assert C.load(REPO / "configs/agents_1gpu.yaml", ["trainer.lora.r=8"]).trainer.run_kind == "agents+lora"
 
 
+def test_one_step_off_the_importance_correction_is_per_token_unless_the_user_chose(tmp_path):
+    """TRL's per-sequence default masks every completion one optimizer step old (config.TrainerConfig.grpo_settings):
+    max_staleness >= 1 gets token_truncate; synchronous runs and a user's own choice are left alone."""
+    mode = lambda *sets: (
+        grpo_config(  # noqa: E731
+            tmp_path, C.load(REPO / "configs/gpu_1gpu.yaml", list(sets)).trainer, "cpu"
+        ).vllm_importance_sampling_mode
+    )
+    assert mode() == "sequence_mask"  # TRL's own default, synchronous
+    assert mode("trainer.max_staleness=1") == "token_truncate"
+    assert mode("trainer.max_staleness=2") == "token_truncate"
+    assert mode("trainer.max_staleness=1", "trainer.grpo.vllm_importance_sampling_mode=sequence_truncate") == (
+        "sequence_truncate"
+    )
+
+
 def test_trls_colocate_run_of_the_agents_config_is_the_projects_work_and_plays_the_countdown(tmp_path):
     import torch
     from transformers import AutoModelForCausalLM, AutoTokenizer, TrainerCallback
