@@ -18,7 +18,7 @@ During training neither side holds the step (trainer.rollout.node NodeRollout.pu
 after-push probe goes out on its own client in the background the moment the push is done (`start_after_push`), so
 the server prefills its 48 tokens beside the step's first generation requests; the stale probe's server side is asked
 before the push (`probe_stale`); the trainer's side (an FSDP forward, which costs what gathering the model costs) runs
-while the node's server generates the step's batch (single-turn; multi-turn runs it at the push), and `settle`
+while the node's server generates the step's batch (single-turn; TRL's tool loop: beside each rank's first turn), and `settle`
 compares both after the batch is back, before anything trains on it. On one GPU the probes were 4-5 % of every step
 (0.05-0.1 s of 0.9-2.5 s, growing with the model: the forward, 2026-12-06, `gpu/results/2026-12-06-lora-shapes/`).
 """
