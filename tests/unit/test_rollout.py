@@ -381,6 +381,22 @@ def test_multi_turn_checks_the_probe_and_gathers_the_figures_at_the_steps_end(ti
     assert f.parity is not None and f.parity < 1e-3 and f.parity_s is not None and f.push_s is not None
 
 
+def release_step_0_when_the_forward_runs(rollout: NodeRollout, srv: FakeVllm) -> list[bool]:
+    """The trainer's side of parity, wrapped: it first waits for step 0's request to be on the server (held there),
+    then releases it. Returns what each forward saw (True: the request was there): without the overlap the held
+    request would hang to its deadline."""
+    forward = rollout.parity.trainer_side
+    seen: list[bool] = []
+
+    def forward_while_generating() -> list[float]:
+        seen.append(srv.arrived[0].wait(TIMEOUT_S))
+        srv.hold[0].set()
+        return forward()
+
+    rollout.parity.trainer_side = forward_while_generating  # type: ignore[method-assign]
+    return seen
+
+
 def test_in_trls_tool_loop_the_parity_forward_runs_beside_the_first_turn(tiny, par):
     """Multi-turn with TRL's own tool loop (RankGeneration.forward_in_first_turn, trainer.run): the push leaves the
     trainer's side of parity to the step's first request, which every rank makes before the optimizer step; the fake
@@ -393,15 +409,7 @@ def test_in_trls_tool_loop_the_parity_forward_runs_beside_the_first_turn(tiny, p
         rollout = rollout_for(tiny, par, srv, max_staleness=0)
         backend = RankGeneration(rollout, max_completion_length=3, temperature=0.7)
         backend.forward_in_first_turn = True
-        forward = rollout.parity.trainer_side
-        seen: list[bool] = []
-
-        def forward_while_generating() -> list[float]:
-            seen.append(srv.arrived[0].wait(TIMEOUT_S))  # the first turn is on the server, held
-            srv.hold[0].set()
-            return forward()
-
-        rollout.parity.trainer_side = forward_while_generating  # type: ignore[method-assign]
+        seen = release_step_0_when_the_forward_runs(rollout, srv)
         rollout.begin_step(0)
         backend.sync_weights()
         assert seen == [] and rollout.probe_forward_due
@@ -448,15 +456,7 @@ def test_the_trainers_side_of_parity_runs_while_the_server_generates_the_batch(t
     try:
         rollout = rollout_for(tiny, par, srv, max_staleness=0)
         adapter = TrlAdapter(rollout, max_completion_length=3, temperature=0.7)
-        forward = rollout.parity.trainer_side
-        seen: list[bool] = []
-
-        def forward_while_generating() -> list[float]:
-            seen.append(srv.arrived[0].wait(TIMEOUT_S))  # the batch is on the server, held
-            srv.hold[0].set()
-            return forward()
-
-        rollout.parity.trainer_side = forward_while_generating  # type: ignore[method-assign]
+        seen = release_step_0_when_the_forward_runs(rollout, srv)
         rollout.begin_step(0)
         adapter.sync_weights()
         assert seen == [] and rollout.probe_forward_due
