@@ -497,9 +497,16 @@ class TrainerConfig:
         on a GPU run, so over 256 tokens every ratio is 0 or masked and nothing learns (a 2.8 B body one step off: mean
         ratio 1e-16 to 0.15, reward 0.03 -> 0.19 in 16 steps, where the synchronous run reached 1.0 at step 6;
         gpu/results/2026-12-06-agents-lora-q3b/). Per token, truncated at 3, each token keeps its own correction."""
-        if self.max_staleness and "vllm_importance_sampling_mode" not in self.grpo:
-            return {**self.grpo, "vllm_importance_sampling_mode": "token_truncate"}
-        return dict(self.grpo)
+        g = self.grpo
+        # a truncation needs a bound: with clip_max null and no clip_min the user chose masking below; leave it to TRL
+        unbounded = "vllm_importance_sampling_clip_max" in g and g["vllm_importance_sampling_clip_max"] is None
+        if (
+            self.max_staleness
+            and "vllm_importance_sampling_mode" not in g
+            and not (unbounded and g.get("vllm_importance_sampling_clip_min") is None)
+        ):
+            return {**g, "vllm_importance_sampling_mode": "token_truncate"}
+        return dict(g)
 
     @property
     def run_kind(self) -> str:

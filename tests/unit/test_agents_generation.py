@@ -38,7 +38,7 @@ def turns_of_rank(url: str, rank: int, world: int, port: int) -> list:
     from trainer.agents.generation import RankGeneration
 
     settings = SimpleNamespace(server_url=url, model="m", node=0, request_timeout_s=30.0)
-    rollout = SimpleNamespace(settings=settings, step=0, client=None)
+    rollout = SimpleNamespace(settings=settings, step=0, client=None, probe_forward_due=False)
     backend = RankGeneration(rollout, max_completion_length=2, temperature=1.0)  # type: ignore[arg-type]
     prompts, seen = [[10 * (rank + 1)], [10 * (rank + 1) + 1]], []
     for _ in range(1 + 2 * rank):

@@ -484,3 +484,5 @@ def test_an_evaluation_push_is_settled_before_the_next_optimizer_step(tiny, par,
     rollout.step = 2
     with pytest.raises(RuntimeError, match="the parity forward of the push at step 1 is due at step 2"):
         rollout.probe_forward()
+    with pytest.raises(RuntimeError, match="the push at step 1 is still due at the start of step 2"):
+        rollout.begin_step(2)  # where such a path would surface first

@@ -10,6 +10,7 @@ import importlib.util
 import pytest
 
 from launcher.core import config as C
+from launcher.core.plan import plan
 from tests.conftest import REPO
 from trainer.trl_glue import grpo_config
 
@@ -43,6 +44,10 @@ def test_one_step_off_the_importance_correction_is_per_token_unless_the_user_cho
     assert mode("trainer.max_staleness=1", "trainer.grpo.vllm_importance_sampling_mode=sequence_truncate") == (
         "sequence_truncate"
     )
+    # clip_max null without clip_min leaves nothing to truncate at (TRL would refuse token_truncate): TRL's own choice
+    assert mode("trainer.max_staleness=1", "trainer.grpo.vllm_importance_sampling_clip_max=null") == "sequence_mask"
+    plan_lines = "\n".join(plan(C.load(REPO / "configs/smoke_cpu.yaml", ["trainer.max_staleness=1"]), str(tmp_path)).derivation)
+    assert "vllm_importance_sampling_mode = token_truncate (per token unless clip_max" in plan_lines
 
 
 def test_trls_colocate_run_of_the_agents_config_is_the_projects_work_and_plays_the_countdown(tmp_path):

@@ -19,13 +19,14 @@ stays at the push.
 
 from __future__ import annotations
 
+import os
 import time
 from collections.abc import Callable
 from typing import Any
 
 import torch.distributed as dist
 
-from trainer.rollout.node import NodeRollout, TrlAdapter, beside
+from trainer.rollout.node import MeanwhileFailed, NodeRollout, TrlAdapter, beside
 from trainer.rollout.server import VllmServer
 
 
@@ -60,7 +61,10 @@ class RankGeneration(TrlAdapter):
             return out
 
         # the step's first turn: the push's parity forward (every rank, this same call) while the server generates it
-        comps = beside(ask, self.rollout.probe_forward) if self.rollout.probe_forward_due else ask()
+        try:
+            comps = beside(ask, self.rollout.probe_forward) if self.rollout.probe_forward_due else ask()
+        except MeanwhileFailed as e:
+            raise MeanwhileFailed(f"node {self.rollout.settings.node} rank {os.environ.get('RANK', '0')}: {e}") from e
         self.requests += 1
         self.tokens += sum(len(c) for c, _ in comps)
         return prompts, [c for c, _ in comps], [[[lp] for lp in lps] for _, lps in comps], None

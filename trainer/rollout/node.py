@@ -251,6 +251,11 @@ class NodeRollout:
 
     def begin_step(self, step: int) -> None:
         self.wait_for_server()  # every rank, before the first step's collectives: none waits in one
+        if self.probe_forward_due and step != self.probe_step:  # an evaluation's push carries the step it follows
+            raise RuntimeError(
+                f"node {self.par.node}: the parity forward of the push at step {self.probe_step} is still due at the "
+                f"start of step {step}: an optimizer step came between (a bug: a push's forward runs before it)"
+            )
         self.settle_parity()  # a push whose probes nothing settled yet: now, before this step's optimizer step
         ensure_loaded = getattr(self.pusher, "ensure_loaded", None)  # trainer.lora: the adapter's name servable
         if ensure_loaded is not None:
