@@ -285,6 +285,11 @@ def check_batch(cfg: JobConfig, world: int, per_node: int) -> None:
                 f"trainer.grpo.generation_batch_size ({gbs}) must be a multiple of per_device_train_batch_size x ranks "
                 f"({batch} x {world}) and of trainer.num_generations ({t.num_generations})"
             )
+        if t.max_staleness and steps > 1:  # the config's own check sees no world, so not this way of saying it
+            raise ConfigError(
+                f"trainer.max_staleness {t.max_staleness} makes one generation per optimizer step; trainer.grpo's "
+                f"generation_batch_size ({gbs}) makes one every {steps}: remove it"
+            )
     if (batch * world * steps) % t.num_generations:
         of = f" x {steps} steps_per_generation" if steps > 1 else ""
         raise ConfigError(

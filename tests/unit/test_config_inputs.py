@@ -125,6 +125,7 @@ BAD = [
     (["slurm.gpu_memory_gb=.inf"], "slurm.gpu_memory_gb must be a finite number, got .inf"),
     (["trainer.grpo.generation_batch_size=60"], "generation_batch_size (60) must be a multiple of per_device_train_batch_size"),
     (["trainer.grpo={generation_batch_size: 56, steps_per_generation: 2}"], "sets generation_batch_size and steps_per_gen"),
+    (["trainer.max_staleness=1", "trainer.grpo.generation_batch_size=112"], "generation_batch_size (112) makes one every 2"),
 ]
 
 
