@@ -399,48 +399,42 @@ def derivation(p: Plan) -> list[str]:
             if not shared
             else "trainer ranks per node = 1 (shares GPU 0 with vLLM)",
         ]
-    return (
+    correction = (
+        f"{t.grpo['vllm_importance_sampling_mode']} (set by you)"
+        if "vllm_importance_sampling_mode" in t.grpo
+        else f"{t.grpo_settings.get('vllm_importance_sampling_mode', 'sequence_mask')} (per token unless clip_max is null: "
+        "TRL's per-sequence default masks every completion a step old)"
+    )
+    staleness = [
+        f"max_staleness = {t.max_staleness}: vLLM's logprobs corrected by trainer.grpo.vllm_importance_sampling_mode = {correction}"
+    ]
+    return [
+        *gpus,
+        f"world size = ranks per node x nodes = {per_node} x {p.num_nodes} = {world}",
+        f"completions per step = per_device_train_batch_size x world = {batch} x {world} = {batch * world} "
+        + (
+            f"= {batch * world // t.num_generations} prompts x {t.num_generations} generations"
+            if steps == 1
+            else f"(one generation of {batch * world * steps} completions = "
+            f"{batch * world * steps // t.num_generations} prompts x {t.num_generations} feeds {steps} steps: trainer.grpo's "
+            "gradient accumulation or steps_per_generation)"
+        ),
+        f"weight push world per node = 1 sender (the node leader) + TP x DP = {tp} x {dp} server workers = {1 + p.server_world}",
+        f"weight push backend = {p.weight_transfer_backend} ({how})",
+        f"sharding = {t.fsdp}: {sharding}",
+        f"rendezvous = {p.rendezvous_host}:{p.rendezvous_port} (torchrun static rendezvous: a TCPStore on the first node, "
+        "so ranks follow the plan)",
+        f"process-group timeout = push_timeout_s + request_timeout_s = {t.push_timeout_s:g} + {t.request_timeout_s:g} s",
+        f"trainer shutdown = max(30, signal_seconds - 30) = {p.trainer_shutdown_s} s (preemption checkpoint), "
+        f"bootstrap grace {p.bootstrap_grace_s} s",
+        *(staleness if t.max_staleness else []),
+    ] + (
         [
-            *gpus,
-            f"world size = ranks per node x nodes = {per_node} x {p.num_nodes} = {world}",
-            f"completions per step = per_device_train_batch_size x world = {batch} x {world} = {batch * world} "
-            + (
-                f"= {batch * world // t.num_generations} prompts x {t.num_generations} generations"
-                if steps == 1
-                else f"(one generation of {batch * world * steps} completions = "
-                f"{batch * world * steps // t.num_generations} prompts x {t.num_generations} feeds {steps} steps: trainer.grpo's "
-                "gradient accumulation or steps_per_generation)"
-            ),
-            f"weight push world per node = 1 sender (the node leader) + TP x DP = {tp} x {dp} server workers = {1 + p.server_world}",
-            f"weight push backend = {p.weight_transfer_backend} ({how})",
-            f"sharding = {t.fsdp}: {sharding}",
-            f"rendezvous = {p.rendezvous_host}:{p.rendezvous_port} (torchrun static rendezvous: a TCPStore on the first node, "
-            "so ranks follow the plan)",
-            f"process-group timeout = push_timeout_s + request_timeout_s = {t.push_timeout_s:g} + {t.request_timeout_s:g} s",
-            f"trainer shutdown = max(30, signal_seconds - 30) = {p.trainer_shutdown_s} s (preemption checkpoint), "
-            f"bootstrap grace {p.bootstrap_grace_s} s",
+            f"LoRA push = {p.lora_push}: {lora_push(p.config, p.data_parallel_size)[1]}",
+            f"LoRA targets = {', '.join(t.lora.target_modules)}"
+            + (" (a mixture of experts: attention only)" if moe_lora else "")
+            + (f" ({note})" if (note := unresolved_note(p.config)) else ""),
         ]
-        + (
-            [
-                f"max_staleness = {t.max_staleness}: vLLM's logprobs corrected by trainer.grpo.vllm_importance_sampling_mode = "
-                + (
-                    f"{t.grpo['vllm_importance_sampling_mode']} (set by you)"
-                    if "vllm_importance_sampling_mode" in t.grpo
-                    else f"{t.grpo_settings.get('vllm_importance_sampling_mode', 'sequence_mask')} (per token unless clip_max "
-                    "is null: TRL's per-sequence default masks every completion a step old)"
-                )
-            ]
-            if t.max_staleness
-            else []
-        )
-        + (
-            [
-                f"LoRA push = {p.lora_push}: {lora_push(p.config, p.data_parallel_size)[1]}",
-                f"LoRA targets = {', '.join(t.lora.target_modules)}"
-                + (" (a mixture of experts: attention only)" if moe_lora else "")
-                + (f" ({note})" if (note := unresolved_note(p.config)) else ""),
-            ]
-            if p.lora_push
-            else []
-        )
+        if p.lora_push
+        else []
     )

@@ -330,7 +330,8 @@ class NodeRollout:
         server sides go out (the after-push one in the background, beside the step's generation) and settle_parity
         compares them. forward_in_generation: the trainer's side too waits, for the step's first generation to run it
         (probe_forward) while the server generates; the caller promises one comes before the next optimizer step, on
-        every rank (else begin_step's settle runs it). Else it runs here. Neither: both are checked here."""
+        every rank (an evaluation's push, which none follows: at the latest begin_step's settle). Else it runs here.
+        Neither: both are checked here."""
         self.wait_for_server()  # a resumed attempt with no step left pushes first (finish) while vLLM may be starting
         self.settle_parity()  # the last push's first: at most one in flight, and checked before a new push
         if step == self.pushed_step:  # an evaluation brought this push forward (trainer.evaluation): nothing changed since
