@@ -143,6 +143,9 @@ class Evaluator:
             prompts, completions, completion_ids, extra = self._single_turn(rows, step)
         else:
             prompts, completions, completion_ids, extra = self._episodes(rows, step)
+        # the eval push's parity (every rank: a collective), compared here, before any optimizer step could change the
+        # weights it checks; single-turn ran its trainer side while the server generated, multi-turn runs it now
+        rollout.settle_parity()
         # single-turn: the node's time is its leader's (the others wait in the gather for it); multi-turn: each rank
         # generates its own, the node's time is its slowest rank's
         gen_s = time.time() - g0 if self.loop is not None or self.par.is_leader else 0.0
@@ -179,11 +182,8 @@ class Evaluator:
         def ask_server(flat: list[list[int]]):
             return client.complete(flat, **sampling, step=step)
 
-        rollout = self.backend.rollout
-        # the eval push's parity: the trainer's side while the server generates, compared here (before any optimizer
-        # step could change the weights it checks)
-        comps, _ = node_generate(self.par, ids, ask_server, meanwhile=rollout.probe_forward)
-        rollout.settle_parity()
+        # the eval push's trainer side of parity while the server generates (settled in run)
+        comps, _ = node_generate(self.par, ids, ask_server, meanwhile=self.backend.rollout.probe_forward)
         completion_ids = [list(c) for c, _ in comps]
         return prompts, decode(tokenizer, prompts, ids, completion_ids), completion_ids, {}
 
@@ -191,7 +191,6 @@ class Evaluator:
         """This rank's episodes through the project's episode loop, on this rank's own client (no collective)."""
         client, sampling = self.backend.client, self.backend.sampling
         eps = self.loop.run([dict(r) for r in rows], lambda p: client.complete(p, **sampling, step=step)) if rows else []
-        self.backend.rollout.settle_parity()  # the eval push's (every rank: a collective), before any optimizer step
         extra: dict[str, list] = {
             "env_reward": [ep.env.get_reward() if callable(getattr(ep.env, "get_reward", None)) else None for ep in eps],
             "env_class": [type(ep.env).__name__ if ep.env is not None else "" for ep in eps],
