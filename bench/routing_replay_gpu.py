@@ -73,6 +73,7 @@ def run_job(
     missing = [
         line
         for f in sorted((job / "logs").glob("*"))
+        if f.is_file()  # logs/ also holds the heartbeat folders
         for line in f.read_text(errors="replace").splitlines()
         if "without routed experts" in line
     ]
@@ -119,7 +120,15 @@ def main(argv: list[str] | None = None) -> int:
     model = work / f"model-replay-{a.family}"
     out.mkdir(parents=True, exist_ok=True)
     if not (model / "config.json").exists():
-        build_model(model, a.family)
+        # in a child process: a CUDA context left in this one would make the launcher refuse the GPU as in use
+        subprocess.run(
+            [
+                sys.executable,
+                "-c",
+                f"from bench.routing_replay_gpu import build_model; from pathlib import Path; build_model(Path({str(model)!r}), {a.family!r})",
+            ],
+            check=True,
+        )
     arms = {"both": (False, True), "off": (False,), "on": (True,)}[a.run]
     runs: dict[bool, list[dict]] = {}
     for replay in (False, True):

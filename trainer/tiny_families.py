@@ -357,7 +357,23 @@ class Body(NamedTuple):
     vocab: int
 
 
+MLA_RELEASED = {
+    "deepseek_v3": {"qk_nope_head_dim": 128, "v_head_dim": 128, "kv_lora_rank": 512, "q_lora_rank": 1536},
+    "deepseek_v2": {"qk_nope_head_dim": 128, "v_head_dim": 128, "kv_lora_rank": 512},
+    "glm4_moe_lite": {"qk_nope_head_dim": 192, "v_head_dim": 256, "kv_lora_rank": 512, "q_lora_rank": 768},
+}
+"""The released models' MLA widths (rope 64 in all), taken at --head-dim 128 and above: vLLM's GPU MLA prefill serves
+only the released shapes (FlashAttention: nope/rope/v 128/64/128, 192/64/256 or 64/64/128; H100, 2026-12-06: the CPU
+matrix's 64/64/64 found no backend), its decode kernels the 512-wide latent."""
+
+
+def mla_sized(family: str) -> Callable[[Body], dict[str, Any]]:
+    # transformers sizes the rotary by head_dim: it is the rope width (the head count stays hidden / --head-dim)
+    return lambda b: {**MLA_RELEASED[family], "qk_rope_head_dim": 64, "head_dim": 64} if b.head_dim >= 128 else {}
+
+
 SIZED: dict[str, Callable[[Body], dict[str, Any]]] = {
+    **{family: mla_sized(family) for family in MLA_RELEASED},
     # Mamba-2 mixers: 2 x hidden wide (the released models' expand 2), in heads of 64 (mamba_head_dim / mamba_d_head)
     "nemotron_h": lambda b: {"mamba_num_heads": 2 * b.hidden // 64},
     "granitemoehybrid": lambda b: {"mamba_n_heads": 2 * b.hidden // 64},

@@ -21,6 +21,9 @@ but paid the imports and the spawn again: 63.6 s.
                 runs, multi-turn agents: their tool turns' prefills ride beside decodes, the case a smaller size
                 could slow) 11 sizes in 4 s against 51 in 8-9 s, generation within the spread of the default's runs
 
+  GDN prefill   a model with Gated DeltaNet layers (Qwen3.5, Qwen3-Next): vLLM's Triton prefill kernel, see
+                GDN_PREFILL_TRITON
+
 None of it reaches a CPU build: it captures no graphs and always spawns (vLLM's CPU platform forces it). On ROCm, auto
 leaves `vllm serve`'s spawn (vLLM's ROCm platform would fork if told: `fork` is not refused there).
 """
@@ -28,6 +31,8 @@ leaves `vllm serve`'s spawn (vLLM's ROCm platform would fork if told: `fork` is 
 from __future__ import annotations
 
 from typing import TYPE_CHECKING
+
+from launcher.core.shape import ModelShape
 
 if TYPE_CHECKING:
     from launcher.core.plan import Plan
@@ -43,6 +48,13 @@ USER_GRAPH_ARGS = ("cudagraph", "--enforce-eager", "speculative")
 then the launcher adds none of its own (vLLM refuses the flag and the compilation config's field together); a
 speculative decoding config too: its decode steps are sequences x (draft tokens + 1) tokens, which the size below does
 not count."""
+
+GDN_PREFILL_TRITON = "--additional-config.gdn_prefill_backend=triton"
+"""vLLM 0.32 on Hopper picks FlashInfer's Gated DeltaNet prefill when asked "auto" without checking that FlashInfer is
+installed (`_resolve_gdn_prefill_backend`, model_executor/layers/mamba/gdn/qwen_gdn_linear_attn.py), and the engine dies
+at its warm-up's first prefill: `No module named 'flashinfer'` (H100, 2026-12-06, gpu/results/2026-12-06-moe). The
+pinned stack has no FlashInfer; Triton's kernel (FLA's) is what vLLM runs on every other GPU. Where FlashInfer is
+installed, `vllm.extra_args: [--additional-config.gdn_prefill_backend=flashinfer]` takes it back."""
 
 
 def in_flight(p: Plan, steps: int) -> tuple[int | None, str]:
@@ -115,9 +127,23 @@ def engine_method(p: Plan) -> str | None:
     return "fork" if p.device != "cpu" and p.platform == "cuda" and one_worker else None
 
 
+def gdn_prefill(p: Plan) -> str | None:
+    """Why the server runs Triton's Gated DeltaNet prefill (GDN_PREFILL_TRITON), None where it does not: no GDN layer,
+    no CUDA, or vllm.extra_args already hold an additional config (the user's choice, and vLLM would merge two)."""
+    if p.device == "cpu" or p.platform != "cuda":
+        return None
+    if any("additional-config" in a or "additional_config" in a for a in p.config.vllm.extra_args):
+        return None
+    shape = ModelShape.read(p.config.vllm.model)
+    if shape is None or not any("gated_deltanet" in k.name for k in shape.kinds):
+        return None
+    return "the model has Gated DeltaNet layers; vLLM's auto takes FlashInfer's kernel on Hopper, which the stack lacks"
+
+
 def vllm_args(p: Plan, steps: int) -> list[str]:
     size, _ = capture_size(p, steps)
-    return [] if size is None else ["--max-cudagraph-capture-size", str(size)]
+    graphs = [] if size is None else ["--max-cudagraph-capture-size", str(size)]
+    return graphs + ([GDN_PREFILL_TRITON] if gdn_prefill(p) else [])
 
 
 def vllm_env(p: Plan) -> dict[str, str]:
@@ -154,4 +180,5 @@ def derivation_lines(p: Plan, steps: int) -> list[str]:
         if v.inspect_in_process
         else "vLLM inspects the model class in a fresh Python process on a cold cache (vllm.inspect_in_process false)"
     )
-    return [graphs, start, inspect]
+    gdn = gdn_prefill(p)
+    return [graphs, start, inspect] + ([f"vLLM Gated DeltaNet prefill on Triton ({GDN_PREFILL_TRITON}): {gdn}"] if gdn else [])

@@ -35,7 +35,7 @@ from launcher.core.jobdir import PREEMPTED_EXIT, Env, Events, JobDir, checkpoint
 from launcher.core.plan import FIRST_NODE, Plan
 from launcher.core.records import Event
 from launcher.node.commands import NodeCommand, trainer_command, vllm_command
-from launcher.node.diagnose import PEER_LOST, root_cause, tail
+from launcher.node.diagnose import PEER_LOST, engine_cause, root_cause, tail
 from launcher.node.lost import ask, asker
 from launcher.node.peers import Heartbeats, JobAbort, NodeFailure, PeerLost
 from launcher.node.procs import Proc, become_subreaper, descendants, kill_all
@@ -193,6 +193,9 @@ def _exited_before_healthy(proc: Supervised, rc: int, url: str, where: str) -> N
             "\n  hint: the project's vLLM plugin did not load (is slurm-grpo installed with `pip install -e .` "
             "in the job's environment, and is there no folder named 'trainer' shadowing it in the cwd?)"
         )
+    cause = engine_cause(tail(proc.log_path, 2000, max_bytes=1_000_000))
+    if cause:
+        hint = f"\n  the engine core's error: {cause}" + hint
     return NodeFailure(
         f"{where}: vLLM server {proc.describe()} exited with code {rc} before it "
         f"was healthy at {url}{hint}\n  last lines of {proc.log_path}:\n{tail(proc.log_path)}"

@@ -62,6 +62,21 @@ def root_cause(path: Path) -> str:
     return ""
 
 
+ENGINE_ERROR_RE = re.compile(r"^\((?:EngineCore|Engine\d+|Worker)[^)]*\) ERROR \S+ \S+ \[[^\]]+\]\s?(.*)$")
+"""A line vLLM's engine core (or a worker) logged at ERROR: `(EngineCore pid=4521) ERROR 12-06 12:10:18 [core.py:1510] ...`."""
+
+
+def engine_cause(text: str) -> str:
+    """The exception that stopped vLLM's engine core, from the server's log: the API server's own traceback ends in
+    "Engine core initialization failed. See root cause above", which is all a log's last lines show."""
+    for line in text.splitlines():
+        m = ENGINE_ERROR_RE.match(line.strip())
+        cause = CAUSE_RE.match(m.group(1).strip()) if m else None
+        if cause and not cause.group(1).endswith(NOT_CAUSES):
+            return f"{cause.group(1).rsplit('.', 1)[-1]}: {cause.group(2)}"[:600]
+    return ""
+
+
 def wrapped(following: list[str]) -> bool:
     """An exception re-raised `from` it by our own code follows it ("direct cause"): that outer one says what was
     being done (the push at step N of node K) and names the inner cause itself, so it is the line to report."""

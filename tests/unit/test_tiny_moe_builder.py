@@ -4,6 +4,7 @@ matches the built model's, and the GPU body queued for issue 35 (gpu/RESULTS.md)
 
 from __future__ import annotations
 
+import json
 import math
 from pathlib import Path
 
@@ -157,7 +158,8 @@ def test_the_replay_bench_run_one_arm_per_call_and_the_second_call_tables_both(t
         sets = dict(cmd[i + 1].split("=", 1) for i, a in enumerate(cmd) if a == "--set")
         replay = sets["trainer.routing_replay"] == "true"
         started.append(replay)
-        (Path(sets["job.job_dir"]) / "logs").mkdir(parents=True)
+        # the bootstrap's heartbeat folders sit among the logs (the first GPU call read one as a log: 2026-12-06)
+        (Path(sets["job.job_dir"]) / "logs" / "heartbeat-local.1.2").mkdir(parents=True)
         rows = [{"kind": "step", "step": s, "logp_mismatch_mean": (0.01 if replay else 0.03) * s} for s in (1, 2)]
         (Path(sets["job.job_dir"]) / "metrics.jsonl").write_text("".join(json.dumps(r) + "\n" for r in rows))
         return real_popen([sys.executable, "-c", "pass"], **kw)
@@ -197,3 +199,43 @@ def test_a_refused_build_writes_nothing_and_a_rebuild_leaves_no_shard_of_the_las
     with pytest.raises(ValueError, match="did not write"):
         make_tiny_model(real)
     assert (real / "model-00001-of-00002.safetensors").read_bytes() == b"weights"
+
+
+@pytest.mark.parametrize("family", ["deepseek_v3", "deepseek_v2", "glm4_moe_lite"])
+def test_an_mla_body_of_gpu_width_has_widths_vllms_gpu_mla_prefill_serves(family):
+    """At --head-dim 128 an MLA family takes its released model's MLA widths (the CPU matrix's 64/64/64 found no GPU
+    prefill kernel: gpu/results/2026-12-06-moe/5-deepseek-v3-failed); transformers builds it and the launcher counts it."""
+    import importlib.util
+    import re
+
+    import torch
+    from transformers import AutoConfig, AutoModelForCausalLM
+
+    from trainer.tiny_families import config_fields
+
+    # the widths vLLM's FlashAttention MLA prefill takes, read from the installed source (its module imports CUDA-only
+    # kernels: the CPU build cannot import it)
+    vllm_dir = Path(importlib.util.find_spec("vllm").origin).parent  # type: ignore[union-attr, arg-type]
+    source = (vllm_dir / "v1/attention/backends/mla/prefill/flash_attn.py").read_text()
+    served = {
+        tuple(map(int, m)) for m in re.findall(r"qk_nope_head_dim=(\d+),\s*qk_rope_head_dim=(\d+),\s*v_head_dim=(\d+)", source)
+    }
+    assert (128, 64, 128) in served, served
+
+    def fields(head_dim: int) -> dict:
+        return config_fields(
+            family, vocab=300, hidden=2048, layers=2, heads=2048 // head_dim, kv_heads=1, head_dim=head_dim,
+            intermediate=256, tie=True, token_id=0, dtype="bfloat16",
+        )  # fmt: skip
+
+    gpu = fields(128)
+    dims = (gpu["qk_nope_head_dim"], gpu["qk_rope_head_dim"], gpu["v_head_dim"])
+    assert dims in served and (64, 64, 64) not in served, (dims, served)
+    assert gpu["kv_lora_rank"] == 512 and gpu["num_attention_heads"] == 16 and gpu["head_dim"] == gpu["qk_rope_head_dim"]
+    cpu = fields(64)  # the CPU matrix's body keeps its small widths
+    assert (cpu["qk_nope_head_dim"], cpu["v_head_dim"], cpu["kv_lora_rank"]) == (64, 64, 32)
+    cfg = AutoConfig.for_model(family, **gpu)
+    with torch.device("meta"):
+        built = sum(p.numel() for p in AutoModelForCausalLM.from_config(cfg).parameters())
+    shape = ModelShape.from_config(json.loads(cfg.to_json_string()))
+    assert isinstance(shape, ModelShape) and shape.params == pytest.approx(built, rel=5e-4)

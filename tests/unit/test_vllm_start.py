@@ -325,3 +325,39 @@ try:
             return x
 except ImportError:  # pragma: no cover
     pass
+
+
+def gdn_model(tmp_path: Path) -> Path:
+    """A Qwen3.5 config.json (Gated DeltaNet and full-attention layers), as make-tiny-model writes it."""
+    from transformers import AutoConfig
+
+    from trainer.tiny_families import config_fields
+
+    fields = config_fields(
+        "qwen3_5_text", vocab=300, hidden=128, layers=4, heads=2, kv_heads=1, head_dim=64, intermediate=256, tie=True,
+        token_id=0, dtype="bfloat16",
+    )  # fmt: skip
+    model = tmp_path / "q35"
+    model.mkdir()
+    (model / "config.json").write_text(AutoConfig.for_model("qwen3_5_text", **fields).to_json_string())
+    return model
+
+
+def test_a_gated_deltanet_model_prefills_on_triton_on_cuda_unless_the_user_configures_vllm(tmp_path):
+    # H100, 2026-12-06 (gpu/results/2026-12-06-moe/7-qwen3_5-failed): vLLM 0.32's auto took FlashInfer, not installed
+    model = str(gdn_model(tmp_path))
+    argv, _, why = server(tmp_path, vllm={"model": model})
+    assert argv[-1] == vllm_start.GDN_PREFILL_TRITON and argv.count(vllm_start.GDN_PREFILL_TRITON) == 1
+    assert any("Gated DeltaNet prefill on Triton" in w and "FlashInfer" in w for w in why), why
+    # the user's own additional config wins (vLLM would merge the two); CPU and ROCm keep vLLM's choice
+    user = ["--additional-config.gdn_prefill_backend=flashinfer"]
+    argv, _, why = server(tmp_path, vllm={"model": model, "extra_args": user})
+    assert vllm_start.GDN_PREFILL_TRITON not in argv and not any("Gated DeltaNet" in w for w in why)
+    argv, _, _ = server(tmp_path, vllm={"model": model}, job={"platform": "rocm"})
+    assert vllm_start.GDN_PREFILL_TRITON not in argv
+    cpu = {"job": {"device": "cpu"}, "slurm": {"gpus_per_node": 3}, "trainer": {"dtype": "float32"}}
+    argv, _, _ = server(tmp_path, **cpu, vllm={"model": model, "dtype": "float32"})
+    assert vllm_start.GDN_PREFILL_TRITON not in argv
+    # a model without GDN layers: nothing added
+    argv, _, _ = server(tmp_path)
+    assert vllm_start.GDN_PREFILL_TRITON not in argv
