@@ -394,9 +394,11 @@ def supervise(
         rc = vllm.poll()
         if rc is not None and not stop_requested:
             run.events(Event.VLLM_EXIT, code=rc)
+            cause = engine_cause(tail(vllm.log_path, 2000, max_bytes=1_000_000))
             raise NodeFailure(
                 f"{run.where}: vLLM server {vllm.describe()} died with code {rc} during training; "
-                f"stopping the node's trainer ranks\n  last lines of {vllm.log_path}:\n{tail(vllm.log_path)}"
+                f"stopping the node's trainer ranks" + (f"\n  the engine core's error: {cause}" if cause else "")
+                + f"\n  last lines of {vllm.log_path}:\n{tail(vllm.log_path)}"
             )
         rc = trainer.poll()
         if rc is not None:
