@@ -185,6 +185,20 @@ def _timeout_hint(log: Path) -> str:
     )
 
 
+def _engine_error(log: Path) -> str:
+    """The engine core's own error line for a failure message ("" if none): the log's last lines show only the API
+    server's "See root cause above"."""
+    cause = engine_cause(tail(log, 2000, max_bytes=1_000_000))
+    return f"\n  the engine core's error: {cause}" if cause else ""
+
+
+def _died_during_training(proc: Supervised, rc: int, where: str) -> NodeFailure:
+    return NodeFailure(
+        f"{where}: vLLM server {proc.describe()} died with code {rc} during training; stopping the node's trainer "
+        f"ranks{_engine_error(proc.log_path)}\n  last lines of {proc.log_path}:\n{tail(proc.log_path)}"
+    )
+
+
 def _exited_before_healthy(proc: Supervised, rc: int, url: str, where: str) -> NodeFailure:
     hint = ""
     text = tail(proc.log_path, 200)
@@ -193,9 +207,7 @@ def _exited_before_healthy(proc: Supervised, rc: int, url: str, where: str) -> N
             "\n  hint: the project's vLLM plugin did not load (is slurm-grpo installed with `pip install -e .` "
             "in the job's environment, and is there no folder named 'trainer' shadowing it in the cwd?)"
         )
-    cause = engine_cause(tail(proc.log_path, 2000, max_bytes=1_000_000))
-    if cause:
-        hint = f"\n  the engine core's error: {cause}" + hint
+    hint = _engine_error(proc.log_path) + hint
     return NodeFailure(
         f"{where}: vLLM server {proc.describe()} exited with code {rc} before it "
         f"was healthy at {url}{hint}\n  last lines of {proc.log_path}:\n{tail(proc.log_path)}"
@@ -394,12 +406,7 @@ def supervise(
         rc = vllm.poll()
         if rc is not None and not stop_requested:
             run.events(Event.VLLM_EXIT, code=rc)
-            cause = engine_cause(tail(vllm.log_path, 2000, max_bytes=1_000_000))
-            raise NodeFailure(
-                f"{run.where}: vLLM server {vllm.describe()} died with code {rc} during training; "
-                f"stopping the node's trainer ranks" + (f"\n  the engine core's error: {cause}" if cause else "")
-                + f"\n  last lines of {vllm.log_path}:\n{tail(vllm.log_path)}"
-            )
+            raise _died_during_training(vllm, rc, run.where)
         rc = trainer.poll()
         if rc is not None:
             run.events(Event.TRAINER_EXIT, code=rc)

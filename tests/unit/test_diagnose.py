@@ -60,7 +60,7 @@ RuntimeError: Engine core initialization failed. See root cause above. Failed co
 
 
 def test_a_server_that_died_starting_names_its_engine_cores_error_not_only_the_api_servers(tmp_path: Path):
-    from launcher.node.bootstrap import _exited_before_healthy
+    from launcher.node.bootstrap import _died_during_training, _exited_before_healthy
     from launcher.node.diagnose import engine_cause
 
     assert engine_cause(ENGINE_FAILED).startswith("ValueError: No valid MLA prefill backend found")
@@ -77,3 +77,6 @@ def test_a_server_that_died_starting_names_its_engine_cores_error_not_only_the_a
     assert "node 0 (gpu7): vLLM server vllm (pid 4316) exited with code 1" in msg
     assert "the engine core's error: ValueError: No valid MLA prefill backend" in msg, msg
     assert str(Server.log_path) in msg and "Engine core initialization failed" in msg
+    # the same server dying after it was healthy (a worker's error mid-generation): the same line
+    msg = str(_died_during_training(Server(), 0, "node 0 (gpu7)"))  # type: ignore[arg-type]
+    assert "died with code 0 during training" in msg and "the engine core's error: ValueError: No valid MLA" in msg
