@@ -220,6 +220,8 @@ def build(plan: Plan, par: Parallel, preemption: grpo.PreemptionFlag) -> Run:
         backend,
         agents={"rollout_func": ahead} if ahead is not None else agents.trainer_kwargs() if agents else None,
     )
+    if t.importance_ratio_from_loss:  # no extra no-grad forward of each batch for TRL's vLLM importance ratio
+        trl_glue.importance_ratio_from_loss(trainer)
     if t.routing_replay:  # MoE: the trainer's logprob forwards route each token as vLLM did when it sampled it
         RoutingReplay(model, rollout.routes).attach(trainer)
     if ahead is not None:

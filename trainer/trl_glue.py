@@ -41,6 +41,11 @@ it, instead of deep in a job:
  17. GRPOTrainer._get_per_token_logps_and_entropies(model, input_ids, attention_mask, logits_to_keep, ...): every
      logprob forward of the policy (the loss's, the old logprobs' for importance sampling, the reference's); wrapped
      on the instance (`around_logprobs`: trainer.routing_replay replays vLLM's routes in exactly these forwards).
+ 18. GRPOTrainer.vllm_importance_sampling_correction (and _mode, _clip_min, _clip_max), read by
+     _generate_and_score_completions (which then runs the no-grad old-logprobs forward and writes
+     inputs["importance_sampling_ratio"] and the sampling/* figures) and by _compute_loss (which multiplies the loss by
+     that ratio right after its own logprob forward); inputs["sampling_per_token_logps"], ["completion_mask"],
+     ["tool_mask"] (`importance_ratio_from_loss`).
 """
 
 from __future__ import annotations
@@ -283,3 +288,81 @@ def qwen2_5_chat_template() -> str:
     from trl.chat_template_utils import qwen2_5_chat_template as template
 
     return template
+
+
+def importance_ratio_from_loss(trainer) -> bool:
+    """(18) The importance ratio against vLLM's logprobs taken from the loss's own forward, not from TRL's extra no-grad
+    forward of the whole batch: True when installed. TRL skips that forward itself when nothing asks for it (one pass
+    over each batch, generation aligned with the gradient accumulation: `_generate_and_score_completions`), except
+    that its vLLM correction always asks; then the weights the loss's forward runs with are those the extra forward
+    would have used, so its logprobs (detached) are the same numbers. The flag is off while TRL scores a batch (no
+    forward, no ratio) and on in the loss, where the ratio and TRL's sampling/* figures are computed per micro-batch
+    exactly as TRL computes them per batch (a min or max figure is then the mean of the micro-batches' minima or maxima)."""
+    args = trainer.args
+    aligned = args.gradient_accumulation_steps % (args.steps_per_generation * trainer.num_iterations) == 0
+    if not (trainer.use_vllm and trainer.vllm_importance_sampling_correction and aligned and trainer.num_iterations == 1):
+        return False
+    if trainer.loss_type == "vespo":  # its loss reads the ratio before the forward
+        return False
+    score = trainer._generate_and_score_completions
+    loss = trainer._compute_loss
+
+    def generate_and_score(inputs):
+        trainer.vllm_importance_sampling_correction = False
+        try:
+            return score(inputs)
+        finally:
+            trainer.vllm_importance_sampling_correction = True
+
+    def compute_loss(model, inputs):
+        forward = trainer._get_per_token_logps_and_entropies  # as wrapped now (routing replay's included)
+
+        def first_forward(*a, **kw):
+            trainer._get_per_token_logps_and_entropies = forward  # the loss's own forward only, not the reference's
+            out = forward(*a, **kw)
+            inputs["importance_sampling_ratio"] = _importance_ratio(trainer, out[0].detach(), inputs)
+            return out
+
+        trainer._get_per_token_logps_and_entropies = first_forward
+        try:
+            return loss(model, inputs)
+        finally:
+            trainer._get_per_token_logps_and_entropies = forward
+
+    trainer._generate_and_score_completions = generate_and_score
+    trainer._compute_loss = compute_loss
+    return True
+
+
+def _importance_ratio(trainer, logps: torch.Tensor, inputs: dict[str, Any]) -> torch.Tensor:
+    """TRL 1.16's vLLM importance ratio and its figures (`_generate_and_score_completions`), from `logps`."""
+    sampling = inputs["sampling_per_token_logps"]
+    mask = inputs["completion_mask"] if inputs.get("tool_mask") is None else inputs["completion_mask"] * inputs["tool_mask"]
+    diff = torch.nan_to_num((logps - sampling) * mask, nan=0.0)  # a token vLLM could not score: ratio 1
+    mode = trainer.vllm_importance_sampling_mode
+    sequence = mode in ("sequence_mask", "sequence_truncate")
+    ratio = torch.exp(diff.sum(dim=-1, keepdim=True) if sequence else diff)
+    low, high = trainer.vllm_importance_sampling_clip_min, trainer.vllm_importance_sampling_clip_max
+    if mode in ("sequence_truncate", "token_truncate"):
+        ratio = torch.clamp(ratio, min=low, max=high)
+    elif mode in ("sequence_mask", "token_mask"):
+        low_v = -float("inf") if low is None else low
+        high_v = float("inf") if high is None else high
+        ratio = ratio.masked_fill((ratio < low_v) | (ratio > high_v), 0.0)
+    else:
+        raise ValueError(f"unknown vllm_importance_sampling_mode {mode!r}")
+    metrics = trainer._metrics["train" if trainer.model.training else "eval"]
+    gather = trainer.accelerator.gather
+    zero = torch.tensor(0.0, device=logps.device)
+    keep = mask.bool()
+    delta = torch.abs(logps - sampling)[keep]
+    delta = delta[~torch.isnan(delta)]
+    metrics["sampling/sampling_logp_difference/mean"].append(gather(delta.mean() if delta.numel() else zero).mean().item())
+    metrics["sampling/sampling_logp_difference/max"].append(gather(delta.max() if delta.numel() else zero).max().item())
+    flat = ratio.flatten() if sequence else ratio[keep]
+    for name, reduce in (("min", torch.min), ("mean", torch.mean), ("max", torch.max)):
+        value = gather(reduce(flat) if flat.numel() else zero)
+        metrics[f"sampling/importance_sampling_ratio/{name}"].append(
+            {"min": value.min(), "mean": value.nanmean(), "max": value.max()}[name].item()
+        )
+    return ratio

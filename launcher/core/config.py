@@ -392,6 +392,8 @@ class TrainerConfig:
     """Recompute each decoder layer's activations in the backward instead of keeping them (less memory, about a third more compute); TRL's GRPOConfig default too."""
     routing_replay: bool = False
     """MoE models (qwen3_moe, qwen2_moe, olmoe, mixtral, gpt_oss): the trainer's forward and backward route each token to the experts vLLM routed it to when generating (vLLM --enable-return-routed-experts, Model Runner V2: GPU only), so its logprobs match vLLM's routing; the router still gets gradients."""
+    importance_ratio_from_loss: bool = True
+    """Take the importance ratio against vLLM's logprobs (trainer.grpo's vllm_importance_sampling_*) from the training forward's own logprobs, instead of TRL's extra no-grad forward of the whole batch before the first micro-step: the weights do not move between the two (one pass over each batch, generation aligned with the gradient accumulation), so they are the same logprobs. Saves about a fifth of the training time; where TRL's conditions for it do not hold (num_iterations > 1, vespo) TRL's forward stays."""
     cpu_offload: bool = False
     """Keep the sharded fp32 parameters, gradients and optimizer state in host memory (FSDP2 CPUOffloadPolicy; the optimizer step runs on the CPU): a big model on few GPUs."""
     report_to: list[Literal["wandb", "tensorboard", "none"]] = field(default_factory=list)

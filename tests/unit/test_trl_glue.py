@@ -248,3 +248,100 @@ def test_17_the_logprob_computation_takes_the_batch_and_runs_the_forwards():
     trl_glue.around_logprobs(obj, ctx)
     assert obj._get_per_token_logps_and_entropies(1, 2, batch_size=3) == ((1, 2), {"batch_size": 3})
     assert seen == ["in", "call", "out"]
+
+
+def _train_one_step(model_dir: str, job_dir, from_loss: bool, mode: str) -> tuple[dict, int, list[dict]]:
+    """A real TRL GRPOTrainer (the project's GRPOConfig, vLLM server mode) for one optimizer step of two micro-steps, its
+    generation backend a stand-in at the process boundary: fixed completions with vLLM logprobs of -2.0 a token, so
+    the importance ratio is not 1. Returns the parameters after the step, the logprob forwards run, the logged records."""
+    from datasets import Dataset
+    from transformers import AutoModelForCausalLM, AutoTokenizer, TrainerCallback
+
+    from launcher.core import config
+
+    torch.manual_seed(0)
+    t = config.from_dict(
+        {
+            "job": {"device": "cpu"},
+            "vllm": {"model": model_dir},
+            "trainer": {
+                "dtype": "float32",
+                "per_device_train_batch_size": 4,
+                "num_generations": 4,
+                "max_completion_length": 3,
+                "activation_checkpointing": False,
+                "learning_rate": 0.1,
+                "grpo": {"gradient_accumulation_steps": 2, "vllm_importance_sampling_mode": mode},
+            },
+        }
+    ).trainer
+
+    class Backend:  # TRL's VLLMGeneration, as trainer.rollout.node.TrlAdapter is
+        def __init__(self, **kw):
+            self.vllm_client = SimpleNamespace(get_server_info=lambda: {"model_config": {"logprobs_mode": "processed_logprobs"}})
+
+        def generate(self, prompts, images, num_generations, profiler=None):
+            completions = [[5 + i % 3, 7, 9 + i % 2] for i in range(len(prompts))]
+            return prompts, completions, [[[-2.0] for _ in c] for c in completions], None
+
+        def sync_weights(self):
+            pass
+
+    records: list[dict] = []
+
+    class Logs(TrainerCallback):
+        def on_log(self, args, state, control, logs=None, **kw):
+            records.append(dict(logs or {}))
+
+    def reward(prompts, completions, completion_ids, **kw):
+        return [float(ids[0]) for ids in completion_ids]  # rewards differ within each group: advantages are not 0
+
+    args = trl_glue.grpo_config(job_dir, t, "cpu", max_steps=1)
+    model = AutoModelForCausalLM.from_pretrained(model_dir)
+    with trl_glue.trl_generation_backend(Backend):
+        from trl import GRPOTrainer
+
+        tr = GRPOTrainer(
+            model=model,
+            reward_funcs=[reward],
+            args=args,
+            train_dataset=Dataset.from_list([{"prompt": f"count {i}"} for i in range(8)]),
+            processing_class=AutoTokenizer.from_pretrained(model_dir),
+            callbacks=[Logs()],
+        )
+    assert trl_glue.importance_ratio_from_loss(tr) if from_loss else True
+    forwards = [0]
+    inner = tr._get_per_token_logps_and_entropies
+
+    def counted(*a, **k):
+        forwards[0] += 1
+        return inner(*a, **k)
+
+    tr._get_per_token_logps_and_entropies = counted  # type: ignore[method-assign]
+    tr.train()
+    return {n: p.detach().clone() for n, p in model.named_parameters()}, forwards[0], records
+
+
+@pytest.mark.parametrize("mode", ["token_truncate", "sequence_mask"])
+def test_18_the_importance_ratio_from_the_loss_trains_as_trls_extra_forward_does_without_it(tiny_model, tmp_path, mode):
+    """TRL's vLLM importance ratio taken from the loss's own forward: the same parameters after the step and the same
+    figures, one logprob forward per micro-step instead of TRL's extra forward of the whole batch first."""
+    src = grpo_src("_generate_and_score_completions")
+    assert "self.use_vllm and self.vllm_importance_sampling_correction" in src and "old_per_token_logps" in src
+    assert 'inputs["importance_sampling_ratio"]' in grpo_src("_compute_loss")
+    theirs, their_forwards, their_logs = _train_one_step(tiny_model, tmp_path / "a", False, mode)
+    ours, our_forwards, our_logs = _train_one_step(tiny_model, tmp_path / "b", True, mode)
+    assert (their_forwards, our_forwards) == (3, 2), "TRL: the batch's old logprobs, then each micro-step's loss"
+    moved = max((theirs[n] - p).abs().max().item() for n, p in ours.items())
+    assert moved < 1e-5, f"the step differs by {moved}"
+    first = {k: v for k, v in their_logs[0].items() if k.startswith("sampling/")}
+    assert first and first["sampling/importance_sampling_ratio/mean"] != 1.0
+    for k, v in first.items():  # a batch's min and max: ours the mean of its micro-batches' (within TRL's bounds)
+        if k.endswith("/mean"):
+            assert our_logs[0][k] == pytest.approx(v, rel=1e-4), k
+        else:
+            assert (v <= our_logs[0][k] + 1e-6) if k.endswith("/min") else (our_logs[0][k] <= v + 1e-6), k
+    # TRL's conditions for skipping its forward do not hold: left as it is
+    args = SimpleNamespace(gradient_accumulation_steps=2, steps_per_generation=2)
+    many = SimpleNamespace(args=args, use_vllm=True, vllm_importance_sampling_correction=True, num_iterations=2, loss_type="dapo")
+    assert trl_glue.importance_ratio_from_loss(many) is False
