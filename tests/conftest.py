@@ -33,6 +33,15 @@ def tiny_model(tmp_path_factory) -> str:
     return str(d)
 
 
+def cpu_trainer(model_dir: str, **trainer):
+    """The trainer section a test's real TRL GRPOTrainer on CPU runs with: float32, no activation checkpointing, the
+    given fields (per_device_train_batch_size, num_generations, max_completion_length, grpo, ...)."""
+    from launcher.core import config
+
+    fields = {"dtype": "float32", "activation_checkpointing": False, **trainer}
+    return config.from_dict({"job": {"device": "cpu"}, "vllm": {"model": model_dir}, "trainer": fields}).trainer
+
+
 def cli(*args: str, env: dict | None = None, timeout: float = 120, cwd: Path = REPO) -> subprocess.CompletedProcess:
     return subprocess.run(
         [PY, "-m", "launcher", *args], capture_output=True, text=True, timeout=timeout, cwd=cwd, env={**os.environ, **(env or {})}

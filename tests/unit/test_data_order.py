@@ -66,23 +66,10 @@ def train(model_dir: str, job_dir: Path, max_steps: int, resume_step: int = 0, c
     from transformers import AutoModelForCausalLM, AutoTokenizer
     from trl import GRPOTrainer
 
-    from launcher.core import config
+    from tests.conftest import cpu_trainer
     from trainer import trl_glue
 
-    t = config.from_dict(
-        {
-            "job": {"device": "cpu"},
-            "vllm": {"model": model_dir},
-            "trainer": {
-                "dtype": "float32",
-                "per_device_train_batch_size": 2,
-                "num_generations": 2,
-                "max_completion_length": 2,
-                "activation_checkpointing": False,
-                "grpo": GRPO,
-            },
-        }
-    ).trainer
+    t = cpu_trainer(model_dir, per_device_train_batch_size=2, num_generations=2, max_completion_length=2, grpo=GRPO)
     generations: list[tuple[int, list[str]]] = []
     trainer: list = []
 

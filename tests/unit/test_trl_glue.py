@@ -257,24 +257,13 @@ def _train_one_step(model_dir: str, job_dir, from_loss: bool, mode: str) -> tupl
     from datasets import Dataset
     from transformers import AutoModelForCausalLM, AutoTokenizer, TrainerCallback
 
-    from launcher.core import config
+    from tests.conftest import cpu_trainer
 
     torch.manual_seed(0)
-    t = config.from_dict(
-        {
-            "job": {"device": "cpu"},
-            "vllm": {"model": model_dir},
-            "trainer": {
-                "dtype": "float32",
-                "per_device_train_batch_size": 4,
-                "num_generations": 4,
-                "max_completion_length": 3,
-                "activation_checkpointing": False,
-                "learning_rate": 0.1,
-                "grpo": {"gradient_accumulation_steps": 2, "vllm_importance_sampling_mode": mode},
-            },
-        }
-    ).trainer
+    grpo = {"gradient_accumulation_steps": 2, "vllm_importance_sampling_mode": mode}
+    t = cpu_trainer(
+        model_dir, per_device_train_batch_size=4, num_generations=4, max_completion_length=3, learning_rate=0.1, grpo=grpo
+    )
 
     class Backend:  # TRL's VLLMGeneration, as trainer.rollout.node.TrlAdapter is
         def __init__(self, **kw):
