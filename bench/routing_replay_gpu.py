@@ -128,6 +128,7 @@ def main(argv: list[str] | None = None) -> int:
                 f"from bench.routing_replay_gpu import build_model; from pathlib import Path; build_model(Path({str(model)!r}), {a.family!r})",
             ],
             check=True,
+            cwd=Path(__file__).resolve().parent.parent,  # the repository: `bench` importable
         )
     arms = {"both": (False, True), "off": (False,), "on": (True,)}[a.run]
     runs: dict[bool, list[dict]] = {}

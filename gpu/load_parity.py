@@ -21,27 +21,28 @@ def main() -> int:
     ap.add_argument("--out", default="")
     a = ap.parse_args()
     import torch
-    from transformers import AutoModelForCausalLM, AutoTokenizer
+    from transformers import AutoModelForCausalLM
     from vllm import LLM, SamplingParams
 
     prompts = ["hello world, the", "Count the letters in banana:", "1 2 3 4"]
     llm = LLM(model=a.model, dtype=a.dtype, max_model_len=256, gpu_memory_utilization=0.3, seed=0)
     outs = llm.generate(prompts, SamplingParams(max_tokens=a.tokens, temperature=0, logprobs=0))
-    vllm_lp = [[next(iter(d.values())).logprob for d in o.outputs[0].logprobs] for o in outs]
+    vllm_lp = [[d[t].logprob for t, d in zip(o.outputs[0].token_ids, o.outputs[0].logprobs, strict=True)] for o in outs]
     del llm
     device = "cuda" if torch.cuda.is_available() else "cpu"
     model = AutoModelForCausalLM.from_pretrained(a.model, dtype=getattr(torch, a.dtype)).to(device)
-    tok = AutoTokenizer.from_pretrained(a.model)
     diffs: list[float] = []
-    for prompt, o, lps in zip(prompts, outs, vllm_lp, strict=True):
+    for prompt, o, lps in zip(prompts, outs, vllm_lp, strict=True):  # the prompt's ids as vLLM tokenized it
         completion = list(o.outputs[0].token_ids)
-        ids = tok(prompt)["input_ids"] + completion
+        ids = list(o.prompt_token_ids) + completion
         with torch.no_grad():
             logp = torch.log_softmax(model(torch.tensor([ids], device=device)).logits[0].float(), -1)
         start = len(ids) - len(completion)
         hf = [logp[start - 1 + i, t].item() for i, t in enumerate(completion)]
         diffs += [abs(x - y) for x, y in zip(lps, hf, strict=True)]
         print(f"{prompt!r}: vLLM {[round(x, 3) for x in lps[:6]]} transformers {[round(x, 3) for x in hf[:6]]}")
+    if not diffs:
+        raise SystemExit("vLLM generated no tokens: nothing to compare")
     res = {"model": a.model, "dtype": a.dtype, "max_abs": max(diffs), "mean_abs": sum(diffs) / len(diffs), "tokens": len(diffs)}
     print(json.dumps(res))
     if a.out:

@@ -6,13 +6,14 @@
 set -uo pipefail
 cd "$(dirname "$0")/.."
 O=${OUT:-/tmp/out}
+mkdir -p "$O"
 rc=0
 tags=()
 while IFS='|' read -r tag steps limit builder extra; do
   [ -n "$tag" ] || continue
   mkdir -p "/tmp/o-$tag"
   OUT="/tmp/o-$tag" TAG="$tag" STEPS="$steps" RUN_TIMEOUT="$limit" FLOOR=0 MODEL_BUILDER="$builder" EXTRA="$extra" \
-    bash gpu/device.sh > "/tmp/o-$tag/device.out" 2>&1
+    bash gpu/device.sh > "/tmp/o-$tag/device.out" 2>&1 < /dev/null  # not the RUNS lines this loop reads
   r=$?
   echo "== $tag: exit $r"; grep -E "summary:|vLLM healthy|FAILED|engine core's error" "/tmp/o-$tag/device.out" | cut -c1-400
   [ "$r" = 0 ] || rc=$r

@@ -357,14 +357,19 @@ class Body(NamedTuple):
     vocab: int
 
 
-MLA_RELEASED = {
-    "deepseek_v3": {"qk_nope_head_dim": 128, "v_head_dim": 128, "kv_lora_rank": 512, "q_lora_rank": 1536},
-    "deepseek_v2": {"qk_nope_head_dim": 128, "v_head_dim": 128, "kv_lora_rank": 512},
+DEEPSEEK_V3_MLA: dict[str, Any] = {"qk_nope_head_dim": 128, "v_head_dim": 128, "kv_lora_rank": 512, "q_lora_rank": 1536}
+MLA_RELEASED: dict[str, dict[str, Any]] = {
+    "deepseek_v3": DEEPSEEK_V3_MLA,
+    "deepseek_v32": DEEPSEEK_V3_MLA,
+    "deepseek_v2": {**DEEPSEEK_V3_MLA, "q_lora_rank": None},
     "glm4_moe_lite": {"qk_nope_head_dim": 192, "v_head_dim": 256, "kv_lora_rank": 512, "q_lora_rank": 768},
+    "glm_moe_dsa": {"qk_nope_head_dim": 192, "v_head_dim": 256, "kv_lora_rank": 512, "q_lora_rank": 2048},
+    "hy_v4": DEEPSEEK_V3_MLA,  # DeepSeek-V3's layout
+    "axk1": DEEPSEEK_V3_MLA,
 }
 """The released models' MLA widths (rope 64 in all), taken at --head-dim 128 and above: vLLM's GPU MLA prefill serves
 only the released shapes (FlashAttention: nope/rope/v 128/64/128, 192/64/256 or 64/64/128; H100, 2026-12-06: the CPU
-matrix's 64/64/64 found no backend), its decode kernels the 512-wide latent."""
+matrix's 64/64/64 found no backend), its decode kernels the 512-wide latent. Every family built on MLA below."""
 
 
 def mla_sized(family: str) -> Callable[[Body], dict[str, Any]]:

@@ -318,8 +318,14 @@ def importance_ratio_from_loss(trainer) -> bool:
         forward = trainer._get_per_token_logps_and_entropies  # as wrapped now (routing replay's included)
 
         def first_forward(*a, **kw):
-            trainer._get_per_token_logps_and_entropies = forward  # the loss's own forward only, not the reference's
+            # _compute_loss's first logprob forward is the policy's own (TRL's reference forward runs while it scores)
+            trainer._get_per_token_logps_and_entropies = forward
             out = forward(*a, **kw)
+            if (a[0] if a else kw.get("model")) is not model:
+                raise RuntimeError(
+                    "trainer.importance_ratio_from_loss: TRL's _compute_loss ran another model's logprob forward first; "
+                    "this TRL is not the pinned 1.16.0 (set trainer.importance_ratio_from_loss: false)"
+                )
             inputs["importance_sampling_ratio"] = _importance_ratio(trainer, out[0].detach(), inputs)
             return out
 

@@ -129,7 +129,8 @@ def engine_method(p: Plan) -> str | None:
 
 def gdn_prefill(p: Plan) -> str | None:
     """Why the server runs Triton's Gated DeltaNet prefill (GDN_PREFILL_TRITON), None where it does not: no GDN layer,
-    no CUDA, or vllm.extra_args already hold an additional config (the user's choice, and vLLM would merge two)."""
+    no CUDA, or vllm.extra_args already hold an additional config (the user's choice: vLLM keeps one of a JSON
+    --additional-config and a dotted one, so ours would drop theirs or be dropped)."""
     if p.device == "cpu" or p.platform != "cuda":
         return None
     if any("additional-config" in a or "additional_config" in a for a in p.config.vllm.extra_args):

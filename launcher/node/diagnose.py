@@ -69,6 +69,7 @@ ENGINE_ERROR_RE = re.compile(r"^\((?:EngineCore|Engine\d+|Worker)[^)]*\) ERROR \
 def engine_cause(text: str) -> str:
     """The exception that stopped vLLM's engine core, from the server's log: the API server's own traceback ends in
     "Engine core initialization failed. See root cause above", which is all a log's last lines show."""
+    text = text[max(0, text.rfind("===== ")) :]  # the log's latest start (Proc writes this header at each)
     for line in text.splitlines():
         m = ENGINE_ERROR_RE.match(line.strip())
         cause = CAUSE_RE.match(m.group(1).strip()) if m else None

@@ -65,6 +65,9 @@ def test_a_server_that_died_starting_names_its_engine_cores_error_not_only_the_a
 
     assert engine_cause(ENGINE_FAILED).startswith("ValueError: No valid MLA prefill backend found")
     assert engine_cause(ENGINE_FAILED.replace("ValueError: No valid", "No valid")) == ""  # no exception line: nothing
+    # a restart in the same log (appended): its own error, not the first start's
+    restart = ENGINE_FAILED.replace("ValueError: No valid MLA", "RuntimeError: CUDA out of memory; not MLA")
+    assert engine_cause(ENGINE_FAILED + restart).startswith("RuntimeError: CUDA out of memory")
 
     class Server:  # the supervised process as the message reads it
         log_path = tmp_path / "node0-vllm.log"

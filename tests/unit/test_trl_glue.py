@@ -323,6 +323,9 @@ def test_18_the_importance_ratio_from_the_loss_trains_as_trls_extra_forward_does
     assert (their_forwards, our_forwards) == (3, 2), "TRL: the batch's old logprobs, then each micro-step's loss"
     moved = max((theirs[n] - p).abs().max().item() for n, p in ours.items())
     assert moved < 1e-5, f"the step differs by {moved}"
+    # AdamW's first step is about lr x sign(grad): the loss and the gradient's norm show the ratio's weighting itself
+    for k in ("loss", "grad_norm"):
+        assert our_logs[0][k] == pytest.approx(their_logs[0][k], rel=1e-4), k
     first = {k: v for k, v in their_logs[0].items() if k.startswith("sampling/")}
     assert first and first["sampling/importance_sampling_ratio/mean"] != 1.0
     for k, v in first.items():  # a batch's min and max: ours the mean of its micro-batches' (within TRL's bounds)
