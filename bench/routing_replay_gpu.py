@@ -30,11 +30,23 @@ STOP_GRACE_S = 60
 """A run past its limit: how long `slurm-grpo local` gets after SIGTERM to stop its vLLM server and trainer."""
 
 
-def build_model(path: Path, family: str, device: str = "cuda") -> None:
-    """A random bf16 MoE body with the project's tokenizer (trainer.tiny_model's make-tiny-model, experts resized)."""
-    from trainer.tiny_model import make_tiny_model
+BUILD_TIMEOUT_S = 300
+"""The model's build (about 20 s on a GPU)."""
 
-    make_tiny_model(path, dtype="bfloat16", family=family, device=device, **SHAPE, **EXPERTS)  # type: ignore[arg-type]
+
+def build_model(path: Path, family: str, device: str = "cuda") -> None:
+    """A random bf16 MoE body with the project's tokenizer (`make-tiny-model`, experts resized), built in a child
+    process: a CUDA context left in this one would make the launcher refuse the GPU as in use (2026-12-06)."""
+    size = {**SHAPE, **EXPERTS}
+    flags = {"hidden": "--hidden", "layers": "--layers", "vocab": "--vocab", "kv_heads": "--kv-heads",
+             "intermediate": "--intermediate", "head_dim": "--head-dim", "experts": "--experts",
+             "experts_per_token": "--top-k", "expert_intermediate": "--moe-intermediate"}  # fmt: skip
+    argv = [a for key, flag in flags.items() for a in (flag, str(size[key]))]
+    cmd = [sys.executable, "-m", "trainer.tiny_model", str(path), "--family", family, "--dtype", "bfloat16", "--device", device]
+    try:
+        subprocess.run(cmd + argv, check=True, timeout=BUILD_TIMEOUT_S, cwd=Path(__file__).resolve().parent.parent)
+    except subprocess.TimeoutExpired as e:
+        raise SystemExit(f"bench.routing_replay_gpu: building the model in {path} took over {BUILD_TIMEOUT_S} s") from e
 
 
 def run_job(
@@ -120,16 +132,7 @@ def main(argv: list[str] | None = None) -> int:
     model = work / f"model-replay-{a.family}"
     out.mkdir(parents=True, exist_ok=True)
     if not (model / "config.json").exists():
-        # in a child process: a CUDA context left in this one would make the launcher refuse the GPU as in use
-        subprocess.run(
-            [
-                sys.executable,
-                "-c",
-                f"from bench.routing_replay_gpu import build_model; from pathlib import Path; build_model(Path({str(model)!r}), {a.family!r})",
-            ],
-            check=True,
-            cwd=Path(__file__).resolve().parent.parent,  # the repository: `bench` importable
-        )
+        build_model(model, a.family)
     arms = {"both": (False, True), "off": (False,), "on": (True,)}[a.run]
     runs: dict[bool, list[dict]] = {}
     for replay in (False, True):

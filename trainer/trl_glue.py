@@ -366,9 +366,12 @@ def _importance_ratio(trainer, logps: torch.Tensor, inputs: dict[str, Any]) -> t
     metrics["sampling/sampling_logp_difference/mean"].append(gather(delta.mean() if delta.numel() else zero).mean().item())
     metrics["sampling/sampling_logp_difference/max"].append(gather(delta.max() if delta.numel() else zero).max().item())
     flat = ratio.flatten() if sequence else ratio[keep]
-    for name, reduce in (("min", torch.min), ("mean", torch.mean), ("max", torch.max)):
-        value = gather(reduce(flat) if flat.numel() else zero)
+    for name, reduce, across_ranks in (
+        ("min", torch.min, torch.min),
+        ("mean", torch.mean, torch.nanmean),
+        ("max", torch.max, torch.max),
+    ):
         metrics[f"sampling/importance_sampling_ratio/{name}"].append(
-            {"min": value.min(), "mean": value.nanmean(), "max": value.max()}[name].item()
+            across_ranks(gather(reduce(flat) if flat.numel() else zero)).item()
         )
     return ratio

@@ -243,3 +243,23 @@ def test_an_mla_body_of_gpu_width_has_widths_vllms_gpu_mla_prefill_serves(family
     assert isinstance(shape, ModelShape)
     if not shape.approximate:  # HY-V4: its estimate says what it leaves out
         assert shape.params == pytest.approx(built, rel=5e-4)
+
+
+def test_the_replay_bench_builds_its_body_in_a_child_process_with_its_sizes(tmp_path, monkeypatch):
+    """bench/routing_replay_gpu.py builds its model with `make-tiny-model` in a child process (a CUDA context left in
+    the bench's own process made the launcher refuse the GPU as in use: 2026-12-06), the bench's sizes reaching it."""
+    import json
+
+    from bench import routing_replay_gpu
+
+    monkeypatch.setattr(
+        routing_replay_gpu,
+        "SHAPE",
+        {**routing_replay_gpu.SHAPE, "hidden": 128, "layers": 2, "vocab": 300, "head_dim": 64, "intermediate": 64},
+    )
+    monkeypatch.setattr(routing_replay_gpu, "EXPERTS", {"experts": 4, "experts_per_token": 2, "expert_intermediate": 32})
+    routing_replay_gpu.build_model(tmp_path / "m", "qwen3_moe", device="cpu")
+    cfg = json.loads((tmp_path / "m" / "config.json").read_text())
+    shape = ModelShape.read(str(tmp_path / "m"))  # the launcher's reading, whatever fields transformers wrote
+    assert shape is not None and (shape.experts, shape.experts_per_token, shape.expert_intermediate) == (4, 2, 32)
+    assert (shape.hidden, shape.layers, shape.head_dim, cfg["dtype"]) == (128, 2, 64, "bfloat16")
