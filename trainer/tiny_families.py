@@ -16,6 +16,7 @@ from __future__ import annotations
 from collections.abc import Callable
 from typing import Any, NamedTuple
 
+from launcher.core.plan import NEVER_TIED_FAMILIES
 from trainer.tiny_layers import MIN_LAYERS, layer_fields
 
 OMIT: Any = object()
@@ -448,7 +449,8 @@ def config_fields(
         "eos_token_id": token_id,
         "bos_token_id": token_id,
         "pad_token_id": token_id,
-        "tie_word_embeddings": tie,
+        # vLLM serves these with their own lm_head: a tied body would generate from a head never loaded
+        "tie_word_embeddings": tie and family not in NEVER_TIED_FAMILIES,
         "torch_dtype": dtype,
         **tiny,
         **(SIZED[family](Body(layers, hidden, heads, kv_heads, head_dim, vocab)) if family in SIZED else {}),

@@ -101,7 +101,8 @@ def make_tiny_model(
     the hub). The defaults make the CPU test model; the
         transformer body of Qwen2-0.5B is hidden 896, 24 layers, kv_heads 2, intermediate 4864 (the
         vocabulary stays this tokenizer's: a random model samples every id of its vocabulary). tie=False gives a
-    separate lm_head (as 7B+ models have); max_shard_size (e.g. "50MB") writes several safetensors files and an index.
+    separate lm_head (as 7B+ models have; a family vLLM serves with its own lm_head, DeepSeek's, gpt-oss's,
+    launcher.core.plan.NEVER_TIED_FAMILIES, always has one); max_shard_size (e.g. "50MB") writes several safetensors files and an index.
     experts, experts_per_token, expert_intermediate: an MoE family's routed experts, top-k and expert width (0 keeps
     the tiny default of trainer.tiny_families.MOE). layers: None = 2 (trainer.tiny_layers.TINY_LAYERS: nemotron_h 4); a
     hybrid family's layers follow its released layer pattern at any count (trainer.tiny_layers)."""
@@ -216,7 +217,11 @@ def main(argv: list[str] | None = None) -> int:
         help=f"each expert's MLP width (moe_intermediate_size, or intermediate_size where the family has no such field){moe}",
     )
     ap.add_argument("--device", default="cpu", help="where to initialise the weights (cuda is much faster for big bodies)")
-    ap.add_argument("--untied", action="store_true", help="a separate lm_head instead of the tied embedding")
+    ap.add_argument(
+        "--untied",
+        action="store_true",
+        help="a separate lm_head instead of the tied embedding (always, for the families vLLM serves untied: DeepSeek, gpt-oss, ...)",
+    )
     ap.add_argument("--max-shard-size", default=None, help="split the weights into safetensors files of this size, e.g. 2GB")
     a = ap.parse_args(argv)
     try:

@@ -214,9 +214,35 @@ NO_GQA_FAMILIES = frozenset({"gpt_neox"})
 (its Transformers backend) sizes the served attention by it: a config.json carrying fewer would be served wrong."""
 
 
-ALWAYS_TIED_FAMILIES = frozenset({"cohere", "cohere2", "lfm2", "lfm2_moe", "zamba2"})
+ALWAYS_TIED_FAMILIES = frozenset({"cohere", "cohere2", "cohere2_moe", "gemma2", "gemma3n_text", "lfm2", "lfm2_moe", "zamba2"})
 """Families whose vLLM 0.32 class computes logits from the embedding whatever the config says (Cohere drops the
-checkpoint's lm_head; LFM2, LFM2-MoE and Zamba2 tie it): an untied checkpoint would be served with the wrong head."""
+checkpoint's lm_head; Gemma-2 and Gemma-3n have none; LFM2, LFM2-MoE and Zamba2 tie it): an untied checkpoint would be
+served with the wrong head."""
+
+
+NEVER_TIED_FAMILIES = frozenset(
+    {
+        "afmoe",
+        "axk1",
+        "deepseek_v2",
+        "deepseek_v3",
+        "deepseek_v32",
+        "glm4_moe",
+        "glm4_moe_lite",
+        "glm_moe_dsa",
+        "gpt_oss",
+        "jamba",
+        "minimax_m2",
+        "mimo_v2_flash",
+        "nemotron_h",
+        "olmoe",
+        "qwen3_next",
+    }
+)
+"""Families whose vLLM 0.32 class keeps its own lm_head whatever the config says: a tied checkpoint holds no
+lm_head.weight, so vLLM would generate from a head never loaded (a tiny tied DeepSeek-V3 on an H100: uniform logprobs,
+parity 1.99 from the first push; NaN on CPU). The released models of these families are all untied.
+tests/unit/test_families.py reads each family's vLLM class to keep this and ALWAYS_TIED_FAMILIES true."""
 
 
 def check_family(model: str) -> None:
@@ -239,6 +265,11 @@ def check_family(model: str) -> None:
         raise ConfigError(
             f"vllm.model: {model_type} with tie_word_embeddings false is not supported: vLLM 0.32 always computes its "
             "logits from the embedding; pick a tied checkpoint"
+        )
+    if model_type in NEVER_TIED_FAMILIES and config.get("tie_word_embeddings") is True:
+        raise ConfigError(
+            f"vllm.model: {model_type} with tie_word_embeddings true is not supported: vLLM 0.32 serves it with its own "
+            "lm_head, which a tied checkpoint lacks; save it untied (lm_head.weight a copy of the embedding)"
         )
 
 

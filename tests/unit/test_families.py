@@ -283,6 +283,57 @@ def test_configs_vllm_would_serve_unlike_transformers_are_refused_at_plan_time(t
     assert str(e.value).startswith("vllm.model: cohere with tie_word_embeddings false is not supported"), e.value
 
 
+def test_the_lm_head_each_familys_vllm_class_serves_is_the_one_plan_and_builder_expect(tmp_path):
+    """Which head vLLM 0.32 computes each family's logits with, read from its class (and bases): its own lm_head whatever
+    the config says (plan.NEVER_TIED_FAMILIES: a tied checkpoint would be served from a head never loaded; a tiny tied
+    DeepSeek-V3 gave uniform logprobs on an H100), the embedding whatever it says (within ALWAYS_TIED_FAMILIES), or as
+    tie_word_embeddings says. The plan refuses a tied checkpoint of the first kind; make-tiny-model builds them untied."""
+    import importlib
+    import importlib.util
+    import inspect
+    import json
+
+    from transformers.models.auto.modeling_auto import MODEL_FOR_CAUSAL_LM_MAPPING_NAMES
+    from vllm.model_executor.models.registry import _VLLM_MODELS
+
+    from launcher.core import config as C
+    from launcher.core.plan import ALWAYS_TIED_FAMILIES, NEVER_TIED_FAMILIES, plan
+    from trainer.tiny_families import config_fields
+
+    def head(family: str) -> str:
+        module, cls = _VLLM_MODELS[MODEL_FOR_CAUSAL_LM_MAPPING_NAMES[family]]
+        module = module if module.startswith("vllm.") else f"vllm.model_executor.models.{module}"
+        try:
+            served = getattr(importlib.import_module(module), cls)
+            source = "".join(inspect.getsource(k) for k in served.__mro__ if k.__module__.startswith("vllm."))
+        except ImportError:  # Qwen3.5's module imports its vision side's torchvision: its whole file then
+            source = Path(importlib.util.find_spec(module).origin).read_text()  # type: ignore[union-attr, arg-type]
+        if "tie_word_embeddings" in source or "tie_weights" in source:
+            return "as configured"
+        return "own" if "ParallelLMHead(" in source else "embedding"
+
+    heads = {family: head(family) for family in FAMILIES}
+    assert {f for f, h in heads.items() if h == "own"} == NEVER_TIED_FAMILIES, heads
+    assert {f for f, h in heads.items() if h == "embedding"} <= ALWAYS_TIED_FAMILIES, heads
+    for family in NEVER_TIED_FAMILIES:
+        fields = config_fields(
+            family, vocab=300, hidden=128, layers=4, heads=2, kv_heads=1, head_dim=64, intermediate=256, tie=True,
+            token_id=0, dtype="float32",
+        )  # fmt: skip
+        assert fields["tie_word_embeddings"] is False, family
+    body = {"architectures": ["DeepseekV3ForCausalLM"], "model_type": "deepseek_v3", "hidden_size": 256, "vocab_size": 1000}
+    for tied in (True, False):
+        (tmp_path / "config.json").write_text(json.dumps(body | {"tie_word_embeddings": tied}))
+        cfg = C.from_dict({"vllm": {"model": str(tmp_path)}, "slurm": {"gpus_per_node": 2}})
+        if not tied:
+            plan(cfg, str(tmp_path / "j"))
+            continue
+        with pytest.raises(C.ConfigError) as e:
+            plan(cfg, str(tmp_path / "j"))
+        msg = str(e.value)
+        assert msg.startswith("vllm.model: deepseek_v3 with tie_word_embeddings true is not supported") and len(msg) <= 220, msg
+
+
 def test_nonpersistent_buffers_are_computed_by_the_model_from_pretrained_uses(tmp_path):
     """Buffers no checkpoint holds, set by an ancestor's `_init_weights` (Falcon-H1's model sets each mixer's
     mup_vector) or by an inner transformers model's own (Gemma-3n's text model reads its hidden_size): the loader's
