@@ -138,7 +138,8 @@ MOE: dict[str, dict[str, Any]] = {
     },
     "olmoe": {"num_experts": 3, "num_experts_per_tok": 2},
     "mixtral": {"num_local_experts": 3, "num_experts_per_tok": 2},
-    "deepseek_v3": {**DEEPSEEK_MOE, **MLA, "n_group": 1, "topk_group": 1, "topk_method": "noaux_tc"},
+    # scoring_func as the released config.json files carry it (launcher.core.plan.ROUTER_FIELDS: vLLM defaults to softmax)
+    "deepseek_v3": {**DEEPSEEK_MOE, **MLA, "n_group": 1, "topk_group": 1, "topk_method": "noaux_tc", "scoring_func": "sigmoid"},
     "deepseek_v2": {**DEEPSEEK_MOE, **MLA, "q_lora_rank": None},
     "glm4_moe": DEEPSEEK_MOE,
     "glm4_moe_lite": {**DEEPSEEK_MOE, **MLA},
@@ -268,8 +269,16 @@ MOE: dict[str, dict[str, Any]] = {
         },
     },
     # DeepSeek-V3.2: V3's MLA and experts plus the sparse-attention indexer (a small one: 2 heads, the top 8 tokens)
-    "deepseek_v32": {**DEEPSEEK_MOE, **MLA, **DSA_INDEXER, "n_group": 1, "topk_group": 1, "topk_method": "noaux_tc"},
-    "glm_moe_dsa": {**DEEPSEEK_MOE, **MLA, **DSA_INDEXER},  # GLM-5: the same layout, GLM's router
+    "deepseek_v32": {
+        **DEEPSEEK_MOE,
+        **MLA,
+        **DSA_INDEXER,
+        "n_group": 1,
+        "topk_group": 1,
+        "topk_method": "noaux_tc",
+        "scoring_func": "sigmoid",
+    },
+    "glm_moe_dsa": {**DEEPSEEK_MOE, **MLA, **DSA_INDEXER, "scoring_func": "sigmoid"},  # GLM-5: the same layout, GLM's router
     "hy_v4": {**DEEPSEEK_MOE, **MLA, **DSA_INDEXER, "topk_group": 1},  # HY-V4: MLA, DSA, DeepSeek-style experts
 }
 

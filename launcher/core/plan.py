@@ -245,6 +245,17 @@ parity 1.99 from the first push; NaN on CPU). The released models of these famil
 tests/unit/test_families.py reads each family's vLLM class to keep this and ALWAYS_TIED_FAMILIES true."""
 
 
+ROUTER_FIELDS = {
+    "deepseek_v3": ("scoring_func", "sigmoid"),
+    "deepseek_v32": ("scoring_func", "sigmoid"),
+    "glm_moe_dsa": ("scoring_func", "sigmoid"),
+}
+"""model_type -> (config field, the value transformers always routes with) for families whose vLLM 0.32 router
+(DeepseekV2MoE) reads that field and defaults to softmax: a config.json without it (one written by transformers 5.19's
+config class, which has no such field) is served with other expert weights than the trainer's (a tiny DeepSeek-V3 on
+vLLM's CPU build, fp32: logprobs 0.22 apart; with the field 1.9e-6). The released config.json files carry it."""
+
+
 def check_family(model: str) -> None:
     """The model's family is one whose trained weights reach vLLM and whose config both sides read alike (a model
     folder not readable here is not checked)."""
@@ -265,6 +276,13 @@ def check_family(model: str) -> None:
         raise ConfigError(
             f"vllm.model: {model_type} with tie_word_embeddings false is not supported: vLLM 0.32 always computes its "
             "logits from the embedding; pick a tied checkpoint"
+        )
+    field, value = ROUTER_FIELDS.get(model_type, ("", None))
+    if field and config.get(field) != value:
+        has = f"sets {field} {config[field]}" if field in config else f"has no {field}"
+        raise ConfigError(
+            f"vllm.model: its {model_type} config.json {has}; transformers routes with {value} and vLLM 0.32 by the field "
+            f'(default softmax): set "{field}": "{value}" in it'
         )
     if model_type in NEVER_TIED_FAMILIES and config.get("tie_word_embeddings") is True:
         raise ConfigError(

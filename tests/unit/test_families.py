@@ -283,31 +283,81 @@ def test_configs_vllm_would_serve_unlike_transformers_are_refused_at_plan_time(t
     assert str(e.value).startswith("vllm.model: cohere with tie_word_embeddings false is not supported"), e.value
 
 
+def vllm_class_source(family: str, *, whole_files: bool = False) -> str:
+    """The source of the class vLLM serves the family's architecture with and of its vLLM bases, or with whole_files
+    the files they are in (Qwen3.5's module imports torchvision, which the CPU venv lacks: its whole file then)."""
+    import importlib
+    import importlib.util
+    import inspect
+
+    from transformers.models.auto.modeling_auto import MODEL_FOR_CAUSAL_LM_MAPPING_NAMES
+    from vllm.model_executor.models.registry import _VLLM_MODELS
+
+    module, cls = _VLLM_MODELS[MODEL_FOR_CAUSAL_LM_MAPPING_NAMES[family]]
+    module = module if module.startswith("vllm.") else f"vllm.model_executor.models.{module}"
+    try:
+        served = getattr(importlib.import_module(module), cls)
+    except ImportError:
+        return Path(importlib.util.find_spec(module).origin).read_text()  # type: ignore[union-attr, arg-type]
+    bases = [k for k in served.__mro__ if k.__module__.startswith("vllm.")]
+    return "".join(inspect.getsource(inspect.getmodule(k) if whole_files else k) for k in bases)  # type: ignore[arg-type]
+
+
+def test_a_router_field_vllm_reads_and_transformers_ignores_is_built_in_or_refused(tmp_path):
+    """DeepSeek-V3's router: transformers always scores with sigmoid (its config class has no scoring_func), vLLM
+    0.32's DeepseekV2MoE reads scoring_func and defaults to softmax (a tiny body on vLLM's CPU build, fp32: 0.22 apart,
+    with the field 1.9e-6). Every family whose vLLM class routes through DeepseekV2MoE with a sigmoid router in
+    transformers is in plan.ROUTER_FIELDS; make-tiny-model writes the field; the plan refuses a config.json without it
+    or with another value, in one line with the fix."""
+    import importlib.util
+    import json
+    import re
+
+    from launcher.core import config as C
+    from launcher.core.plan import ROUTER_FIELDS, plan
+    from trainer.tiny_families import config_fields
+
+    vllm_moe = Path(importlib.util.find_spec("vllm.model_executor.models.deepseek_v2").origin).read_text()  # type: ignore[union-attr, arg-type]
+    assert 'scoring_func=getattr(config, "scoring_func", "softmax")' in vllm_moe
+
+    def sigmoid_router(family: str) -> bool:
+        spec = importlib.util.find_spec(f"transformers.models.{family}.modeling_{family}")
+        source = Path(spec.origin).read_text()  # type: ignore[union-attr, arg-type]
+        return bool(re.search(r"class \w+TopkRouter\b[\s\S]*?router_logits\.sigmoid\(\)", source))
+
+    served_so = {f for f in FAMILIES if "DeepseekV2MoE(" in vllm_class_source(f, whole_files=True) and sigmoid_router(f)}
+    assert served_so == set(ROUTER_FIELDS), served_so
+    for family, (field, value) in ROUTER_FIELDS.items():
+        fields = config_fields(
+            family, vocab=300, hidden=128, layers=4, heads=2, kv_heads=1, head_dim=64, intermediate=256, tie=False,
+            token_id=0, dtype="float32",
+        )  # fmt: skip
+        assert fields[field] == value, family
+    body = {"architectures": ["DeepseekV3ForCausalLM"], "model_type": "deepseek_v3", "hidden_size": 256, "vocab_size": 1000}
+    for extra, refused in (({}, "has no scoring_func"), ({"scoring_func": "softmax"}, "sets scoring_func softmax")):
+        (tmp_path / "config.json").write_text(json.dumps(body | extra))
+        with pytest.raises(C.ConfigError) as e:
+            plan(C.from_dict({"vllm": {"model": str(tmp_path)}, "slurm": {"gpus_per_node": 2}}), str(tmp_path / "j"))
+        msg = str(e.value)
+        assert msg.startswith(f"vllm.model: its deepseek_v3 config.json {refused}") and '"scoring_func": "sigmoid"' in msg, msg
+        assert len(msg) <= 220 and "\n" not in msg, msg
+    (tmp_path / "config.json").write_text(json.dumps(body | {"scoring_func": "sigmoid"}))
+    plan(C.from_dict({"vllm": {"model": str(tmp_path)}, "slurm": {"gpus_per_node": 2}}), str(tmp_path / "j"))
+
+
 def test_the_lm_head_each_familys_vllm_class_serves_is_the_one_plan_and_builder_expect(tmp_path):
     """Which head vLLM 0.32 computes each family's logits with, read from its class (and bases): its own lm_head whatever
     the config says (plan.NEVER_TIED_FAMILIES: a tied checkpoint would be served from a head never loaded; a tiny tied
     DeepSeek-V3 gave uniform logprobs on an H100), the embedding whatever it says (within ALWAYS_TIED_FAMILIES), or as
     tie_word_embeddings says. The plan refuses a tied checkpoint of the first kind; make-tiny-model builds them untied."""
-    import importlib
-    import importlib.util
-    import inspect
     import json
-
-    from transformers.models.auto.modeling_auto import MODEL_FOR_CAUSAL_LM_MAPPING_NAMES
-    from vllm.model_executor.models.registry import _VLLM_MODELS
 
     from launcher.core import config as C
     from launcher.core.plan import ALWAYS_TIED_FAMILIES, NEVER_TIED_FAMILIES, plan
     from trainer.tiny_families import config_fields
 
     def head(family: str) -> str:
-        module, cls = _VLLM_MODELS[MODEL_FOR_CAUSAL_LM_MAPPING_NAMES[family]]
-        module = module if module.startswith("vllm.") else f"vllm.model_executor.models.{module}"
-        try:
-            served = getattr(importlib.import_module(module), cls)
-            source = "".join(inspect.getsource(k) for k in served.__mro__ if k.__module__.startswith("vllm."))
-        except ImportError:  # Qwen3.5's module imports its vision side's torchvision: its whole file then
-            source = Path(importlib.util.find_spec(module).origin).read_text()  # type: ignore[union-attr, arg-type]
+        source = vllm_class_source(family)
         if "tie_word_embeddings" in source or "tie_weights" in source:
             return "as configured"
         return "own" if "ParallelLMHead(" in source else "embedding"
@@ -321,7 +371,10 @@ def test_the_lm_head_each_familys_vllm_class_serves_is_the_one_plan_and_builder_
             token_id=0, dtype="float32",
         )  # fmt: skip
         assert fields["tie_word_embeddings"] is False, family
-    body = {"architectures": ["DeepseekV3ForCausalLM"], "model_type": "deepseek_v3", "hidden_size": 256, "vocab_size": 1000}
+    body = {
+        "architectures": ["DeepseekV3ForCausalLM"], "model_type": "deepseek_v3", "hidden_size": 256, "vocab_size": 1000,
+        "scoring_func": "sigmoid",
+    }  # fmt: skip
     for tied in (True, False):
         (tmp_path / "config.json").write_text(json.dumps(body | {"tie_word_embeddings": tied}))
         cfg = C.from_dict({"vllm": {"model": str(tmp_path)}, "slurm": {"gpus_per_node": 2}})
