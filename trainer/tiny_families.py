@@ -16,7 +16,7 @@ from __future__ import annotations
 from collections.abc import Callable
 from typing import Any, NamedTuple
 
-from launcher.core.plan import NEVER_TIED_FAMILIES
+from launcher.core.plan import DEEPSEEK_ROUTER, NEVER_TIED_FAMILIES
 from trainer.tiny_layers import MIN_LAYERS, layer_fields
 
 OMIT: Any = object()
@@ -138,8 +138,8 @@ MOE: dict[str, dict[str, Any]] = {
     },
     "olmoe": {"num_experts": 3, "num_experts_per_tok": 2},
     "mixtral": {"num_local_experts": 3, "num_experts_per_tok": 2},
-    # scoring_func as the released config.json files carry it (launcher.core.plan.ROUTER_FIELDS: vLLM defaults to softmax)
-    "deepseek_v3": {**DEEPSEEK_MOE, **MLA, "n_group": 1, "topk_group": 1, "topk_method": "noaux_tc", "scoring_func": "sigmoid"},
+    # the router's fields as the released config.json files carry them (launcher.core.plan.ROUTER_FIELDS: vLLM reads them)
+    "deepseek_v3": {**DEEPSEEK_MOE, **MLA, **DEEPSEEK_ROUTER, "n_group": 1, "topk_group": 1},
     "deepseek_v2": {**DEEPSEEK_MOE, **MLA, "q_lora_rank": None},
     "glm4_moe": DEEPSEEK_MOE,
     "glm4_moe_lite": {**DEEPSEEK_MOE, **MLA},
@@ -269,16 +269,8 @@ MOE: dict[str, dict[str, Any]] = {
         },
     },
     # DeepSeek-V3.2: V3's MLA and experts plus the sparse-attention indexer (a small one: 2 heads, the top 8 tokens)
-    "deepseek_v32": {
-        **DEEPSEEK_MOE,
-        **MLA,
-        **DSA_INDEXER,
-        "n_group": 1,
-        "topk_group": 1,
-        "topk_method": "noaux_tc",
-        "scoring_func": "sigmoid",
-    },
-    "glm_moe_dsa": {**DEEPSEEK_MOE, **MLA, **DSA_INDEXER, "scoring_func": "sigmoid"},  # GLM-5: the same layout, GLM's router
+    "deepseek_v32": {**DEEPSEEK_MOE, **MLA, **DSA_INDEXER, **DEEPSEEK_ROUTER, "n_group": 1, "topk_group": 1},
+    "glm_moe_dsa": {**DEEPSEEK_MOE, **MLA, **DSA_INDEXER, **DEEPSEEK_ROUTER},  # GLM-5: the same layout, GLM's router
     "hy_v4": {**DEEPSEEK_MOE, **MLA, **DSA_INDEXER, "topk_group": 1},  # HY-V4: MLA, DSA, DeepSeek-style experts
 }
 

@@ -245,15 +245,13 @@ parity 1.99 from the first push; NaN on CPU). The released models of these famil
 tests/unit/test_families.py reads each family's vLLM class to keep this and ALWAYS_TIED_FAMILIES true."""
 
 
-ROUTER_FIELDS = {
-    "deepseek_v3": ("scoring_func", "sigmoid"),
-    "deepseek_v32": ("scoring_func", "sigmoid"),
-    "glm_moe_dsa": ("scoring_func", "sigmoid"),
-}
-"""model_type -> (config field, the value transformers always routes with) for families whose vLLM 0.32 router
-(DeepseekV2MoE) reads that field and defaults to softmax: a config.json without it (one written by transformers 5.19's
-config class, which has no such field) is served with other expert weights than the trainer's (a tiny DeepSeek-V3 on
-vLLM's CPU build, fp32: logprobs 0.22 apart; with the field 1.9e-6). The released config.json files carry it."""
+DEEPSEEK_ROUTER = {"scoring_func": "sigmoid", "topk_method": "noaux_tc"}
+ROUTER_FIELDS = {"deepseek_v3": DEEPSEEK_ROUTER, "deepseek_v32": DEEPSEEK_ROUTER, "glm_moe_dsa": DEEPSEEK_ROUTER}
+"""model_type -> the config fields vLLM 0.32's router (DeepseekV2MoE) reads, with the values transformers always
+routes by (its config classes have neither field): scoring_func (vLLM's default softmax: a tiny DeepSeek-V3 on vLLM's
+CPU build, fp32, 0.22 apart, with the field 1.9e-6) and topk_method (without noaux_tc vLLM drops the router's
+score-correction bias, which transformers adds to every choice). A config.json written from transformers' config class
+lacks them; the released config.json files carry them."""
 
 
 def check_family(model: str) -> None:
@@ -277,17 +275,21 @@ def check_family(model: str) -> None:
             f"vllm.model: {model_type} with tie_word_embeddings false is not supported: vLLM 0.32 always computes its "
             "logits from the embedding; pick a tied checkpoint"
         )
-    field, value = ROUTER_FIELDS.get(model_type, ("", None))
-    if field and config.get(field) != value:
-        has = f"sets {field} {config[field]}" if field in config else f"has no {field}"
-        raise ConfigError(
-            f"vllm.model: its {model_type} config.json {has}; transformers routes with {value} and vLLM 0.32 by the field "
-            f'(default softmax): set "{field}": "{value}" in it'
-        )
+    for key, value in ROUTER_FIELDS.get(model_type, {}).items():
+        if key not in config:  # a config.json written from transformers' config class: the released value is meant
+            raise ConfigError(
+                f"vllm.model: its {model_type} config.json has no {key}; transformers routes by {value}, vLLM 0.32 by "
+                f'this field: set "{key}": "{value}" in it'
+            )
+        if config[key] != value:  # a model routed otherwise: transformers cannot train it as it is served
+            raise ConfigError(
+                f"vllm.model: {model_type} with {key} {config[key]} is not supported: transformers 5.19 routes "
+                f"{model_type} by {value} only, vLLM 0.32 would serve {config[key]}"
+            )
     if model_type in NEVER_TIED_FAMILIES and config.get("tie_word_embeddings") is True:
         raise ConfigError(
-            f"vllm.model: {model_type} with tie_word_embeddings true is not supported: vLLM 0.32 serves it with its own "
-            "lm_head, which a tied checkpoint lacks; save it untied (lm_head.weight a copy of the embedding)"
+            f"vllm.model: {model_type} with tie_word_embeddings true is not supported: vLLM 0.32 serves its own lm_head, "
+            "which a tied checkpoint lacks; save it with tie_word_embeddings false and lm_head.weight = the embedding"
         )
 
 

@@ -303,45 +303,61 @@ def vllm_class_source(family: str, *, whole_files: bool = False) -> str:
     return "".join(inspect.getsource(inspect.getmodule(k) if whole_files else k) for k in bases)  # type: ignore[arg-type]
 
 
-def test_a_router_field_vllm_reads_and_transformers_ignores_is_built_in_or_refused(tmp_path):
-    """DeepSeek-V3's router: transformers always scores with sigmoid (its config class has no scoring_func), vLLM
-    0.32's DeepseekV2MoE reads scoring_func and defaults to softmax (a tiny body on vLLM's CPU build, fp32: 0.22 apart,
-    with the field 1.9e-6). Every family whose vLLM class routes through DeepseekV2MoE with a sigmoid router in
-    transformers is in plan.ROUTER_FIELDS; make-tiny-model writes the field; the plan refuses a config.json without it
-    or with another value, in one line with the fix."""
+def test_the_router_fields_vllm_reads_and_transformers_ignores_are_built_in_or_refused(tmp_path):
+    """DeepSeek-V3's router: transformers always scores with sigmoid and adds the score-correction bias to every choice
+    (its config class has neither scoring_func nor topk_method); vLLM 0.32's DeepseekV2MoE reads scoring_func (default
+    softmax: a tiny body on vLLM's CPU build, fp32, 0.22 apart; with the field 1.9e-6) and keeps the bias only for
+    topk_method noaux_tc. Every family served through DeepseekV2MoE with such a router in transformers is in
+    plan.ROUTER_FIELDS; make-tiny-model writes the fields; the plan refuses a config.json without one (with the line to
+    add) or with another value (not supported: transformers routes these families one way only), in one line."""
     import importlib.util
     import json
     import re
 
     from launcher.core import config as C
-    from launcher.core.plan import ROUTER_FIELDS, plan
+    from launcher.core.plan import DEEPSEEK_ROUTER, ROUTER_FIELDS, plan
     from trainer.tiny_families import config_fields
 
     vllm_moe = Path(importlib.util.find_spec("vllm.model_executor.models.deepseek_v2").origin).read_text()  # type: ignore[union-attr, arg-type]
     assert 'scoring_func=getattr(config, "scoring_func", "softmax")' in vllm_moe
+    assert 'if getattr(config, "topk_method", None) == "noaux_tc":' in vllm_moe
 
-    def sigmoid_router(family: str) -> bool:
+    def router(family: str) -> str:
         spec = importlib.util.find_spec(f"transformers.models.{family}.modeling_{family}")
-        source = Path(spec.origin).read_text()  # type: ignore[union-attr, arg-type]
-        return bool(re.search(r"class \w+TopkRouter\b[\s\S]*?router_logits\.sigmoid\(\)", source))
+        found = re.search(r"class \w+TopkRouter\b[\s\S]*?\n\n\nclass ", Path(spec.origin).read_text())  # type: ignore[union-attr, arg-type]
+        return found.group() if found else ""
 
-    served_so = {f for f in FAMILIES if "DeepseekV2MoE(" in vllm_class_source(f, whole_files=True) and sigmoid_router(f)}
-    assert served_so == set(ROUTER_FIELDS), served_so
-    for family, (field, value) in ROUTER_FIELDS.items():
-        fields = config_fields(
+    def deepseek_like(family: str) -> bool:
+        r = router(family)
+        return "router_logits.sigmoid()" in r and "+ self.e_score_correction_bias" in r
+
+    served_so = {f for f in FAMILIES if "DeepseekV2MoE(" in vllm_class_source(f, whole_files=True) and deepseek_like(f)}
+    assert served_so == set(ROUTER_FIELDS) and set(map(id, ROUTER_FIELDS.values())) == {id(DEEPSEEK_ROUTER)}, served_so
+    for family, fields in ROUTER_FIELDS.items():
+        built = config_fields(
             family, vocab=300, hidden=128, layers=4, heads=2, kv_heads=1, head_dim=64, intermediate=256, tie=False,
             token_id=0, dtype="float32",
         )  # fmt: skip
-        assert fields[field] == value, family
+        assert {k: built.get(k) for k in fields} == fields, family
     body = {"architectures": ["DeepseekV3ForCausalLM"], "model_type": "deepseek_v3", "hidden_size": 256, "vocab_size": 1000}
-    for extra, refused in (({}, "has no scoring_func"), ({"scoring_func": "softmax"}, "sets scoring_func softmax")):
+    refusals = [
+        ({"topk_method": "noaux_tc"}, "its deepseek_v3 config.json has no scoring_func", '"scoring_func": "sigmoid"'),
+        ({"scoring_func": "sigmoid"}, "its deepseek_v3 config.json has no topk_method", '"topk_method": "noaux_tc"'),
+        # a model routed by softmax: not one transformers trains as vLLM serves it (no "set it to sigmoid" advice)
+        (
+            {"topk_method": "noaux_tc", "scoring_func": "softmax"},
+            "deepseek_v3 with scoring_func softmax is not supported",
+            "by sigmoid only",
+        ),
+    ]
+    for extra, refused, fix in refusals:
         (tmp_path / "config.json").write_text(json.dumps(body | extra))
         with pytest.raises(C.ConfigError) as e:
             plan(C.from_dict({"vllm": {"model": str(tmp_path)}, "slurm": {"gpus_per_node": 2}}), str(tmp_path / "j"))
         msg = str(e.value)
-        assert msg.startswith(f"vllm.model: its deepseek_v3 config.json {refused}") and '"scoring_func": "sigmoid"' in msg, msg
+        assert msg.startswith(f"vllm.model: {refused}") and fix in msg, msg
         assert len(msg) <= 220 and "\n" not in msg, msg
-    (tmp_path / "config.json").write_text(json.dumps(body | {"scoring_func": "sigmoid"}))
+    (tmp_path / "config.json").write_text(json.dumps(body | DEEPSEEK_ROUTER))
     plan(C.from_dict({"vllm": {"model": str(tmp_path)}, "slurm": {"gpus_per_node": 2}}), str(tmp_path / "j"))
 
 
@@ -373,7 +389,7 @@ def test_the_lm_head_each_familys_vllm_class_serves_is_the_one_plan_and_builder_
         assert fields["tie_word_embeddings"] is False, family
     body = {
         "architectures": ["DeepseekV3ForCausalLM"], "model_type": "deepseek_v3", "hidden_size": 256, "vocab_size": 1000,
-        "scoring_func": "sigmoid",
+        "scoring_func": "sigmoid", "topk_method": "noaux_tc",
     }  # fmt: skip
     for tied in (True, False):
         (tmp_path / "config.json").write_text(json.dumps(body | {"tie_word_embeddings": tied}))
