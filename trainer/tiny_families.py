@@ -16,7 +16,7 @@ from __future__ import annotations
 from collections.abc import Callable
 from typing import Any, NamedTuple
 
-from launcher.core.plan import DEEPSEEK_ROUTER, NEVER_TIED_FAMILIES
+from launcher.core.plan import ALWAYS_TIED_FAMILIES, DEEPSEEK_ROUTER, NEVER_TIED_FAMILIES
 from trainer.tiny_layers import MIN_LAYERS, layer_fields
 
 OMIT: Any = object()
@@ -138,7 +138,7 @@ MOE: dict[str, dict[str, Any]] = {
     },
     "olmoe": {"num_experts": 3, "num_experts_per_tok": 2},
     "mixtral": {"num_local_experts": 3, "num_experts_per_tok": 2},
-    # the router's fields as the released config.json files carry them (launcher.core.plan.ROUTER_FIELDS: vLLM reads them)
+    # the router's fields as the released config.json files carry them (launcher.core.plan.SERVED_FIELDS: vLLM reads them)
     "deepseek_v3": {**DEEPSEEK_MOE, **MLA, **DEEPSEEK_ROUTER, "n_group": 1, "topk_group": 1},
     "deepseek_v2": {**DEEPSEEK_MOE, **MLA, "q_lora_rank": None},
     "glm4_moe": DEEPSEEK_MOE,
@@ -259,6 +259,7 @@ MOE: dict[str, dict[str, Any]] = {
         "moe_intermediate_size": 32,
         "sliding_window": 16,
         "sliding_window_size": 16,
+        "add_swa_attention_sink_bias": True,  # launcher.core.plan.SERVED_FIELDS: without it vLLM drops the sinks
         "layernorm_epsilon": 1e-05,
         "partial_rotary_factor": 0.5,
         "rope_theta": 10000.0,
@@ -450,8 +451,9 @@ def config_fields(
         "eos_token_id": token_id,
         "bos_token_id": token_id,
         "pad_token_id": token_id,
-        # vLLM serves these with their own lm_head: a tied body would generate from a head never loaded
-        "tie_word_embeddings": tie and family not in NEVER_TIED_FAMILIES,
+        # vLLM serves these with their own lm_head (a tied body would generate from a head never loaded), those with
+        # the embedding (an untied one would be served with another head than the trainer's)
+        "tie_word_embeddings": (tie or family in ALWAYS_TIED_FAMILIES) and family not in NEVER_TIED_FAMILIES,
         "torch_dtype": dtype,
         **tiny,
         **(SIZED[family](Body(layers, hidden, heads, kv_heads, head_dim, vocab)) if family in SIZED else {}),

@@ -245,13 +245,20 @@ parity 1.99 from the first push; NaN on CPU). The released models of these famil
 tests/unit/test_families.py reads each family's vLLM class to keep this and ALWAYS_TIED_FAMILIES true."""
 
 
-DEEPSEEK_ROUTER = {"scoring_func": "sigmoid", "topk_method": "noaux_tc"}
-ROUTER_FIELDS = {"deepseek_v3": DEEPSEEK_ROUTER, "deepseek_v32": DEEPSEEK_ROUTER, "glm_moe_dsa": DEEPSEEK_ROUTER}
-"""model_type -> the config fields vLLM 0.32's router (DeepseekV2MoE) reads, with the values transformers always
-routes by (its config classes have neither field): scoring_func (vLLM's default softmax: a tiny DeepSeek-V3 on vLLM's
-CPU build, fp32, 0.22 apart, with the field 1.9e-6) and topk_method (without noaux_tc vLLM drops the router's
-score-correction bias, which transformers adds to every choice). A config.json written from transformers' config class
-lacks them; the released config.json files carry them."""
+DEEPSEEK_ROUTER: dict[str, object] = {"scoring_func": "sigmoid", "topk_method": "noaux_tc"}
+SERVED_FIELDS: dict[str, dict[str, object]] = {
+    "deepseek_v3": DEEPSEEK_ROUTER,
+    "deepseek_v32": DEEPSEEK_ROUTER,
+    "glm_moe_dsa": DEEPSEEK_ROUTER,
+    "mimo_v2_flash": {"add_swa_attention_sink_bias": True},
+}
+"""model_type -> config fields vLLM 0.32 reads and transformers 5.19's config class lacks, with the value transformers
+always computes by: a config.json written from that class lacks them, and vLLM's default serves another model.
+DeepSeek's router (DeepseekV2MoE): scoring_func (vLLM's default softmax: a tiny DeepSeek-V3 on vLLM's CPU build, fp32,
+0.22 apart; with the field 1.9e-6) and topk_method (without noaux_tc vLLM drops the score-correction bias transformers
+adds to every choice). MiMo-V2-Flash: transformers gives every sliding-window layer attention sinks, vLLM only with
+add_swa_attention_sink_bias (without it the checkpoint's sinks are dropped: 0.13-0.57 apart). The released config.json
+files carry them."""
 
 
 def check_family(model: str) -> None:
@@ -275,16 +282,17 @@ def check_family(model: str) -> None:
             f"vllm.model: {model_type} with tie_word_embeddings false is not supported: vLLM 0.32 always computes its "
             "logits from the embedding; pick a tied checkpoint"
         )
-    for key, value in ROUTER_FIELDS.get(model_type, {}).items():
+    for key, value in SERVED_FIELDS.get(model_type, {}).items():
+        want = json.dumps(value)
         if key not in config:  # a config.json written from transformers' config class: the released value is meant
             raise ConfigError(
-                f"vllm.model: its {model_type} config.json has no {key}; transformers routes by {value}, vLLM 0.32 by "
-                f'this field: set "{key}": "{value}" in it'
+                f"vllm.model: its {model_type} config.json has no {key}; transformers computes as with {want}, vLLM 0.32 "
+                f'by this field: set "{key}": {want} in it'
             )
-        if config[key] != value:  # a model routed otherwise: transformers cannot train it as it is served
+        if config[key] != value:  # another model: transformers cannot train it as vLLM would serve it
             raise ConfigError(
-                f"vllm.model: {model_type} with {key} {config[key]} is not supported: transformers 5.19 routes "
-                f"{model_type} by {value} only, vLLM 0.32 would serve {config[key]}"
+                f"vllm.model: {model_type} with {key} {json.dumps(config[key])} is not supported: transformers 5.19 "
+                f"computes {model_type} as with {want} only"
             )
     if model_type in NEVER_TIED_FAMILIES and config.get("tie_word_embeddings") is True:
         raise ConfigError(

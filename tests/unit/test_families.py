@@ -17,12 +17,31 @@ from trainer.tiny_families import FAMILIES, MOE, PUSH_NOT_CHECKED, SWEEP_ONLY
 
 ALL_FAMILIES = os.environ.get("SLURM_GRPO_TEST_ALL_FAMILIES") == "1"
 """Every family of trainer.tiny_families, SWEEP_ONLY included (the unit tier runs without them)."""
-FORWARD_CHECKED = {"gpt_neox"} | ({"cohere2", "cohere", "gptj", "phi", "stablelm", "falcon", "gpt2"} if ALL_FAMILIES else set())
-"""Families whose pushed model's forward is also compared with transformers' (prompt logprobs of PROBE): GPT-NeoX, served
-by vLLM's Transformers backend, which sizes its attention by config fields transformers' own model ignores (its tiny
-body once carried 1 kv head: 0.2 off untrained). In the sweep only: Cohere and Cohere-2 (vLLM always ties their lm_head:
-the untied tiny bodies were 0.2 off; vLLM's Cohere layer norm is torch.compiled, 4 s on first use) and the families with
-partial rotary, parallel residual or learned positions, which each side implements on its own."""
+NO_STATE = "the in-process forward keeps no recurrent state (linear attention, short convolutions, SSMs)"
+MLA = "MLA: the in-process forward drives plain attention layers (vLLM's CPU MLA serves only a 512-wide latent)"
+FORWARD_NOT_CHECKED = {
+    **dict.fromkeys(("deepseek_v3", "deepseek_v2", "glm4_moe_lite", "axk1"), MLA),
+    **dict.fromkeys(
+        ("qwen3_next", "lfm2", "lfm2_moe", "nemotron_h", "granitemoehybrid", "falcon_h1", "zamba2", "jamba"), NO_STATE
+    ),
+    **dict.fromkeys(("mamba", "mamba2", "falcon_mamba"), NO_STATE),
+    "minimax_m2": "vLLM 0.32's CPU router takes softmax scores only (its sigmoid router serves on a GPU)",
+    "gemma3n_text": "0.25-0.36 off in the in-process forward, not explained yet (its layers share KV caches, which the "
+    "in-process forward may not set up)",
+}
+"""Families whose pushed model's forward is not compared with transformers' here, and why (GPU or server runs only)."""
+FORWARD_CHECKED = set(FAMILIES) - set(FORWARD_NOT_CHECKED) - set(PUSH_NOT_CHECKED)
+"""Every other family: vLLM's forward on the pushed weights gives transformers' prompt logprobs of PROBE (fp32, within
+FORWARD_TOLERANCE). Found by it (2026-12-06, when it covered every family): MiMo-V2-Flash's sliding-window sinks, which
+vLLM drops without a config field transformers lacks (launcher.core.plan.SERVED_FIELDS), Cohere2-MoE's untied tiny
+body (vLLM ties it), Apertus's xIELU after a push (trainer.push.vllm_plugin.xielu_from_its_constants); earlier
+GPT-NeoX's kv heads."""
+XIELU_CONSTANTS = ("act_fn.beta", "act_fn.eps")
+"""Apertus's xIELU buffers: a push's layerwise reload leaves them uninitialised (no push carries buffers), and vLLM's
+xIELU computes from its float constants instead (trainer.push.vllm_plugin.xielu_from_its_constants)."""
+FORWARD_TOLERANCE = {"gemma2": 1e-3, "bloom": 1e-3, "apertus": 5e-3}
+"""Where fp32 on both sides still differs by more than rounding (1e-4): Gemma-2's logit soft-capping 3.4e-4, Bloom's
+ALiBi 3.2e-4, Apertus 2.7e-3 (vLLM builds xIELU's alphas in bf16 whatever the model's dtype, as transformers' default)."""
 PROBE = [3, 17, 42, 99, 5, 250, 7, 11, 64, 128, 31, 200]
 """A token sequence for the forward comparison (the tiny bodies' vocabulary is 300)."""
 
@@ -168,6 +187,7 @@ def push_and_compare(rank: int, world: int, _port: int, dirs: dict[str, str], ou
         served, cfg = vllm.build(f"{out_root}/{family}")
         frozen[family] = kept_by_vllm([n for n, _ in served.named_parameters()], frozen[family])
         fresh = {n: p.detach().clone() for n, p in served.named_parameters()}  # as loaded from the trained checkpoint
+        fresh_buffers = {n: b.detach().clone() for n, b in served.named_buffers()}
         vllm.push(served, cfg, before[family])  # the server's weights move away from the trained ones...
         moved = [n for n, p in served.named_parameters() if not torch.equal(p, fresh[n])]
         vllm.push(served, cfg, after[family])  # ...and a push of the trained weights must land exactly on the fresh load
@@ -175,6 +195,12 @@ def push_and_compare(rank: int, world: int, _port: int, dirs: dict[str, str], ou
             "renamed": sorted({n.split(".")[3] for n, _ in after[family] if ".block_sparse_moe." in n}),
             "unmoved": sorted(set(fresh) - set(moved) - frozen[family]),
             "differ": [n for n, p in served.named_parameters() if not torch.equal(p, fresh[n])],
+            # no push carries buffers: each must be as loaded (rotary caches, constants), Apertus's unused pair aside
+            "buffers_differ": [
+                n
+                for n, b in served.named_buffers()
+                if n in fresh_buffers and not n.endswith(XIELU_CONSTANTS) and not torch.equal(b, fresh_buffers[n])
+            ],
             "params": len(fresh),
             "split": "load_weights" in vars(served),  # the plugin's per-expert split (trainer.push.vllm_plugin)
         }
@@ -190,7 +216,8 @@ def test_every_familys_push_lands_in_vllms_model_as_a_fresh_load(family_dirs, tm
     equals a fresh load of the same weights (Mixtral's experts under vLLM's names; Qwen3-MoE's expert width 48 padded
     and re-prepacked by the CPU kernel; DeepSeek's and gpt-oss's fused experts split per expert by the plugin, DeepSeek's MLA's absorbed
     W_UK_T / W_UV recomputed, gpt-oss's attention sinks loaded through their weight loader; its router's e_score_correction_bias, a buffer the trainer neither trains nor pushes, kept). One vLLM model per family: loaded from the trained weights, pushed the
-    untrained ones (every parameter must move), then the trained ones (every parameter must be back, bit for bit).
+    untrained ones (every parameter must move), then the trained ones (every parameter must be back, bit for bit, and
+    every buffer as loaded: no push carries one).
     PUSH_NOT_CHECKED's families are left out (vLLM's CPU build cannot build them; the reason is beside each). For
     FORWARD_CHECKED's families, vLLM's forward on the pushed weights gives transformers' prompt logprobs."""
     dirs = {f: d for f, d in family_dirs.items() if f not in PUSH_NOT_CHECKED}  # the reason is beside each
@@ -198,8 +225,13 @@ def test_every_familys_push_lands_in_vllms_model_as_a_fresh_load(family_dirs, tm
     for family, r in res.items():
         assert r["params"] > 0 and not r["unmoved"], f"{family}: a push left vLLM's parameters {r['unmoved']} as they were"
         assert not r["differ"], f"{family}: after a push, vLLM's parameters differ from a fresh load: {r}"
+        assert not r["buffers_differ"], f"{family}: a push changed vLLM's buffers {r['buffers_differ']}"
     # fp32 on both sides: the same numbers up to rounding
-    off = {f: res[f]["logprob_diff"] for f in FORWARD_CHECKED & set(res) if not res[f]["logprob_diff"] < 1e-4}
+    off = {
+        f: r["logprob_diff"]
+        for f, r in res.items()
+        if f in FORWARD_CHECKED and not r["logprob_diff"] < FORWARD_TOLERANCE.get(f, 1e-4)
+    }
     assert not off, f"vLLM's prompt logprobs differ from transformers' (max |diff| per family): {off}"
     assert res["mixtral"]["renamed"] == ["block_sparse_moe"], res["mixtral"]  # vLLM's module name, not HF's mlp
     # only the loaders without fused expert names (DeepSeek, GLM-4.7-Flash, HY-V3, A.X-K1, MiMo-V2-Flash) or that write
@@ -303,19 +335,20 @@ def vllm_class_source(family: str, *, whole_files: bool = False) -> str:
     return "".join(inspect.getsource(inspect.getmodule(k) if whole_files else k) for k in bases)  # type: ignore[arg-type]
 
 
-def test_the_router_fields_vllm_reads_and_transformers_ignores_are_built_in_or_refused(tmp_path):
-    """DeepSeek-V3's router: transformers always scores with sigmoid and adds the score-correction bias to every choice
-    (its config class has neither scoring_func nor topk_method); vLLM 0.32's DeepseekV2MoE reads scoring_func (default
-    softmax: a tiny body on vLLM's CPU build, fp32, 0.22 apart; with the field 1.9e-6) and keeps the bias only for
-    topk_method noaux_tc. Every family served through DeepseekV2MoE with such a router in transformers is in
-    plan.ROUTER_FIELDS; make-tiny-model writes the fields; the plan refuses a config.json without one (with the line to
-    add) or with another value (not supported: transformers routes these families one way only), in one line."""
+def test_the_config_fields_vllm_reads_and_transformers_ignores_are_built_in_or_refused(tmp_path):
+    """plan.SERVED_FIELDS. DeepSeek-V3's router: transformers always scores with sigmoid and adds the score-correction
+    bias to every choice (its config class has neither scoring_func nor topk_method); vLLM 0.32's DeepseekV2MoE reads
+    scoring_func (default softmax: a tiny body on vLLM's CPU build, fp32, 0.22 apart; with the field 1.9e-6) and keeps
+    the bias only for topk_method noaux_tc: every family served through DeepseekV2MoE with such a router in
+    transformers is listed. MiMo-V2-Flash's sliding-window sinks likewise (add_swa_attention_sink_bias).
+    make-tiny-model writes the fields; the plan refuses a config.json without one (with the line to add) or with
+    another value (not supported: transformers computes these families one way only), in one line."""
     import importlib.util
     import json
     import re
 
     from launcher.core import config as C
-    from launcher.core.plan import DEEPSEEK_ROUTER, ROUTER_FIELDS, plan
+    from launcher.core.plan import DEEPSEEK_ROUTER, SERVED_FIELDS, plan
     from trainer.tiny_families import config_fields
 
     vllm_moe = Path(importlib.util.find_spec("vllm.model_executor.models.deepseek_v2").origin).read_text()  # type: ignore[union-attr, arg-type]
@@ -332,8 +365,15 @@ def test_the_router_fields_vllm_reads_and_transformers_ignores_are_built_in_or_r
         return "router_logits.sigmoid()" in r and "+ self.e_score_correction_bias" in r
 
     served_so = {f for f in FAMILIES if "DeepseekV2MoE(" in vllm_class_source(f, whole_files=True) and deepseek_like(f)}
-    assert served_so == set(ROUTER_FIELDS) and set(map(id, ROUTER_FIELDS.values())) == {id(DEEPSEEK_ROUTER)}, served_so
-    for family, fields in ROUTER_FIELDS.items():
+    assert served_so == {f for f, fields in SERVED_FIELDS.items() if fields is DEEPSEEK_ROUTER}, served_so
+    # MiMo-V2-Flash: transformers gives every sliding-window layer sinks, vLLM only when the config says so
+    mimo = Path(importlib.util.find_spec("transformers.models.mimo_v2_flash.modeling_mimo_v2_flash").origin).read_text()  # type: ignore[union-attr, arg-type]
+    assert "self.sinks = nn.Parameter(torch.empty(num_attention_heads)) if is_swa else None" in mimo
+    assert re.search(
+        r'getattr\(\s*config, "add_swa_attention_sink_bias", False', vllm_class_source("mimo_v2_flash", whole_files=True)
+    )
+    assert SERVED_FIELDS["mimo_v2_flash"] == {"add_swa_attention_sink_bias": True}
+    for family, fields in SERVED_FIELDS.items():
         built = config_fields(
             family, vocab=300, hidden=128, layers=4, heads=2, kv_heads=1, head_dim=64, intermediate=256, tie=False,
             token_id=0, dtype="float32",
@@ -346,8 +386,8 @@ def test_the_router_fields_vllm_reads_and_transformers_ignores_are_built_in_or_r
         # a model routed by softmax: not one transformers trains as vLLM serves it (no "set it to sigmoid" advice)
         (
             {"topk_method": "noaux_tc", "scoring_func": "softmax"},
-            "deepseek_v3 with scoring_func softmax is not supported",
-            "by sigmoid only",
+            'deepseek_v3 with scoring_func "softmax" is not supported',
+            'as with "sigmoid" only',
         ),
     ]
     for extra, refused, fix in refusals:
@@ -381,12 +421,12 @@ def test_the_lm_head_each_familys_vllm_class_serves_is_the_one_plan_and_builder_
     heads = {family: head(family) for family in FAMILIES}
     assert {f for f, h in heads.items() if h == "own"} == NEVER_TIED_FAMILIES, heads
     assert {f for f, h in heads.items() if h == "embedding"} <= ALWAYS_TIED_FAMILIES, heads
-    for family in NEVER_TIED_FAMILIES:
+    for family, tie in [(f, True) for f in NEVER_TIED_FAMILIES] + [(f, False) for f in ALWAYS_TIED_FAMILIES]:
         fields = config_fields(
-            family, vocab=300, hidden=128, layers=4, heads=2, kv_heads=1, head_dim=64, intermediate=256, tie=True,
+            family, vocab=300, hidden=128, layers=4, heads=2, kv_heads=1, head_dim=64, intermediate=256, tie=tie,
             token_id=0, dtype="float32",
         )  # fmt: skip
-        assert fields["tie_word_embeddings"] is False, family
+        assert fields["tie_word_embeddings"] is not tie, family  # make-tiny-model builds each as vLLM serves it
     body = {
         "architectures": ["DeepseekV3ForCausalLM"], "model_type": "deepseek_v3", "hidden_size": 256, "vocab_size": 1000,
         "scoring_func": "sigmoid", "topk_method": "noaux_tc",

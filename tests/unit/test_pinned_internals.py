@@ -62,6 +62,23 @@ def test_vllm_weight_transfer_hooks():
     assert vllm.__version__.startswith("0.32"), vllm.__version__
 
 
+def test_the_vllm_loaders_and_activation_the_plugin_patches_still_do_what_it_fixes():
+    """trainer.push.vllm_plugin: MiMo-V2-Flash's and gpt-oss's loaders write the attention sinks with copy_ (a push's
+    layerwise reload never sees it: wrap_mimo_sink_loader, wrap_gpt_oss_loader), and vLLM's xIELU computes from its
+    beta/eps buffers with its float constants beside them (xielu_from_its_constants). If vLLM changes either, the
+    patch must be looked at again."""
+    from vllm.model_executor.layers.activation import XIELU
+    from vllm.model_executor.models import gpt_oss, mimo_v2
+
+    mimo = inspect.getsource(mimo_v2.MiMoV2Model.load_weights)
+    assert 'if "attention_sink_bias" in name:' in mimo and "param.data.copy_(narrow_weight)" in mimo
+    oss = inspect.getsource(gpt_oss.GptOssModel)
+    assert 'elif "sinks" in name:' in oss and "param.data.copy_(narrow_weight)" in oss
+    init = inspect.getsource(XIELU.__init__)
+    assert 'self.register_buffer("beta"' in init and "self._beta_scalar = float(" in init, "XIELU keeps beta otherwise"
+    assert 'self.register_buffer("eps"' in init and "self._eps_scalar = float(" in init, "XIELU keeps eps otherwise"
+
+
 def test_submitit_internals():
     from submitit.slurm.slurm import SlurmExecutor
 

@@ -7,7 +7,8 @@ makes the push's prefix-cache reset cost the blocks that hold a cached hash, not
 (trainer/push/prefix_reset.py says why that leaves the same state; on a vLLM whose code it was not checked against it keeps vLLM's own, with a warning),
 keeps an orderly shutdown's expected EngineDeadError traceback out of the log (trainer/push/clean_shutdown.py), splits a
 push's fused experts for models whose loader takes per-expert names only (DeepSeek-V2/V3, GLM-4.7-Flash) or would
-write the fused ones where a push's reload does not look (gpt-oss, its attention sinks too), and with
+write the fused ones where a push's reload does not look (gpt-oss, its attention sinks too), computes Apertus's xIELU
+from its constants (a push's reload leaves its beta/eps buffers uninitialised), and with
 vllm.inspect_in_process has vLLM inspect the model class in the API server's own process.
 
 Why the second part: vLLM's CPU linear layers prepack weights into oneDNN handles and drop the weight
@@ -60,6 +61,7 @@ def register() -> None:
         layer_utils.dispatch_cpu_unquantized_gemm = keep_weight
         reprepack_cpu_moe_on_update()
     split_fused_experts_for_per_expert_loaders()
+    xielu_from_its_constants()
     from trainer.push import clean_shutdown, prefix_reset
 
     fast_reset = prefix_reset.install()
@@ -102,6 +104,31 @@ def reprepack_cpu_moe_on_update() -> None:
     method._setup_kernel = _setup_kernel  # type: ignore[method-assign]
 
 
+def xielu_from_its_constants() -> None:
+    """Patch vLLM's XIELU (Apertus's activation; idempotent): its Python path computes with the beta and eps it was
+    built with (the floats its CUDA path already uses), not with its beta/eps buffers.
+
+    Why: no push carries buffers (the trainer sends parameters), and vLLM 0.32's layerwise reload
+    (`_copy_and_restore_kernel_tensors`) copies a layer's persistent buffers that nothing loaded from the layer it
+    materialised empty: after the first push beta and eps held uninitialised memory (0.0 / -1.9e26 on a tiny Apertus)
+    and the served logprobs were 0.4 off transformers'. Both are constants in both libraries (0.5, -1e-6)."""
+    import torch
+    from torch import nn
+    from vllm.model_executor.layers.activation import XIELU
+
+    if getattr(XIELU._xielu_python, "_slurm_grpo", False):
+        return
+
+    def _xielu_python(self, x: torch.Tensor) -> torch.Tensor:
+        beta, eps = self._beta_scalar, self._eps_scalar
+        alpha_p = nn.functional.softplus(self.alpha_p)
+        alpha_n = beta + nn.functional.softplus(self.alpha_n)
+        return torch.where(x > 0, alpha_p * x * x + beta * x, (torch.expm1(torch.clamp(x, max=eps)) - x) * alpha_n + beta * x)
+
+    _xielu_python._slurm_grpo = True  # type: ignore[attr-defined]
+    XIELU._xielu_python = _xielu_python  # type: ignore[method-assign]
+
+
 FUSED_EXPERT_SHARDS = {"gate_up_proj": ("w1", "w3"), "w13": ("w1", "w3"), "down_proj": ("w2",), "w2": ("w2",)}
 """The fused expert tensors a push sends (trainer.checkpoint_names.served_names: `experts.<leaf>` [E, rows, cols]) and
 the per-expert shards of vLLM's expert mapping that each is made of, in row order (gate rows first)."""
@@ -124,6 +151,7 @@ def split_fused_experts_for_per_expert_loaders() -> None:
     def load_model_then_wrap(self, *args, **kwargs):
         model = load_model(self, *args, **kwargs)
         wrap_per_expert_loader(model) or wrap_gpt_oss_loader(model)
+        wrap_mimo_sink_loader(model)
         name_partial_weight_loaders(model)
         return model
 
@@ -188,6 +216,17 @@ GPT_OSS_EXPERTS = {
 vLLM's gpt-oss loader streams through the experts' own weight_loader (`experts.{e}.w13_weight`, ...)."""
 
 
+def load_rank_heads(param, full) -> None:
+    """Load a per-head tensor (attention sinks: [heads]) through its parameter's weight loader, narrowed to this TP
+    rank's heads as vLLM's loaders do (a layerwise reload buffers what goes through the loader, not a copy_)."""
+    from vllm.distributed import get_tensor_model_parallel_rank, get_tensor_model_parallel_world_size
+    from vllm.model_executor.model_loader.weight_utils import default_weight_loader
+
+    per_rank = full.shape[0] // get_tensor_model_parallel_world_size()
+    loader = getattr(param, "weight_loader", default_weight_loader)
+    loader(param, full.narrow(0, get_tensor_model_parallel_rank() * per_rank, per_rank))
+
+
 def wrap_gpt_oss_loader(model) -> bool:
     """Wrap a GptOssForCausalLM's load_weights so that a push lands; True if wrapped.
 
@@ -199,15 +238,10 @@ def wrap_gpt_oss_loader(model) -> bool:
     their parameter's weight_loader, narrowed to this TP rank's heads as the loader does."""
     if type(model).__name__ != "GptOssForCausalLM":
         return False
-    from vllm.distributed import get_tensor_model_parallel_rank, get_tensor_model_parallel_world_size
-    from vllm.model_executor.model_loader.weight_utils import default_weight_loader
-
     load_weights = model.load_weights
-    heads = model.config.num_attention_heads
 
     def split(weights, loaded: set):
         params = dict(model.named_parameters())  # during a reload: the parameters with the reload's loaders
-        per_rank = heads // get_tensor_model_parallel_world_size()
         for name, t in weights:
             head, sep, leaf = name.rpartition(".experts.")
             if sep and leaf in GPT_OSS_EXPERTS:
@@ -215,9 +249,7 @@ def wrap_gpt_oss_loader(model) -> bool:
                     yield f"{head}.experts.{e}.{GPT_OSS_EXPERTS[leaf]}", t[e]
             elif name.endswith(".sinks"):
                 served = name.replace(".self_attn.", ".attn.")
-                param = params[served]
-                loader = getattr(param, "weight_loader", default_weight_loader)
-                loader(param, t.narrow(0, get_tensor_model_parallel_rank() * per_rank, per_rank))
+                load_rank_heads(params[served], t)
                 loaded.add(served)
             else:
                 yield name, t
@@ -227,6 +259,34 @@ def wrap_gpt_oss_loader(model) -> bool:
         return load_weights(split(weights, loaded), *args, **kwargs) | loaded
 
     model.load_weights = load_weights_split
+    return True
+
+
+def wrap_mimo_sink_loader(model) -> bool:
+    """Wrap a MiMoV2FlashForCausalLM's load_weights so that a push reaches its attention sinks; True if wrapped.
+
+    Why: as gpt-oss's, vLLM 0.32's MiMo-V2-Flash loader writes each sliding-window layer's `attention_sink_bias` with
+    `param.data.copy_`, past the parameter's weight loader, which a push's layerwise reload loads through: the server
+    kept its first sinks (the family sweep: "a push left vLLM's parameters [...attention_sink_bias] as they were").
+    Here they go through their parameter's weight loader, narrowed to this TP rank's heads as the loader does."""
+    if type(model).__name__ != "MiMoV2FlashForCausalLM":
+        return False
+    load_weights = model.load_weights
+
+    def through_loaders(weights, loaded: set):
+        params = dict(model.named_parameters())  # during a reload: the parameters with the reload's loaders
+        for name, t in weights:
+            if name.endswith(".attention_sink_bias") and name in params:
+                load_rank_heads(params[name], t)
+                loaded.add(name)
+            else:
+                yield name, t
+
+    def load_weights_with_sinks(weights, *args, **kwargs):
+        loaded: set = set()
+        return load_weights(through_loaders(weights, loaded), *args, **kwargs) | loaded
+
+    model.load_weights = load_weights_with_sinks
     return True
 
 
