@@ -168,24 +168,20 @@ def wrap_per_expert_loader(model) -> bool:
     if not mapping or not all(re.search(r"experts\.\d+\.", w) for _, w, _, _ in mapping):
         return False
     names = {(e, shard): w for _, w, e, shard in mapping}  # (expert, w1/w2/w3) -> "experts.{e}.gate_proj."
-    load_weights = model.load_weights
 
-    def split(weights):
-        for name, t in weights:
-            head, sep, leaf = name.rpartition("experts.")
-            shards = FUSED_EXPERT_SHARDS.get(leaf) if sep and t.dim() == 3 else None
-            if shards is None:
-                yield name, t
-                continue
-            rows = t.shape[1] // len(shards)
-            for e in range(t.shape[0]):
-                for i, shard in enumerate(shards):
-                    yield f"{head}{names[(e, shard)]}weight", t[e, i * rows : (i + 1) * rows]
+    def split(name: str, t, _params: dict):
+        head, sep, leaf = name.rpartition("experts.")
+        shards = FUSED_EXPERT_SHARDS.get(leaf) if sep and t.dim() == 3 else None
+        if shards is None:
+            return [(name, t)]
+        rows = t.shape[1] // len(shards)
+        return [
+            (f"{head}{names[(e, shard)]}weight", t[e, i * rows : (i + 1) * rows])
+            for e in range(t.shape[0])
+            for i, shard in enumerate(shards)
+        ]
 
-    def load_weights_split(weights, *args, **kwargs):
-        return load_weights(split(weights), *args, **kwargs)
-
-    model.load_weights = load_weights_split
+    route_load_weights(model, split)
     return True
 
 
@@ -238,27 +234,18 @@ def wrap_gpt_oss_loader(model) -> bool:
     their parameter's weight_loader, narrowed to this TP rank's heads as the loader does."""
     if type(model).__name__ != "GptOssForCausalLM":
         return False
-    load_weights = model.load_weights
 
-    def split(weights, loaded: set):
-        params = dict(model.named_parameters())  # during a reload: the parameters with the reload's loaders
-        for name, t in weights:
-            head, sep, leaf = name.rpartition(".experts.")
-            if sep and leaf in GPT_OSS_EXPERTS:
-                for e in range(t.shape[0]):
-                    yield f"{head}.experts.{e}.{GPT_OSS_EXPERTS[leaf]}", t[e]
-            elif name.endswith(".sinks"):
-                served = name.replace(".self_attn.", ".attn.")
-                load_rank_heads(params[served], t)
-                loaded.add(served)
-            else:
-                yield name, t
+    def route(name: str, t, params: dict):
+        head, sep, leaf = name.rpartition(".experts.")
+        if sep and leaf in GPT_OSS_EXPERTS:
+            return [(f"{head}.experts.{e}.{GPT_OSS_EXPERTS[leaf]}", t[e]) for e in range(t.shape[0])]
+        if name.endswith(".sinks"):
+            served = name.replace(".self_attn.", ".attn.")
+            load_rank_heads(params[served], t)
+            return served
+        return [(name, t)]
 
-    def load_weights_split(weights, *args, **kwargs):
-        loaded: set = set()
-        return load_weights(split(weights, loaded), *args, **kwargs) | loaded
-
-    model.load_weights = load_weights_split
+    route_load_weights(model, route)
     return True
 
 
@@ -271,23 +258,37 @@ def wrap_mimo_sink_loader(model) -> bool:
     Here they go through their parameter's weight loader, narrowed to this TP rank's heads as the loader does."""
     if type(model).__name__ != "MiMoV2FlashForCausalLM":
         return False
+
+    def route(name: str, t, params: dict):
+        if name.endswith(".attention_sink_bias") and name in params:
+            load_rank_heads(params[name], t)
+            return name
+        return [(name, t)]
+
+    route_load_weights(model, route)
+    return True
+
+
+def route_load_weights(model, route) -> None:
+    """Replace model.load_weights by one that hands each (name, tensor) to route(name, tensor, parameters): it returns
+    the pairs for vLLM's own loader (the pair itself, or its split) or, having loaded the tensor through its parameter's
+    weight loader, the served name it loaded, which joins the loader's set of loaded names."""
     load_weights = model.load_weights
 
-    def through_loaders(weights, loaded: set):
+    def routed(weights, loaded: set):
         params = dict(model.named_parameters())  # during a reload: the parameters with the reload's loaders
         for name, t in weights:
-            if name.endswith(".attention_sink_bias") and name in params:
-                load_rank_heads(params[name], t)
-                loaded.add(name)
+            out = route(name, t, params)
+            if isinstance(out, str):
+                loaded.add(out)
             else:
-                yield name, t
+                yield from out
 
-    def load_weights_with_sinks(weights, *args, **kwargs):
+    def load_weights_routed(weights, *args, **kwargs):
         loaded: set = set()
-        return load_weights(through_loaders(weights, loaded), *args, **kwargs) | loaded
+        return load_weights(routed(weights, loaded), *args, **kwargs) | loaded
 
-    model.load_weights = load_weights_with_sinks
-    return True
+    model.load_weights = load_weights_routed
 
 
 def load_adapters_once() -> None:
