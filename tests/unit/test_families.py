@@ -30,6 +30,7 @@ FORWARD_NOT_CHECKED = {
     "in-process forward may not set up)",
 }
 """Families whose pushed model's forward is not compared with transformers' here, and why (GPU or server runs only)."""
+assert set(FORWARD_NOT_CHECKED) <= set(FAMILIES), set(FORWARD_NOT_CHECKED) - set(FAMILIES)
 FORWARD_CHECKED = set(FAMILIES) - set(FORWARD_NOT_CHECKED) - set(PUSH_NOT_CHECKED)
 """Every other family: vLLM's forward on the pushed weights gives transformers' prompt logprobs of PROBE (fp32, within
 FORWARD_TOLERANCE). Found by it (2026-12-06, when it covered every family): MiMo-V2-Flash's sliding-window sinks, which
@@ -390,6 +391,8 @@ def test_the_config_fields_vllm_reads_and_transformers_ignores_are_built_in_or_r
             'as with "sigmoid" only',
         ),
     ]
+    mimo_body = {"architectures": ["MiMoV2FlashForCausalLM"], "model_type": "mimo_v2_flash", "hidden_size": 256}
+    refusals += [(mimo_body, "its mimo_v2_flash config.json has no add_swa_attention_sink_bias", '": true in it')]
     for extra, refused, fix in refusals:
         (tmp_path / "config.json").write_text(json.dumps(body | extra))
         with pytest.raises(C.ConfigError) as e:

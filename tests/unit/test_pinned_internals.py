@@ -79,6 +79,27 @@ def test_the_vllm_loaders_and_activation_the_plugin_patches_still_do_what_it_fix
     assert 'self.register_buffer("eps"' in init and "self._eps_scalar = float(" in init, "XIELU keeps eps otherwise"
 
 
+def test_the_patched_xielu_computes_vllms_values_whatever_its_buffers_hold():
+    """trainer.push.vllm_plugin.xielu_from_its_constants: with beta/eps buffers as a push's reload leaves them
+    (garbage), vLLM's xIELU still gives what it gave before (the formula of its own Python path)."""
+    import torch
+    from vllm.config import VllmConfig, set_current_vllm_config
+    from vllm.model_executor.layers.activation import XIELU
+
+    from trainer.push.vllm_plugin import xielu_from_its_constants
+
+    with set_current_vllm_config(VllmConfig()):
+        act = XIELU(dtype=torch.float32)
+    x = torch.linspace(-6, 6, 241)
+    want = XIELU._xielu_python(act, x)  # before the patch in a fresh process; the patch itself after (same values)
+    xielu_from_its_constants()
+    assert getattr(XIELU._xielu_python, "_slurm_grpo", False)
+    with torch.no_grad():
+        act.beta.fill_(2.75e-21)  # as after a push on a tiny Apertus (tests/unit/test_families.py XIELU_CONSTANTS)
+        act.eps.fill_(-1.9e26)
+    assert torch.allclose(act.forward_native(x), want, atol=1e-6)
+
+
 def test_submitit_internals():
     from submitit.slurm.slurm import SlurmExecutor
 

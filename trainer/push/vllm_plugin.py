@@ -7,7 +7,8 @@ makes the push's prefix-cache reset cost the blocks that hold a cached hash, not
 (trainer/push/prefix_reset.py says why that leaves the same state; on a vLLM whose code it was not checked against it keeps vLLM's own, with a warning),
 keeps an orderly shutdown's expected EngineDeadError traceback out of the log (trainer/push/clean_shutdown.py), splits a
 push's fused experts for models whose loader takes per-expert names only (DeepSeek-V2/V3, GLM-4.7-Flash) or would
-write the fused ones where a push's reload does not look (gpt-oss, its attention sinks too), computes Apertus's xIELU
+write the fused ones where a push's reload does not look (gpt-oss, its attention sinks too; MiMo-V2-Flash's sinks),
+computes Apertus's xIELU
 from its constants (a push's reload leaves its beta/eps buffers uninitialised), and with
 vllm.inspect_in_process has vLLM inspect the model class in the API server's own process.
 
@@ -256,7 +257,7 @@ def wrap_mimo_sink_loader(model) -> bool:
     `param.data.copy_`, past the parameter's weight loader, which a push's layerwise reload loads through: the server
     kept its first sinks (the family sweep: "a push left vLLM's parameters [...attention_sink_bias] as they were").
     Here they go through their parameter's weight loader, narrowed to this TP rank's heads as the loader does."""
-    if type(model).__name__ != "MiMoV2FlashForCausalLM":
+    if type(model).__name__ not in ("MiMoV2FlashForCausalLM", "MiMoV2ForCausalLM"):  # vLLM registers both
         return False
 
     def route(name: str, t, params: dict):
