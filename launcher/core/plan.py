@@ -208,6 +208,13 @@ UNSUPPORTED_FAMILIES = {
 }
 """model_type -> why a push cannot hand vLLM the trained weights (found by the family sweep, trainer.tiny_families)."""
 
+UNSUPPORTED_ARCHITECTURES = {
+    "Gemma3nForCausalLM": "vLLM 0.32's text-only Gemma-3n class leaves out the per-layer token embeddings (served 0.38 "
+    "off transformers); the released Gemma3nForConditionalGeneration checkpoints are served whole",
+}
+"""config.json architecture -> why vLLM 0.32 serves it unlike transformers (found by tests/unit/test_families.py's
+forward check: Gemma3nForCausalLM.forward passes per_layer_inputs None and only the multimodal class computes them)."""
+
 
 NO_GQA_FAMILIES = frozenset({"gpt_neox"})
 """Families whose transformers model has as many kv heads as heads and ignores num_key_value_heads, while vLLM 0.32
@@ -269,6 +276,9 @@ def check_family(model: str) -> None:
     except (OSError, ValueError):
         return
     model_type = config.get("model_type")
+    unsupported = [a for a in config.get("architectures") or [] if a in UNSUPPORTED_ARCHITECTURES]
+    if unsupported:
+        raise ConfigError(f"vllm.model: {unsupported[0]} is not supported: {UNSUPPORTED_ARCHITECTURES[unsupported[0]]}")
     if model_type in UNSUPPORTED_FAMILIES:
         raise ConfigError(f"vllm.model: {model_type} is not supported: {UNSUPPORTED_FAMILIES[model_type]}; pick another model")
     kv, heads = config.get("num_key_value_heads"), config.get("num_attention_heads")

@@ -26,8 +26,8 @@ FORWARD_NOT_CHECKED = {
     ),
     **dict.fromkeys(("mamba", "mamba2", "falcon_mamba"), NO_STATE),
     "minimax_m2": "vLLM 0.32's CPU router takes softmax scores only (its sigmoid router serves on a GPU)",
-    "gemma3n_text": "0.25-0.36 off in the in-process forward, not explained yet (its layers share KV caches, which the "
-    "in-process forward may not set up)",
+    "gemma3n_text": "vLLM 0.32's Gemma3nForCausalLM leaves out the per-layer token embeddings (0.38 off): refused at "
+    "plan time (plan.UNSUPPORTED_ARCHITECTURES)",
 }
 """Families whose pushed model's forward is not compared with transformers' here, and why (GPU or server runs only)."""
 assert set(FORWARD_NOT_CHECKED) <= set(FAMILIES), set(FORWARD_NOT_CHECKED) - set(FAMILIES)
@@ -263,6 +263,13 @@ def test_families_whose_push_cannot_reach_vllm_are_refused_at_plan_time(tmp_path
         msg = str(e.value)
         assert msg.startswith(f"vllm.model: {family} is not supported: ") and "\n" not in msg and len(msg) <= 200, msg
     planned("qwen3_moe")
+    # an architecture vLLM serves unlike transformers (Gemma-3n's text-only class: tests of FORWARD_NOT_CHECKED)
+    (tmp_path / "config.json").write_text(json.dumps(QWEN3_MOE | {"architectures": ["Gemma3nForCausalLM"]}))
+    with pytest.raises(C.ConfigError) as e:
+        plan(C.from_dict({"vllm": {"model": str(tmp_path)}, "slurm": {"gpus_per_node": 2}}), str(tmp_path / "j"))
+    msg = str(e.value)
+    assert msg.startswith("vllm.model: Gemma3nForCausalLM is not supported: ") and "per-layer token embeddings" in msg, msg
+    assert "\n" not in msg and len(msg) <= 260, msg
 
 
 def test_configs_vllm_would_serve_unlike_transformers_are_refused_at_plan_time(tmp_path):
