@@ -102,7 +102,8 @@ def make_tiny_model(
         transformer body of Qwen2-0.5B is hidden 896, 24 layers, kv_heads 2, intermediate 4864 (the
         vocabulary stays this tokenizer's: a random model samples every id of its vocabulary). tie=False gives a
     separate lm_head (as 7B+ models have; a family vLLM serves with its own lm_head, DeepSeek's, gpt-oss's,
-    launcher.core.plan.NEVER_TIED_FAMILIES, always has one; one vLLM serves tied, ALWAYS_TIED_FAMILIES, never); max_shard_size (e.g. "50MB") writes several safetensors files and an index.
+    launcher.core.plan.NEVER_TIED_FAMILIES, always has one; one vLLM serves tied, ALWAYS_TIED_FAMILIES, never);
+    max_shard_size (e.g. "50MB") writes several safetensors files and an index.
     experts, experts_per_token, expert_intermediate: an MoE family's routed experts, top-k and expert width (0 keeps
     the tiny default of trainer.tiny_families.MOE). layers: None = 2 (trainer.tiny_layers.TINY_LAYERS: nemotron_h 4); a
     hybrid family's layers follow its released layer pattern at any count (trainer.tiny_layers)."""

@@ -8,8 +8,7 @@ makes the push's prefix-cache reset cost the blocks that hold a cached hash, not
 keeps an orderly shutdown's expected EngineDeadError traceback out of the log (trainer/push/clean_shutdown.py), splits a
 push's fused experts for models whose loader takes per-expert names only (DeepSeek-V2/V3, GLM-4.7-Flash) or would
 write the fused ones where a push's reload does not look (gpt-oss, its attention sinks too; MiMo-V2-Flash's sinks),
-computes Apertus's xIELU
-from its constants (a push's reload leaves its beta/eps buffers uninitialised), and with
+computes Apertus's xIELU from its constants (a push's reload leaves its beta/eps buffers uninitialised), and with
 vllm.inspect_in_process has vLLM inspect the model class in the API server's own process.
 
 Why the second part: vLLM's CPU linear layers prepack weights into oneDNN handles and drop the weight
