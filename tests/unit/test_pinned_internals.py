@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import inspect
 import json
+import os
 import subprocess
 import sys
 
@@ -88,8 +89,13 @@ def test_the_patched_xielu_computes_vllms_values_whatever_its_buffers_hold():
 
     from trainer.push.vllm_plugin import xielu_from_its_constants
 
-    with set_current_vllm_config(VllmConfig()):
-        act = XIELU(dtype=torch.float32)
+    environ = dict(os.environ)
+    try:  # VllmConfig() sets VLLM_WORKER_MULTIPROC_METHOD in os.environ (the launcher reads it: tests/unit/test_vllm_start.py)
+        with set_current_vllm_config(VllmConfig()):
+            act = XIELU(dtype=torch.float32)
+    finally:
+        os.environ.clear()
+        os.environ.update(environ)
     x = torch.linspace(-6, 6, 241)
     want = XIELU._xielu_python(act, x)  # before the patch in a fresh process; the patch itself after (same values)
     xielu_from_its_constants()
