@@ -22,6 +22,7 @@ import sys
 import threading
 import time
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 from launcher.core import config as config_mod
 from launcher.core.config import ConfigError, JobConfig
@@ -31,6 +32,9 @@ from launcher.core.records import eval_rows, format_eval, format_summary, read_r
 from launcher.dryrun import node_table, render_dry_run
 from launcher.memory import plan_report
 from launcher.status import cancel, find_job_dir, log_files, q, status
+
+if TYPE_CHECKING:
+    from launcher.submit import SbatchFailed
 
 
 def cli_argv(python: str, command: str, config: str, *sets: str) -> list[str]:
@@ -45,7 +49,7 @@ def _add_set_arg(p: argparse.ArgumentParser, what: str = "a config value") -> No
         action="append",
         default=[],
         metavar="SECTION.KEY=VALUE",
-        help=f"override {what} (YAML syntax), e.g. --set slurm.nodes=4 trainer.max_steps=50; may be repeated",
+        help=f"override {what} (YAML values; a text key takes its value as typed), e.g. --set slurm.nodes=4 trainer.max_steps=50; may be repeated",
     )
 
 
@@ -77,8 +81,60 @@ def _load(a: argparse.Namespace, **force: object) -> JobConfig:
     from launcher.hub import resolve_hub_model
 
     overrides = list(a.overrides) + [f"{k}={json.dumps(v)}" for k, v in force.items()]
+    check_config_path(a.config)
     cfg = config_mod.load(a.config, overrides)
     return resolve_hub_model(cfg, download=a.command in ("submit", "local", "sweep") and not getattr(a, "dry_run", False))
+
+
+def check_config_path(path: str) -> None:
+    """A folder given where the YAML config goes: say so, with the YAML files in it (the loader would say "not found")."""
+    folder = Path(path).expanduser()
+    if not folder.is_dir():
+        return
+    found = sorted(f.name for f in folder.iterdir() if f.suffix in (".yaml", ".yml") and f.is_file())
+    if not found:
+        raise ConfigError(f"{q(path)} is a directory with no .yaml file in it; give a YAML config, e.g. configs/smoke_cpu.yaml")
+    listed = ", ".join(found[:8]) + (f" and {len(found) - 8} more" if len(found) > 8 else "")
+    raise ConfigError(f"{q(path)} is a directory; give one of its YAML configs, e.g. {q(folder / found[0])} (it holds {listed})")
+
+
+def resume_note(cfg: JobConfig, p: Plan, resuming: bool = False) -> tuple[str, bool] | None:
+    """What a run does in a job folder that already holds a checkpoint (trainer.resume on): the line that says so,
+    and whether nothing is left to train (its newest step at or past trainer.max_steps: submit refuses that, a dry-run
+    notes it). resuming: the `resume` command, whose preface already names the step."""
+    done = JobDir(Path(p.job_dir)).complete_checkpoints() if cfg.trainer.resume else []
+    if not done:
+        return None
+    step, total, d = done[-1][0], cfg.trainer.max_steps, q(p.job_dir)
+    if step >= total and resuming:
+        return (
+            f"{d} is at step {step} of trainer.max_steps {total}: nothing left to train; to train on, raise it: "
+            f"--set trainer.max_steps=<more than {step}>",
+            True,
+        )
+    if step >= total:
+        return (
+            f"job folder {d} holds checkpoint step {step}, at or past trainer.max_steps ({total}): resuming from it "
+            "(trainer.resume) leaves nothing to train; raise trainer.max_steps to train on, or for a new run set "
+            "job.job_dir to a new folder or --set trainer.resume=false",
+            True,
+        )
+    if resuming:
+        return None
+    return (
+        f"job folder {d} holds checkpoint step {step}: this run resumes from it (trainer.resume); for a new run set "
+        "job.job_dir to a new folder or --set trainer.resume=false",
+        False,
+    )
+
+
+def _refuse_or_note(cfg: JobConfig, p: Plan, resuming: bool = False) -> None:
+    """submit, resume and local: refuse a job with nothing left to train, else say that it resumes (stderr)."""
+    note = resume_note(cfg, p, resuming)
+    if note and note[1]:
+        raise ConfigError(note[0])
+    if note:
+        print(f"note: {note[0]}", file=sys.stderr, flush=True)
 
 
 def _skipped(a: argparse.Namespace) -> frozenset[str]:
@@ -102,33 +158,39 @@ def cmd_dry_run(a: argparse.Namespace) -> int:
     return _show_and_check(cfg, make_plan(cfg), "", _skipped(a))
 
 
-def _show_and_check(cfg: JobConfig, p: Plan, preface: str, skip: frozenset[str]) -> int:
+def _show_and_check(cfg: JobConfig, p: Plan, preface: str, skip: frozenset[str], resuming: bool = False) -> int:
     """Every dry-run (dry-run, submit/resume --dry-run): what would be submitted, then the checks submit runs, failing
-    where submit would refuse."""
+    where submit would refuse; last, a note on a job folder that already holds a checkpoint (one with nothing left to
+    train is noted, not failed: the config is sound, the folder is done)."""
     from launcher.submit_checks import refusal, run_checks, section
 
     print(preface + render_dry_run(cfg, p))
     results = run_checks([p], skip)
     print("\n" + section(results))
+    note = resume_note(cfg, p, resuming)
+    if note:
+        refused = f"note: {'resume' if resuming else 'submit'} would refuse this: "
+        print((refused if note[1] else "note: ") + note[0], file=sys.stderr, flush=True)
     err = refusal(results, listed=True)
     if err:
         raise err
     return 0
 
 
-def _show_or_submit(cfg: JobConfig, p: Plan, dry_run: bool, preface: str = "", skip: frozenset[str] = frozenset()):
+def _show_or_submit(
+    cfg: JobConfig, p: Plan, dry_run: bool, preface: str = "", skip: frozenset[str] = frozenset(), resuming: bool = False
+):
     """--dry-run: print what would be submitted, run the checks and return None; else the same checks (refused
-    before anything is written), the job folder, sbatch. A new folder sbatch refuses is removed again."""
-    import shutil
-
+    before anything is written), the job folder, sbatch. A new folder of a job sbatch did not queue is removed again."""
     from launcher.core.jobdir import write_job_dir
     from launcher.simulate import timeout_warning
     from launcher.submit import SbatchFailed, check_submittable, submit
     from launcher.submit_checks import refusal, run_checks
 
     if dry_run:
-        _show_and_check(cfg, p, preface, skip)
+        _show_and_check(cfg, p, preface, skip, resuming)
         return None
+    _refuse_or_note(cfg, p, resuming)
     check_submittable(cfg)  # before the job folder is written
     err = refusal(run_checks([p], skip), listed=False)
     if err:  # before sbatch: a typo must not wait in the queue
@@ -141,11 +203,20 @@ def _show_or_submit(cfg: JobConfig, p: Plan, dry_run: bool, preface: str = "", s
     try:
         return submit(cfg, p)
     except SbatchFailed as e:
-        # a resumed folder keeps its checkpoints; a job sbatch may have queued (a timeout) keeps its folder
-        if not fresh or not e.refused:
-            raise
-        shutil.rmtree(p.job_dir, ignore_errors=True)  # no orphan folder of a job that never existed
-        raise RuntimeError(f"{e.reason()}\nno job folder kept; `slurm-grpo dry-run` prints the sbatch text") from None
+        raise RuntimeError(sbatch_failed(e, Path(p.job_dir), fresh)) from None
+
+
+def sbatch_failed(e: SbatchFailed, folder: Path, fresh: bool) -> str:
+    """The two lines of a submit sbatch did not take: its reason, then what became of the folder and the fix. A folder
+    this submit made for a job that does not exist is removed (no orphan that `status` would read as a job); one that
+    was there before (a resume's checkpoints) or whose job may exist (a timeout) is kept, its submit_failed.json
+    telling `status`, its job.sbatch what was sent."""
+    import shutil
+
+    if fresh and not e.maybe_queued:
+        shutil.rmtree(folder, ignore_errors=True)
+        return f"{e.reason}\nno job folder kept (no job was queued); {e.fix}"
+    return f"{e.reason}\n{e.fix}; job folder kept: {q(folder)} (job.sbatch: what was sent)"
 
 
 def cmd_submit(a: argparse.Namespace) -> int:
@@ -178,7 +249,7 @@ def cmd_resume(a: argparse.Namespace) -> int:
     p = make_plan(cfg)
     step, path = done[-1]
     preface = f"# would resume {d} from step {step} ({path.name}) on {p.num_nodes} nodes x {p.ranks_per_node} ranks\n\n"
-    s = _show_or_submit(cfg, p, a.dry_run, preface, skip=_skipped(a))
+    s = _show_or_submit(cfg, p, a.dry_run, preface, skip=_skipped(a), resuming=True)
     if s is None:
         return 0
     print(
@@ -233,6 +304,7 @@ def cmd_local(a: argparse.Namespace) -> int:
         print(f"local: running as one node (the config asks for {cfg.slurm.nodes}; slurm.nodes is ignored here)")
         cfg = _load(a, **{"slurm.nodes": 1})
     p = make_plan(cfg)
+    _refuse_or_note(cfg, p)  # before the server starts: a folder with nothing left to train is refused
     problems = local_problems(p.config)  # the plan's config: what the ranks will run (LoRA targets resolved)
     if problems:  # before the job folder and the server: a typo must not cost a vLLM start; one line each
         raise ConfigError("\n".join(problems))
@@ -285,7 +357,7 @@ def cmd_logs(a: argparse.Namespace) -> int:
 def cmd_sweep(a: argparse.Namespace) -> int:
     """Plan every grid point, check them, write the sweep folder, submit one job array."""
     from launcher import sweep
-    from launcher.submit import ArraySpec, sbatch_text, submit
+    from launcher.submit import ArraySpec, SbatchFailed, check_submittable, sbatch_text, submit
     from launcher.submit_checks import refusal, run_checks, section
 
     grid = sweep.parse_grid(a.grid)
@@ -309,8 +381,13 @@ def cmd_sweep(a: argparse.Namespace) -> int:
         raise err
     if a.dry_run:
         return 0
+    check_submittable(first.config)  # SLURM's commands here, before the sweep folder is written
+    fresh = not d.exists()
     sweep.write_sweep(d, grid, points)
-    s = submit(first.config, first.plan, array)
+    try:
+        s = submit(first.config, first.plan, array)
+    except SbatchFailed as e:
+        raise RuntimeError(sbatch_failed(e, d, fresh)) from None
     for p in points:  # each point's folder answers `slurm-grpo status` on its own too
         JobDir(Path(p.plan.job_dir)).job_id.write_text(f"{s.job_id}_{p.index}\n")
     print(f"submitted job array {s.job_id}\nsweep folder: {q(d)}\nwatch it: slurm-grpo status {q(d)}")
@@ -402,7 +479,15 @@ def cmd_config_reference(a: argparse.Namespace) -> int:
                 f"sections: {', '.join(tables)}"
             )
         text = tables[section].strip()
-        if group:
+        if group:  # a key, a nested group (slurm.container) or the start of keys (trainer.max)
+            keys = [ln.split("`")[1] for ln in text.splitlines() if ln.startswith("| `")]
+            if not any(k.startswith(group) for k in keys):
+                known = config_mod.KNOWN_AS.get(group)
+                hint = config_mod.did_you_mean(group, keys) or (f"; did you mean {known!r}?" if known in keys else "")
+                raise ConfigError(
+                    f"config-reference {a.section!r}: {section} has no key {group!r}{hint} "
+                    f"(`slurm-grpo config-reference {section}` lists its keys)"
+                )
             text = "\n".join(ln for ln in text.splitlines() if ln.startswith(f"| `{group}") or not ln.startswith("| `"))
     print(text)
     return 0

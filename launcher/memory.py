@@ -397,6 +397,11 @@ def vllm_tp_choices(heads: int, gpus: int, data_parallel: int, shared: bool) -> 
     return [t for t in tps if (gpus % t == 0 if shared else t * data_parallel < gpus)]
 
 
+SPLIT_VLLM_FRACTION = 0.9
+"""vllm.gpu_memory_utilization's default: what vLLM may take of GPUs it has to itself (the split layout), where the fix
+for weights that do not fit may raise a lower setting (one made to share a GPU with the trainer) to."""
+
+
 def routed_expert_params(shape: ModelShape) -> int:
     """The routed experts' parameters (0 for a dense model): what expert parallelism splits; the router and a shared
     expert stay with the dense part."""
@@ -417,6 +422,35 @@ def vllm_weights_fit(shape: ModelShape, tp: int, vllm_gb: float, dp: int = 1, ex
 
 def smallest_vllm_tp(shape: ModelShape, vllm_gb: float, tps: list[int], dp: int = 1, expert_parallel: bool = False) -> int | None:
     return next((t for t in sorted(tps) if vllm_weights_fit(shape, t, vllm_gb, dp, expert_parallel)), None)
+
+
+def node_gpus(lay: Layout) -> int:
+    """The GPUs of one node of the layout: its trainer ranks, plus vLLM's TP x DP GPUs in the split layout."""
+    return lay.ranks_per_node + (0 if lay.shared_gpu else lay.tensor_parallel_size * lay.vllm_data_parallel)
+
+
+def vllm_weights_fix(shape: ModelShape, lay: Layout) -> str:
+    """What holds vLLM's weights where they do not fit (vllm_weights_fit): the smallest larger TP this node runs; else a
+    node where vLLM has GPUs of its own (the split layout: TP x DP + 1 GPUs, vLLM up to SPLIT_VLLM_FRACTION of each),
+    GPUs with more memory or a smaller model. The one fix that dry-run's estimate and its memory check both name."""
+    dp, ep, tp0, g = lay.vllm_data_parallel, lay.expert_parallel, lay.tensor_parallel_size, node_gpus(lay)
+    tps = vllm_tp_choices(shape.heads, g, dp, lay.shared_gpu)
+    tp = smallest_vllm_tp(shape, lay.gpu_gb * lay.vllm_fraction, [t for t in tps if t > tp0], dp, ep)
+    if tp:
+        return f"set vllm.tensor_parallel_size={tp} ({vllm_weights_gb(shape, tp, dp, ep):.0f} GB per GPU)"
+    fixes = []
+    frac = max(lay.vllm_fraction, SPLIT_VLLM_FRACTION)
+    own = smallest_vllm_tp(shape, lay.gpu_gb * frac, [t for t in (1, 2, 4, 8) if shape.heads % t == 0], dp, ep)
+    if own is not None:
+        sets = [f"slurm.gpus_per_node={own * dp + 1}"] if own * dp + 1 > g else []
+        sets += [f"vllm.tensor_parallel_size={own}"] if own != tp0 else []
+        sets += [f"vllm.gpu_memory_utilization={frac:g}"] if frac > lay.vllm_fraction else []
+        mine = "the split layout: vLLM on GPUs of its own, " if lay.shared_gpu else ""
+        fixes.append(f"--set {' '.join(sets)} ({mine}{vllm_weights_gb(shape, own, dp, ep):.0f} GB per GPU)")
+    return (
+        f"no vllm.tensor_parallel_size of a {g}-GPU node holds them at gpu_memory_utilization {lay.vllm_fraction:g}: "
+        + ", ".join([*fixes, "GPUs with more memory, or a smaller model"])
+    )
 
 
 def split_fits(shape: ModelShape, lay: Layout, gpus: int, vllm_gpus: int, tp: int, completions: int, base: Options) -> bool:
@@ -490,7 +524,7 @@ def report(shape: ModelShape, lay: Layout, opt: Options) -> list[str]:
     if e.vllm_weights_gb + VLLM_HEADROOM_GB > (e.vllm_budget_gb or 0):
         lines.append(
             f"PROBLEM: vLLM's weights ({e.vllm_weights_gb:.0f} GB per GPU) leave under {VLLM_HEADROOM_GB:g} GB for its "
-            f"KV cache in {e.vllm_budget_gb:.0f} GB: raise vllm.tensor_parallel_size"
+            f"KV cache in {e.vllm_budget_gb:.0f} GB: {vllm_weights_fix(shape, lay)}"
         )
     if max(e.gpu_gb, e.load_gpu_gb) > e.budget_gb:
         fix = cheapest_fit(shape, lay, opt.reference_model, opt)
@@ -599,14 +633,7 @@ def memory_problems(p: Plan) -> list[str] | None:
     weights = vllm_weights_gb(shape, lay.tensor_parallel_size, dp, ep)
     if vllm_weights_fit(shape, lay.tensor_parallel_size, vllm_gb, dp, ep):
         return []
-    g = p.config.slurm.gpus_per_node
-    tps = vllm_tp_choices(shape.heads, g, dp, lay.shared_gpu)
-    tp = smallest_vllm_tp(shape, vllm_gb, [t for t in tps if t > lay.tensor_parallel_size], dp, ep)
-    fix = (
-        f"set vllm.tensor_parallel_size={tp} ({vllm_weights_gb(shape, tp, dp, ep):.0f} GB per GPU)"
-        if tp
-        else f"no tensor_parallel_size of a {g}-GPU node holds them: GPUs with more memory, or a smaller model"
-    )
+    fix = vllm_weights_fix(shape, lay)
     return [
         f"vllm.tensor_parallel_size {lay.tensor_parallel_size}: vLLM's bf16 weights ({weights:.0f} GB per GPU) leave "
         f"under {VLLM_HEADROOM_GB:g} GB for its KV cache in the {vllm_gb:.0f} GB it gets of a {lay.gpu_gb:g} GB GPU (gpu_memory_utilization {lay.vllm_fraction:g}); {fix}"

@@ -80,6 +80,12 @@ def gpu_of(cfg: JobConfig) -> str:
     return name
 
 
+ASSUMED_PARAMS_B = 7.0
+ASSUMED_SIZE = "a 7 B model assumed, its config.json is not readable here"
+"""The size the step model takes when vllm.model's config.json is not readable here (a hub id not downloaded yet),
+and the words dry-run and simulate say it with."""
+
+
 LAYOUT_DEFAULTS = {
     "colocate_gen_efficiency": 0.6,  # assumption: vLLM inside each trainer process holds a memory fraction (KV-bound)
     "async_overhead": 0.05,  # assumption: an overlapped step loses this fraction (pause/resume around a push, jitter)
@@ -306,7 +312,7 @@ def layout_verdict(cfg: JobConfig) -> str | None:
     if cfg.job.device != "cuda" or g <= tp or g % tp:
         return None
     shape = ModelShape.read(cfg.vllm.model)
-    params = shape.params / 1e9 if shape else 7.0
+    params = shape.params / 1e9 if shape else ASSUMED_PARAMS_B
     active = shape.active_params / 1e9 if shape else None
     per = g - tp * cfg.vllm.data_parallel_size if cfg.slurm.layout == "split" else g - tp
     f = {**DEFAULTS, **LAYOUT_DEFAULTS, **SHARED_CALIBRATION}
@@ -316,7 +322,7 @@ def layout_verdict(cfg: JobConfig) -> str | None:
     fits = memory_fit(shape, layout(p, prompt_length(cfg)), options(p), g, tp, completions) if shape else None
     rows = split_rows(g, tp, cfg.slurm.nodes, params, completions, tokens, f["train_s"] * max(per, 1), f, active, fits)
     shared = shared_rows(g, tp, params, completions, tokens, f["train_s"] * max(per, 1), f, active)[0]
-    size = "" if shape else "; a 7 B model assumed, its config.json is not readable here"
+    size = "" if shape else f"; {ASSUMED_SIZE}"
     if recommend(rows) is None:
         return (
             f"layout = {cfg.slurm.layout} (slurm.layout); no split of this node's {g} GPUs at vllm.tensor_parallel_size "
@@ -397,12 +403,20 @@ def read_calibration(path: str) -> dict[str, float]:
 
 
 def print_scaling(
-    rows: list[Row], params: float, per: int, cfg: JobConfig, figures: dict[str, float], active: float | None = None
+    rows: list[Row],
+    params: float,
+    per: int,
+    cfg: JobConfig,
+    figures: dict[str, float],
+    active: float | None = None,
+    size: str = "",
 ) -> None:
-    """The node-count table: one server per node against one global server."""
+    """The node-count table: one server per node against one global server. size: where the model's size came from
+    when not its config.json (ASSUMED_SIZE)."""
     moe = f", {active:.3g}B active per token (MoE)" if active is not None and active < params else ""
+    size = f" ({size}; --params-b N gives the size)" if size else ""
     print(
-        f"assumptions: model {params:.3g}B params{moe} (push = {figures['bytes_per_param'] * params:.3g} GB), {per} trainer ranks/node, "
+        f"assumptions: model {params:.3g}B params{moe}{size} (push = {figures['bytes_per_param'] * params:.3g} GB), {per} trainer ranks/node, "
         f"{cfg.trainer.per_device_train_batch_size} completions/rank x {cfg.trainer.max_completion_length} tokens; "
         + ", ".join(f"{k}={v:g}" for k, v in figures.items())
     )
@@ -523,6 +537,17 @@ def plot(path: str, nodes: list[int], rows: list[Row]) -> None:
     print(f"plot: {path}")
 
 
+def check_output(option: str, path: str) -> None:
+    """A file simulate writes at the end (--plot, --json), checked before the work: its folder exists, it is no folder."""
+    if not path:
+        return
+    p = Path(path).resolve()
+    if not p.parent.is_dir():
+        raise ConfigError(f"{option} {path}: its folder does not exist; create it or give another path")
+    if p.is_dir():
+        raise ConfigError(f"{option} {path} is a folder; give the path of a file to write")
+
+
 def main(a) -> int:
     if not math.isfinite(a.params_b) or a.params_b < 0:
         raise ConfigError(f"--params-b {a.params_b:g}: give the model's parameters in billions, e.g. 7 (0 = from the config)")
@@ -532,15 +557,15 @@ def main(a) -> int:
     figures = {**DEFAULTS, **GPU_FIGURES.get(gpu, {}), **(read_calibration(a.calibration) if a.calibration else {})}
     if gpu in GPU_FIGURES:
         print(f"GPU {gpu}: its figures replace the H100/H200 defaults (launcher/simulate.py GPU_FIGURES)")
-    if a.plot and not Path(a.plot).resolve().parent.is_dir():
-        raise ConfigError(f"--plot {a.plot}: its folder does not exist; create it or give another path")
+    for option, path in (("--plot", a.plot), ("--json", getattr(a, "json", ""))):
+        check_output(option, path)
     shape = ModelShape.read(cfg.vllm.model)
-    params = a.params_b or (shape.params / 1e9 if shape else 7.0)
+    params = a.params_b or (shape.params / 1e9 if shape else ASSUMED_PARAMS_B)
     active = shape.active_params / 1e9 if shape and not a.params_b else None
     per = cfg.slurm.gpus_per_node - cfg.vllm.tensor_parallel_size * cfg.vllm.data_parallel_size or 1
     batch, tokens = cfg.trainer.per_device_train_batch_size, cfg.trainer.max_completion_length
     rows = predict(nodes, params, per, batch, tokens, figures, active)
-    print_scaling(rows, params, per, cfg, figures, active)
+    print_scaling(rows, params, per, cfg, figures, active, "" if shape or a.params_b else ASSUMED_SIZE)
     p = plan(cfg, "")
     lay = layout(p, prompt_length(cfg))
     assumed = not lay.gpu_gb
@@ -556,5 +581,5 @@ def main(a) -> int:
     if a.plot:
         plot(a.plot, nodes, rows)
     if getattr(a, "json", ""):
-        open(a.json, "w").write(json.dumps([asdict(r) for r in rows], indent=1))
+        Path(a.json).write_text(json.dumps([asdict(r) for r in rows], indent=1))
     return 0

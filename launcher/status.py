@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import json
 import re
 import shlex
 import subprocess
@@ -211,6 +212,12 @@ def status(job_dir: Path) -> str:
     lines = [f"job folder: {q(job_dir)}"]
     plan = Plan.load(jd.plan)
     jid = jd.read_job_id()
+    failed = submit_failure(jd)
+    if failed and not jid and not failed["maybe_queued"]:  # no job exists: nothing below would mean anything
+        return "\n".join([*lines, f"never submitted: sbatch failed ({failed['reason']}); {failed['fix']}"])
+    if failed:
+        before = f" (job {jid} below is the one before it)" if jid else ""
+        lines.append(f"the newest submit failed{before}: {failed['reason']}; {failed['fix']}")
     if jid:
         lines.append(f"SLURM job {jid}:")
         states = slurm_state(jid) or [f"(sacct has no record of job {jid}; is this the cluster it was submitted to?)"]
@@ -224,7 +231,7 @@ def status(job_dir: Path) -> str:
         hint = next_step(job_dir, state, plan.config.slurm) if state else None
         if hint:
             lines.append(hint)
-    else:
+    elif not failed:
         lines.append("local run (no SLURM job id)")
     for n in range(plan.num_nodes):
         ev = read_events(jd.events(n))
@@ -253,6 +260,15 @@ def status(job_dir: Path) -> str:
     if evals or plan.config.trainer.eval.enabled:
         lines.append("latest eval: " + format_eval(evals[-1] if evals else None))
     return "\n".join(lines)
+
+
+def submit_failure(jd: JobDir) -> dict[str, Any] | None:
+    """The folder's submit_failed.json (launcher.submit's record of an sbatch that gave no job id): reason, fix,
+    maybe_queued; None when the newest submit went through (or none was made)."""
+    try:
+        return dict(json.loads(jd.submit_failed.read_text()))
+    except (OSError, ValueError):
+        return None
 
 
 def log_files(job_dir: Path, node: int | None) -> list[Path]:

@@ -8,8 +8,13 @@ function path is not used (nothing opaque runs on the nodes).
 
 from __future__ import annotations
 
+import contextlib
 import functools
+import io
+import json
 import shlex
+import shutil
+import subprocess
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -21,7 +26,6 @@ from launcher.core.config import ConfigError, JobConfig, control_character, did_
 from launcher.core.jobdir import Env, JobDir
 from launcher.core.plan import Plan
 from launcher.node.commands import bootstrap_argv
-from launcher.status import q
 
 TEMPLATES = Path(__file__).resolve().parent.parent / "slurm_templates"
 
@@ -204,45 +208,89 @@ class Submitted:
 
 def check_submittable(cfg: JobConfig) -> None:
     """What only the nodes' layout forbids: an emulated plan's nodes share one host and one GPU, so on SLURM node 1's
-    ranks would never meet node 0's (they wait out the rendezvous timeout after the queue)."""
+    ranks would never meet node 0's (they wait out the rendezvous timeout after the queue). Then what this host lacks:
+    SLURM's commands (checked before the job folder is written)."""
     if cfg.job.emulate_gpus:
         raise ConfigError(
             "job.emulate_gpus lays a cluster out on this machine's one GPU, for tests; SLURM cannot run it: remove it to "
             "submit (dry-run still shows the emulated plan)"
         )
+    missing = [c for c in SLURM_COMMANDS if shutil.which(c) is None]
+    if missing:
+        raise SlurmMissing(
+            f"{' and '.join(missing)} not found on PATH: this host has no SLURM; submit from the cluster's login node "
+            "(`slurm-grpo local CONFIG` runs the job on this machine, `slurm-grpo dry-run CONFIG` prints the sbatch text)"
+        )
 
 
-REFUSED = "Batch job submission failed"
-"""sbatch's own words when slurmctld refused the job: only then is it sure that no job exists."""
+SLURM_COMMANDS = ("sbatch", "srun")
+"""What submit needs on this host: sbatch, and srun (submitit's executor looks for it before anything else)."""
+
+
+class SlurmMissing(RuntimeError):
+    """SLURM's commands are not on this host's PATH: nothing was written, nothing submitted."""
+
+
+UNREACHABLE = ("configuration source", "contact slurm controller", "connect failure", "Connection refused", "slurm.conf")
+"""Words of sbatch failing to reach the controller (or to find its configuration): no job exists."""
+
+TIMED_OUT = "timed out"
+"""sbatch's words when the controller's reply was lost: it may have queued the job all the same."""
 
 
 class SbatchFailed(RuntimeError):
-    """sbatch did not return a job id; refused: slurmctld said no (no job exists), else the job may exist."""
+    """sbatch gave no job id. maybe_queued: the job may exist all the same (the reply timed out, or sbatch printed no
+    job id it could be told from); else sbatch exited with an error and no job exists."""
 
-    def __init__(self, message: str, refused: bool) -> None:
-        super().__init__(message)
-        self.refused = refused
+    def __init__(self, reason: str, fix: str, maybe_queued: bool) -> None:
+        super().__init__(f"{reason}\n{fix}")
+        self.reason, self.fix, self.maybe_queued = reason, fix, maybe_queued
 
-    def reason(self) -> str:
-        """sbatch's error line (its first line is often a warning), else the message's first line."""
-        lines = str(self).splitlines()
-        return next((ln.strip() for ln in lines if "error:" in ln), lines[0])
+    @classmethod
+    def of(cls, err: BaseException, job_name: str) -> SbatchFailed:
+        """From what submitit raised: a nonzero exit (its cause holds sbatch's stderr), output with no job id (exit 0),
+        or sbatch not runnable at all."""
+        if isinstance(err, OSError):  # Popen's: sbatch went from PATH, or cannot be executed
+            return cls(f"sbatch could not run: {err}", "submit from the cluster's login node, where sbatch works", False)
+        cause = err.__cause__
+        rc = cause.returncode if isinstance(cause, subprocess.CalledProcessError) else None
+        text = str(cause.stderr or "") if isinstance(cause, subprocess.CalledProcessError) else str(err)
+        lines = [ln.strip() for ln in text.splitlines() if ln.strip()]
+        # the fatal line, else the first error line (the lines before it are often warnings, the last a summary)
+        reason = next((ln for ln in lines if "fatal:" in ln), None) or next((ln for ln in lines if "error:" in ln), None)
+        reason = reason or (lines[0] if lines else f"sbatch exited with code {rc} and no message")
+        if rc is None or TIMED_OUT in text:
+            squeue = f"squeue --me --name {shlex.quote(job_name)}"
+            return cls(reason, f"sbatch gave no job id, yet the job may be queued: `{squeue}` shows it", True)
+        if any(w in text for w in UNREACHABLE):
+            fix = "this host cannot reach SLURM's controller: submit from the cluster's login node (where `sinfo` answers)"
+        else:
+            fix = "fix what sbatch names (the config's slurm section; `slurm-grpo dry-run CONFIG` prints the sbatch text)"
+        return cls(reason, fix, False)
+
+    def record(self) -> str:
+        """The job folder's submit_failed.json, which `status` reads."""
+        return json.dumps({"reason": self.reason, "fix": self.fix, "maybe_queued": self.maybe_queued}) + "\n"
 
 
 def submit(cfg: JobConfig, p: Plan, array: ArraySpec | None = None) -> Submitted:
     """sbatch the job (or the sweep's array, from its first point's config and plan); job.sbatch and job_id go into
-    the job (or sweep) folder."""
+    the job (or sweep) folder. A failure is SbatchFailed, recorded in the folder for `status` (the caller removes a
+    folder it made for a job that does not exist)."""
     check_submittable(cfg)
     root = JobDir(Path(root_dir(p, array)))
     ex = make_executor(cfg, p, array=array)
     command = job_command(cfg, p, array)
     text = ex._make_submission_file_text(command, "submitted")
     try:
-        job = ex._submit_command(command)
-    except Exception as e:  # submitit raises its own FailedJobError/OSError with sbatch's stderr
-        refused = REFUSED in str(e)  # else (a timeout, a reply not parsed) the job may be in the queue all the same
-        raise SbatchFailed(f"sbatch refused the job: {e}\nThe sbatch text is in {q(root.sbatch)}", refused) from None
+        with contextlib.redirect_stderr(io.StringIO()):  # submitit prints sbatch's stderr before raising it: said once
+            job = ex._submit_command(command)
+    except Exception as e:  # submitit's FailedJobError (from a CalledProcessError), FailedSubmissionError, OSError
+        failed = SbatchFailed.of(e, cfg.job.name)
+        root.submit_failed.write_text(failed.record())
+        raise failed from None
     finally:
         root.sbatch.write_text(text)
+    root.submit_failed.unlink(missing_ok=True)
     root.job_id.write_text(str(job.job_id) + "\n")
     return Submitted(job_id=str(job.job_id), job_dir=str(root.root), sbatch_path=str(root.sbatch))

@@ -1,6 +1,9 @@
 """Hyperparameter sweeps as one SLURM job array.
 
     slurm-grpo sweep CONFIG --grid trainer.learning_rate=1e-6,3e-6 --grid trainer.beta=0,0.04 [--parallel 2]
+    slurm-grpo sweep CONFIG --grid 'trainer.reward_funcs=[math_accuracy,think_answer_format],[math_accuracy]'
+
+A --grid's values are YAML, as --set's, split at the commas outside brackets, braces and quotes: a list is one value.
 
 The grid's cartesian product gives the points; each point is an ordinary job folder (its resolved config, plan,
 logs, checkpoints, metrics) under the sweep folder as point-000, point-001, ...; sweep.json lists them with their
@@ -17,14 +20,52 @@ import time
 from dataclasses import dataclass
 from pathlib import Path
 
-from launcher.core.config import ConfigError, JobConfig, load, parse_override
+import yaml
+
+from launcher.core.config import ConfigError, JobConfig, load, parse_override, read_yaml, yaml_error
 from launcher.core.jobdir import JobDir, point_dir
 from launcher.core.plan import Plan, plan
 from launcher.core.records import read_rows, step_rows
 
+GRID_SYNTAX = (
+    "values are YAML split at the commas outside brackets and quotes, e.g. --grid trainer.beta=0,0.04 or "
+    "--grid 'trainer.reward_funcs=[a,b],[c]'"
+)
+
+
+def split_values(text: str) -> list[str]:
+    """'[a,b],[c],"x,y"' -> ['[a,b]', '[c]', '"x,y"']: split at the commas outside [], {} and quotes (YAML's: '' is a
+    quote inside '...', backslash escapes inside "..."). ValueError: a bracket or quote left open or closed twice."""
+    vals, depth, quote, start, i = [], [], "", 0, 0
+    pairs = {"[": "]", "{": "}"}
+    while i < len(text):
+        c = text[i]
+        if quote:
+            if c == "\\" and quote == '"':
+                i += 1
+            elif c == quote:
+                quote = ""
+        elif c in "'\"":
+            quote = c
+        elif c in pairs:
+            depth.append(pairs[c])
+        elif c in "]}":
+            if not depth or depth.pop() != c:
+                raise ValueError(f"{c!r} at character {i + 1} of the values closes no bracket")
+        elif c == "," and not depth:
+            vals.append(text[start:i].strip())
+            start = i + 1
+        i += 1
+    if quote:
+        raise ValueError(f"the quote {quote} is not closed")
+    if depth:
+        raise ValueError(f"a bracket is not closed ({depth[-1]!r} missing)")
+    return [*vals, text[start:].strip()]
+
 
 def parse_grid(specs: list[str]) -> list[tuple[str, list[str]]]:
-    """['trainer.beta=0,0.04', ...] -> [('trainer.beta', ['0', '0.04']), ...]; values stay text for --set."""
+    """['trainer.beta=0,0.04', ...] -> [('trainer.beta', ['0', '0.04']), ...]; values stay text for --set, each read
+    as YAML here so that a bad one fails naming the --grid."""
     grid = []
     for spec in specs:
         key, eq, values = spec.partition("=")
@@ -36,9 +77,18 @@ def parse_grid(specs: list[str]) -> list[tuple[str, list[str]]]:
                 f"--grid {key}: the points of a sweep are the tasks of one job array and share its sbatch header and "
                 f"folder; vary trainer/vllm keys (submit separate jobs to compare slurm settings)"
             )
-        vals = [v.strip() for v in values.split(",")]
+        try:
+            vals = split_values(values)
+        except ValueError as e:
+            raise ConfigError(f"--grid {spec!r}: {e}; {GRID_SYNTAX}") from None
         if any(not v for v in vals) or len(set(vals)) != len(vals):
-            raise ConfigError(f"--grid {spec!r}: empty or repeated values")
+            raise ConfigError(f"--grid {spec!r}: empty or repeated values; {GRID_SYNTAX}")
+        for v in vals:
+            try:
+                read_yaml(v)
+            except (yaml.YAMLError, ConfigError) as e:
+                why = yaml_error(e) if isinstance(e, yaml.YAMLError) else str(e)
+                raise ConfigError(f"--grid {spec!r}: {v!r} is not a YAML value ({why}); {GRID_SYNTAX}") from None
         grid.append((key, vals))
     if not grid:
         raise ConfigError("a sweep needs at least one --grid section.key=v1,v2")

@@ -16,6 +16,7 @@ import functools
 import importlib.util
 import inspect
 import math
+import os
 import re
 import types
 import typing
@@ -456,8 +457,9 @@ class TrainerConfig:
             raise ConfigError(f"trainer.beta must be >= 0, got {self.beta}")
         if self.temperature <= 0:
             raise ConfigError(f"trainer.temperature must be positive, got {self.temperature}")
-        if self.save_steps < 0 or self.stall_timeout_s < 0 or self.parity_tolerance < 0:
-            raise ConfigError("trainer.save_steps, trainer.stall_timeout_s and trainer.parity_tolerance must be >= 0")
+        for name, zero in (("save_steps", "only at the end"), ("stall_timeout_s", "off"), ("parity_tolerance", "by dtype")):
+            if getattr(self, name) < 0:
+                raise ConfigError(f"trainer.{name} must be >= 0 (0 = {zero}), got {getattr(self, name)}")
         if self.keep_checkpoints < 0:
             raise ConfigError(f"trainer.keep_checkpoints must be >= 0 (0 = keep all), got {self.keep_checkpoints}")
         if self.parity_every < 0:
@@ -699,9 +701,12 @@ def _coerce(where: str, value: Any, annotation: Any) -> Any:
         return float(value)
     if annotation is str:
         if isinstance(value, (str, int, float)) and not isinstance(value, bool):
-            return written(value)  # the text as typed: 0123 and 1.10 stay as they are
+            return expand_home(where, written(value))  # the text as typed: 0123 and 1.10 stay as they are
         if isinstance(value, bool):
             raise ConfigError(f"{where} is {str(value).lower()} to YAML (an unquoted yes/no/on/off/true/false); quote it: '...'")
+        if isinstance(value, (dict, list)):  # `Format: think first` is a mapping to YAML, `[x] y` a list
+            kind = "a mapping (its text holds ': ')" if isinstance(value, dict) else "a list"
+            raise ConfigError(f"{where} must be a string, but YAML read {kind}: {value!r}; quote the whole value: '...'")
         raise ConfigError(
             f"{where} must be a string, got {value!r}" + ("; give a value or remove the line" if value is None else "")
         )
@@ -724,6 +729,37 @@ def _coerce(where: str, value: Any, annotation: Any) -> Any:
         _, item = typing.get_args(annotation)
         return {written(k): _coerce(f"{where}.{written(k)}", v, item) for k, v in value.items()}
     raise AssertionError(f"unsupported annotation {annotation!r} for {where}")
+
+
+PATH_KEYS = frozenset(
+    (
+        "vllm.model",
+        "vllm.cache_dir",
+        "trainer.dataset",
+        "trainer.chat_template",
+        "trainer.eval.dataset",
+        "job.job_dir",
+        "job.python",
+        "slurm.stage_env",
+        "slurm.container.image",
+        "slurm.setup_vars.venv",
+    )
+)
+"""Keys that hold a path (besides each slurm.container.mounts source): a leading ~ is expanded where the config is
+built, once, so the checks, the node commands (quoted: no shell expands it there) and the trainer see one path."""
+_MOUNT = re.compile(r"^slurm\.container\.mounts\[\d+\]$")
+
+
+def expand_home(where: str, text: str) -> str:
+    """A path-valued key's ~ or ~user expanded (os.path.expanduser); any other value, a hub name or a template's
+    text as it is."""
+    if not text.startswith("~"):
+        return text
+    if _MOUNT.match(where):  # SRC:DST[:ro]: the source is on this file system, the destination inside the image
+        src, sep, rest = text.partition(":")
+        return os.path.expanduser(src) + sep + rest
+    inline = where == "trainer.chat_template" and ("{{" in text or "{%" in text)
+    return os.path.expanduser(text) if where in PATH_KEYS and not inline else text
 
 
 def _kind_name(kind: Any) -> str:
@@ -760,9 +796,8 @@ def _build(cls: type, section: str, raw: Any) -> Any:
     return cls(**kwargs)
 
 
-def parse_override(text: str) -> tuple[list[str], Any]:
-    """'trainer.max_steps=5' -> (['trainer', 'max_steps'], 5); the value is read as YAML. A key into a nested group
-    keeps its rest dotted: 'slurm.container.image=x' -> (['slurm', 'container.image'], 'x')."""
+def _split_override(text: str) -> tuple[list[str], str]:
+    """'trainer.max_steps=5' -> (['trainer', 'max_steps'], '5'): the key checked for its form, the value as typed."""
     if "=" not in text:
         raise ConfigError(f"--set {text!r} is not of the form section.key=value, e.g. --set slurm.nodes=4")
     key, _, value = text.partition("=")
@@ -772,13 +807,64 @@ def parse_override(text: str) -> tuple[list[str], Any]:
             f"--set key {key!r} must be section.key (or section.group.key), e.g. trainer.max_steps or slurm.container.image; "
             f"sections: {', '.join(SECTIONS)}"
         )
+    return [parts[0], ".".join(parts[1:])], value
+
+
+def _yaml_value(text: str, value: str) -> Any:
+    """An --set value read as YAML; refused where YAML would drop part of it as a comment (' #' starts one)."""
+    if not value.strip():
+        return ""
     try:
-        parsed = read_yaml(value) if value.strip() else ""
+        parsed = read_yaml(value)
+        comment = yaml_comment(value)
     except ConfigError as e:
         raise ConfigError(f"--set {text!r}: {e}") from None
     except yaml.YAMLError as e:
         raise ConfigError(f"--set {text!r}: the value is not valid YAML ({e.__class__.__name__})") from None
-    return [parts[0], ".".join(parts[1:])], parsed
+    if comment is not None:
+        raise ConfigError(
+            f"--set {text!r}: YAML reads {value[comment:].splitlines()[0]!r} as a comment and would drop it; "
+            "quote the text that holds the #: '...'"
+        )
+    return parsed
+
+
+def yaml_comment(text: str) -> int | None:
+    """Where a YAML comment starts in text (a # at the start or after a blank, outside every token); None if none."""
+    covered = [(t.start_mark.index, t.end_mark.index) for t in yaml.scan(text, Loader=ConfigLoader)]
+    for i, c in enumerate(text):
+        if c == "#" and (i == 0 or text[i - 1] in " \t\n") and not any(a <= i < b for a, b in covered):
+            return i
+    return None
+
+
+def _is_text(annotation: Any) -> bool:
+    """A field whose value is one piece of text: a string or a choice (a Literal)."""
+    return annotation is str or typing.get_origin(annotation) is Literal
+
+
+def _override_value(text: str, value: str, annotation: Any) -> Any:
+    """An --set value for a field of this annotation: the text as typed for a text field (a system prompt may hold
+    ': ' or ' #'), unquoted as YAML would where the whole value is one quoted YAML string; YAML for any other field."""
+    if not _is_text(annotation):
+        return _yaml_value(text, value)
+    stripped = value.strip()
+    if len(stripped) >= 2 and stripped[0] == stripped[-1] and stripped[0] in "'\"":
+        try:
+            unquoted = read_yaml(stripped)
+        except (yaml.YAMLError, ConfigError):  # quotes inside the text, not around it: "a" and "b"
+            return value
+        if isinstance(unquoted, str):
+            return unquoted
+    return value
+
+
+def parse_override(text: str) -> tuple[list[str], Any]:
+    """'trainer.max_steps=5' -> (['trainer', 'max_steps'], 5); the value is read as YAML (merge_raw reads it by the
+    key's type: a text field takes it as typed). A key into a nested group keeps its rest dotted:
+    'slurm.container.image=x' -> (['slurm', 'container.image'], 'x')."""
+    path, value = _split_override(text)
+    return path, _yaml_value(text, value)
 
 
 def _is_group(annotation: Any) -> bool:
@@ -791,9 +877,9 @@ def _is_group(annotation: Any) -> bool:
     )
 
 
-def _check_override_path(text: str, section: str, path: list[str]) -> None:
+def _check_override_path(text: str, section: str, path: list[str]) -> Any:
     """Every step of a dotted --set key must exist: a nested dataclass's keys are known (an unknown one fails naming
-    the valid ones); a mapping's keys are free; a plain value has no keys."""
+    the valid ones); a mapping's keys are free; a plain value has no keys. Returns the key's annotation."""
     annotation: Any = SECTIONS[section]
     where = section
     for part in path:
@@ -807,21 +893,23 @@ def _check_override_path(text: str, section: str, path: list[str]) -> None:
         elif annotation is not Any:  # a mapping: any key, values of its value type
             annotation = typing.get_args(annotation)[1]
         where = f"{where}.{part}"
+    return annotation
 
 
 def merge_raw(raw: dict[str, Any], overrides: list[str]) -> dict[str, Any]:
-    """--set overrides on top of the file's mapping. A dotted key into a nested group (slurm.container.image=x,
-    slurm.setup_vars.venv=/v, trainer.grpo.loss_type=dapo) sets that one key and keeps the group's others, as the flat
-    keys do in a section; a mapping value (slurm.container={image: x}) replaces the whole group."""
+    """--set overrides on top of the file's mapping, each value read by its key's type (_override_value). A dotted
+    key into a nested group (slurm.container.image=x, slurm.setup_vars.venv=/v, trainer.grpo.loss_type=dapo) sets that
+    one key and keeps the group's others, as the flat keys do in a section; a mapping value (slurm.container={image: x})
+    replaces the whole group."""
     merged = {k: dict(v) if isinstance(v, dict) else v for k, v in raw.items()}
     for text in overrides:
-        (section, dotted), value = parse_override(text)
+        (section, dotted), typed = _split_override(text)
         if section not in SECTIONS:
             raise ConfigError(
                 f"--set {text!r}: unknown section '{section}'{did_you_mean(section, SECTIONS)}; sections: {', '.join(SECTIONS)}"
             )
         path = dotted.split(".")
-        _check_override_path(text, section, path)
+        value = _override_value(text, typed, _check_override_path(text, section, path))
         merged.setdefault(section, {})
         if not isinstance(merged[section], dict):
             raise ConfigError(f"section '{section}' must be a mapping")
@@ -939,7 +1027,7 @@ def read_yaml(text: str) -> Any:
     return yaml.load(text, Loader=ConfigLoader)  # noqa: S506 (a SafeLoader subclass)
 
 
-def _yaml_error(e: yaml.YAMLError) -> str:
+def yaml_error(e: yaml.YAMLError) -> str:
     """PyYAML's several-line message as one line: the problem and where."""
     mark = getattr(e, "problem_mark", None)
     where = f" at line {mark.line + 1}, column {mark.column + 1}" if mark is not None else ""
@@ -974,7 +1062,7 @@ def read_raw(path: Path, chain: tuple[Path, ...] = ()) -> dict[str, Any]:
     try:
         raw = read_yaml(path.read_text()) or {}
     except yaml.YAMLError as e:
-        raise ConfigError(f"config file {str(path)!r}{where} is not valid YAML: {_yaml_error(e)}") from None
+        raise ConfigError(f"config file {str(path)!r}{where} is not valid YAML: {yaml_error(e)}") from None
     except ConfigError as e:
         raise ConfigError(f"config file {str(path)!r}{where}: {e}") from None
     if not isinstance(raw, dict):

@@ -78,7 +78,8 @@ def resolve(
     job_dir: Path, step: int | None = None, out: str | None = None, merged: bool = False, dtype: str = ""
 ) -> ExportRequest:
     """The request, checked: a job folder with complete checkpoints, `step` one of them (default the newest), --merged
-    only for a LoRA run, the base model's folder readable here (its config and tokenizer go with the weights)."""
+    only for a LoRA run, the base model's folder readable here (its config and tokenizer go with the weights), --out
+    a new or empty folder (check_destination)."""
     jd = JobDir(Path(job_dir))
     if not jd.config.is_file():
         raise ConfigError(f"{job_dir} is not a job folder (no config.yaml); give the folder `submit` or `local` printed")
@@ -108,4 +109,23 @@ def resolve(
         )
     kind = ("merged" if merged else "adapter") if lora else "model"
     target = Path(out).absolute() if out else jd.export(step, kind)
+    check_destination(target, base, jd.export(step, kind))
     return ExportRequest(jd.root, step, done[step], kind, target, dtype or cfg.trainer.dtype, cfg)
+
+
+def check_destination(out: Path, base: Path, own: Path) -> None:
+    """Export writes only where nothing is lost: a new or empty folder, or `own` (JOB/exports/step-N-KIND, an earlier
+    export of the same request, replaced); never the base model's folder (vllm.model) or one holding it. The converter
+    replaces its destination whole, so an existing folder (a model, the base) would be gone: refused, as dequantize
+    refuses (trainer/dequantize.py check_destination)."""
+    o, b = out.resolve(), base.resolve()
+    if o == b or o in b.parents:
+        where = "is" if o == b else "holds"
+        raise ConfigError(
+            f"--out {out} {where} the run's base model folder {base} (vllm.model), which export must never overwrite; "
+            f"name a new folder (without --out: {own})"
+        )
+    if o != own.resolve() and out.exists() and (not out.is_dir() or any(out.iterdir())):
+        raise ConfigError(
+            f"--out {out} exists and is not empty; export never overwrites: name a new folder (without --out: {own})"
+        )

@@ -5,15 +5,14 @@ fails in seconds, naming the node and the file, instead of after a minute of vLL
 traceback.
 
 `submit_path_problems` runs the same checks on the submit host before sbatch (plus: each reward read from its source
-down to its function's signature and imports, tool, environment and rollout_func modules findable, the setup venv
-present), so a typo fails at once instead of after the job waited in the queue. `local_problems` runs
+down to its function's signature and imports, each tool, environment and rollout_func read from source down to its
+name, the setup venv present), so a typo fails at once instead of after the job waited in the queue. `local_problems` runs
 them before `slurm-grpo local` starts anything, and resolves the rewards, tools, environments and rollout_func as the trainer will (this host runs it)."""
 
 from __future__ import annotations
 
 import difflib
 import functools
-import importlib.util
 import json
 import math
 import os
@@ -27,7 +26,7 @@ from pathlib import Path
 from launcher.core.config import ConfigError, JobConfig
 from launcher.core.dataset_schema import DatasetError, Schema, read_jsonl, read_schema
 from launcher.core.lora import kernel_bypass_warning, resolve_targets, target_problems
-from launcher.core.reward_check import reward_needs
+from launcher.core.reward_check import Unparsable, find_def, reward_needs, source_of
 from launcher.core.weights import WeightsError, looks_local, weight_shapes
 
 FAST_TOKENIZER = "tokenizer.json"
@@ -49,14 +48,21 @@ class PreflightError(ValueError):
     pass
 
 
-def check_model(model: str) -> None:
+TINY_MODEL = "slurm-grpo make-tiny-model DIR"
+TINY_TOOL_MODEL = "python -m trainer.agents.tiny_tool_model DIR"
+"""The test model of a run with tools or an environment: make-tiny-model's has no tool-calling chat template, which
+TRL needs to parse the model's tool calls."""
+
+
+def check_model(model: str, tool_calling: bool = False) -> None:
+    """tool_calling: the run has tools or an environment (a missing folder's hint names the tool-calling test model)."""
     if not looks_local(model):
         return  # a hub name: vLLM and transformers resolve it (from the node's HF cache when offline)
     p = Path(model).expanduser()
     if not p.is_dir():
         raise PreflightError(
-            f"vllm.model {model!r}: no such folder on this node (model folders must be on a "
-            f"file system every node mounts; build a test one with `slurm-grpo make-tiny-model DIR`)"
+            f"vllm.model {model!r}: no such folder on this node (model folders must be on a file system every node "
+            f"mounts; build a test one with `{TINY_TOOL_MODEL if tool_calling else TINY_MODEL}`)"
         )
     missing = []
     if not (p / "config.json").is_file():
@@ -75,6 +81,11 @@ def check_model(model: str) -> None:
         weight_shapes(p)  # every shard there and whole, by its header
     except WeightsError as e:
         raise PreflightError(f"vllm.model {model!r}: {e}") from None
+
+
+def calls_tools(config: JobConfig) -> bool:
+    """The model must call tools: trainer.tools or trainer.environment (whose public methods are tools)."""
+    return bool(config.trainer.tools or config.trainer.environment)
 
 
 def lora_target_findings(config: JobConfig) -> tuple[list[str], list[str]]:
@@ -412,7 +423,7 @@ def check_eval_dataset(config: JobConfig) -> None:
 
 
 def check_node_inputs(config: JobConfig) -> None:
-    check_model(config.vllm.model)
+    check_model(config.vllm.model, calls_tools(config))
     check_context_length(config)
     check_lora_targets(config)
     check_data(config)
@@ -426,21 +437,27 @@ def reward_problems(entries: list[str]) -> list[str]:
 
 
 def module_problem(key: str, entry: str) -> str | None:
-    """A 'pkg.module:name' entry of `key` (a tool, environment or rollout_func) whose module cannot be found from here
-    (found, not run: its imports may need the GPU stack this host lacks)."""
+    """A 'pkg.module:name' entry of `key` (a tool, environment or rollout_func) whose module cannot be found from here,
+    or defines no `name`: read from its source as the rewards are (launcher.core.reward_check), not imported (its
+    imports may need the GPU stack this host lacks)."""
     if ":" not in entry:
         return None
-    module = entry.split(":", 1)[0]
+    module, _, name = entry.partition(":")
+    source = source_of(module)
+    if source is None:
+        return (
+            f"{key} {entry!r}: module {module!r} is not importable here; put its folder on PYTHONPATH "
+            f"(the job's nodes get the same) or install it into the job's venv"
+        )
+    if source.suffix != ".py":
+        return None  # a compiled module or a namespace package: found; the trainer resolves the name
     try:
-        found = importlib.util.find_spec(module) is not None
-    except (ImportError, ValueError):  # a parent package missing
-        found = False
-    if found:
-        return None
-    return (
-        f"{key} {entry!r}: module {module!r} is not importable here; put its folder on PYTHONPATH "
-        f"(the job's nodes get the same) or install it into the job's venv"
-    )
+        found = find_def(module, source, name, depth=0)
+    except Unparsable as e:  # the ranks would die importing it
+        return f"{key} {entry!r}: {e}; fix the file"
+    if found is None:
+        return f"{key} {entry!r}: module {module!r} has no {name!r}; fix the name after the ':'"
+    return None
 
 
 def _caught(*checks) -> list[str]:
@@ -457,7 +474,7 @@ def _caught(*checks) -> list[str]:
 def input_problems(config: JobConfig) -> list[str]:
     """The nodes' own checks (model folder, dataset), run on this host: each a one-line error."""
     return _caught(
-        lambda: check_model(config.vllm.model),
+        lambda: check_model(config.vllm.model, calls_tools(config)),
         lambda: check_context_length(config),
         lambda: check_lora_targets(config),
         lambda: check_data(config),
@@ -470,7 +487,7 @@ CHECK_KINDS = {
     "LoRA targets among its layers",
     "data": "trainer.dataset readable (by content), with the columns the run needs",
     "rewards": "trainer.reward_funcs: module, function and signature (read from source), their imports installed",
-    "agents": "trainer.tools/environment/rollout_func modules importable",
+    "agents": "trainer.tools/environment/rollout_func: each module importable, the name defined (read from source)",
     "venv": "slurm.setup_vars.venv has bin/activate",
 }
 """The kinds of submit-host path checks, each skippable on its own (--skip-checks KIND,...; all of them: all, or
@@ -492,7 +509,9 @@ def submit_checks(config: JobConfig) -> dict[str, Callable[[], list[str]]]:
     """Kind (CHECK_KINDS) -> the check, run on the submit host; each returns one-line problems."""
     return {
         "model": lambda: _caught(
-            lambda: check_model(config.vllm.model), lambda: check_context_length(config), lambda: check_lora_targets(config)
+            lambda: check_model(config.vllm.model, calls_tools(config)),
+            lambda: check_context_length(config),
+            lambda: check_lora_targets(config),
         ),
         "data": lambda: _caught(lambda: check_data(config), lambda: check_eval_dataset(config)),
         "rewards": lambda: (
@@ -603,7 +622,8 @@ def agent_entries(config: JobConfig) -> list[tuple[str, str]]:
 
 
 def agent_module_problems(config: JobConfig) -> list[str]:
-    """Each tool, environment or rollout_func whose module cannot be found from the submit host (found, not run)."""
+    """Each tool, environment or rollout_func whose module cannot be found from the submit host, or lacks the name
+    (read from source, not run)."""
     out = []
     for key, entry in agent_entries(config):
         problem = module_problem(key, entry)

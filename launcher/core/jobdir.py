@@ -102,6 +102,12 @@ class JobDir:
     def sbatch(self) -> Path:
         return self.root / "job.sbatch"
 
+    @property
+    def submit_failed(self) -> Path:
+        """Why the newest sbatch of a folder that was kept gave no job id (launcher.submit writes it, a later successful
+        submit removes it): `status` says "never submitted" (or "may be queued") instead of reading the folder as a job."""
+        return self.root / "submit_failed.json"
+
     # per node, written by the node's bootstrap and its trainer leader
     @property
     def logs(self) -> Path:

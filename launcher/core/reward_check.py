@@ -85,7 +85,7 @@ def reward_needs(entry: str) -> RewardNeeds:
     if source.suffix != ".py":
         return RewardNeeds()  # a compiled module: found; the trainer resolves it
     try:
-        found = _find_def(module, source, name, depth=0)
+        found = find_def(module, source, name, depth=0)
     except Unparsable as e:  # the nodes would die importing it, after the queue and vLLM's start
         return RewardNeeds(problems=(f"trainer.reward_funcs {entry!r}: {e}; fix the file",))
     if found is None:
@@ -181,7 +181,7 @@ def parse_source(source: Path) -> ast.Module:
     return ast.parse(text)
 
 
-def _find_def(module: str, source: Path, name: str, depth: int):
+def find_def(module: str, source: Path, name: str, depth: int):
     """(the FunctionDef, the module's tree), a string saying what else defines `name`, or None if nothing does;
     Unparsable when the module (or one it re-exports `name` from) does not compile."""
     tree = parse_source(source)
@@ -205,7 +205,7 @@ def _find_def(module: str, source: Path, name: str, depth: int):
                     followed = source_of(origin) if origin else None
                     if followed is None or followed.suffix != ".py":
                         return "re-export"
-                    return _find_def(origin, followed, a.name, depth + 1) or "re-export"  # type: ignore[arg-type]
+                    return find_def(origin, followed, a.name, depth + 1) or "re-export"  # type: ignore[arg-type]
     if any(isinstance(n, ast.FunctionDef) and n.name == "__getattr__" for n in tree.body):
         return "module __getattr__"
     return None

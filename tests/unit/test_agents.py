@@ -8,6 +8,7 @@ from __future__ import annotations
 import asyncio
 import inspect
 import re
+import subprocess
 import sys
 import textwrap
 import time
@@ -226,6 +227,41 @@ def test_local_and_submit_checks_name_every_bad_entry_before_anything_starts(tmp
     assert line.startswith("trainer.rollout_func 'nopkg_zz.roll:f': module 'nopkg_zz.roll' is not importable here")
     assert line in submit_path_problems(missing)
     assert agent_import_problems(load({}, tmp_path=tmp_path)) == []  # single-turn: no child at all
+
+
+def test_submit_checks_read_each_entry_down_to_its_name_without_importing_it(tmp_path, user_pkg):
+    """A name the module lacks (or a module that does not compile) fails dry-run and submit as it would `local`, found
+    from the source as the rewards are: the launcher imports neither the module nor torch."""
+    cfg = load(
+        {"tools": [f"{user_pkg}.mod:nothing"], "environment": {"ok": f"{user_pkg}.mod:Calc", "bad": f"{user_pkg}.broken:f"}},
+        tmp_path=tmp_path,
+    )
+    tool, env = agent_module_problems(cfg)
+    assert tool == f"trainer.tools '{user_pkg}.mod:nothing': module '{user_pkg}.mod' has no 'nothing'; fix the name after the ':'"
+    assert env.startswith(f"trainer.environment.bad '{user_pkg}.broken:f': ") and "SyntaxError" in env, env
+    assert f"{user_pkg}.mod" not in sys.modules  # read, not imported
+    sets = ["--skip-checks", "model", "--set", "trainer.environment=trainer.agents.countdown:Nope"]
+    r = cli("dry-run", "configs/agents_cpu.yaml", *sets, "--set", f"job.job_dir={tmp_path / 'job'}")
+    assert r.returncode == 2, r.stdout[-2000:]
+    assert "trainer.environment 'trainer.agents.countdown:Nope': module 'trainer.agents.countdown' has no 'Nope'" in r.stdout
+    assert "the agents check found problems" in r.stderr
+    code = (
+        "import sys; from launcher.core import config as C; from launcher.core.inputs import agent_module_problems; "
+        "print(agent_module_problems(C.load('configs/agents_cpu.yaml')), 'torch' in sys.modules, "
+        "'trainer.agents.countdown' in sys.modules)"
+    )
+    r = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, cwd=REPO, check=True)
+    assert r.stdout.split() == ["[]", "False", "False"], r.stdout + r.stderr
+
+
+@pytest.mark.parametrize(
+    "config, hint",
+    [("agents_cpu", "python -m trainer.agents.tiny_tool_model DIR"), ("smoke_cpu", "slurm-grpo make-tiny-model DIR")],
+)
+def test_a_missing_model_folder_names_the_test_model_the_config_runs_on(tmp_path, config, hint):
+    cfg = C.load(REPO / f"configs/{config}.yaml", [f"vllm.model={tmp_path / 'nope'}"])
+    (line,) = [p for p in submit_path_problems(cfg, skip=("data", "rewards", "agents", "venv")) if "vllm.model" in p]
+    assert line.endswith(f"build a test one with `{hint}`)"), line
 
 
 def test_local_refuses_a_bad_tool_in_one_line_before_vllm_starts(tmp_path, tiny_model, user_pkg):

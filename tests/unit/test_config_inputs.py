@@ -19,6 +19,7 @@ from launcher.core.plan import plan
 from launcher.node.commands import vllm_command
 from launcher.submit import sbatch_text
 from tests.conftest import REPO
+from tests.conftest import cli as cli_run
 from tests.unit.test_sbatch import sbatch_header
 
 BASE = ["vllm.model=/m", "job.job_dir=/tmp/j"]
@@ -43,7 +44,6 @@ def test_times_and_numeric_names_reach_sbatch_as_typed(how):
 
 BAD = [
     (["slurm.nodes=010"], "slurm.nodes '010' has a leading zero"),
-    (["slurm.qos=no"], "slurm.qos is false to YAML (an unquoted yes/no/on/off/true/false); quote it"),
     (["slurm.time=24:61:00"], "slurm.time '24:61:00': minutes and seconds must be below 60"),
     (["slurm.time=00:10:00", "vllm.health_timeout_s=60", "slurm.signal_seconds=600"], "signal_seconds (600) is not below slurm"),
     (["slurm.mem=200GB"], "slurm.mem '200GB' is not a SLURM size"),
@@ -122,6 +122,10 @@ BAD = [
     (["slurm.time=00:10:00"], "vllm.health_timeout_s (900) is not below slurm.time (00:10:00 = 600 s)"),
     (["trainer.profile_steps=[3, 40]"], "trainer.profile_steps [3, 40] ends after trainer.max_steps (20)"),
     (["trainer.learning_rate=.nan"], "trainer.learning_rate must be a finite number, got .nan"),
+    (["trainer.save_steps=-1"], "trainer.save_steps must be >= 0 (0 = only at the end), got -1"),
+    (["trainer.stall_timeout_s=-5"], "trainer.stall_timeout_s must be >= 0 (0 = off), got -5"),
+    (["trainer.parity_tolerance=-0.1"], "trainer.parity_tolerance must be >= 0 (0 = by dtype), got -0.1"),
+    (["trainer.max_steps=5 # five"], "--set 'trainer.max_steps=5 # five': YAML reads '# five' as a comment and would drop"),
     (["slurm.gpu_memory_gb=.inf"], "slurm.gpu_memory_gb must be a finite number, got .inf"),
     (["trainer.grpo.generation_batch_size=60"], "generation_batch_size (60) must be a multiple of per_device_train_batch_size"),
     (["trainer.grpo={generation_batch_size: 56, steps_per_generation: 2}"], "sets generation_batch_size and steps_per_gen"),
@@ -285,3 +289,66 @@ def test_dry_run_runs_the_submit_checks_and_skips_each_kind_on_its_own(tmp_path,
     assert cli.main(["dry-run", "configs/smoke_cpu.yaml", *sets, "--skip-checks", "model,data"]) == 0
     assert cli.main(["dry-run", "configs/smoke_cpu.yaml", *sets, "--skip-checks", "modle"]) == 2
     assert "did you mean 'model'" in capsys.readouterr().err
+
+
+def test_a_home_path_is_expanded_once_so_the_node_commands_and_the_trainer_load_it(tmp_path, tiny_model, monkeypatch):
+    """`~` in a path key is expanded where the config is built: the plan checks, the vLLM command (quoted: no shell
+    would expand it) and the trainer's from_pretrained all see the one path; a hub name is left as it is."""
+    from transformers import AutoTokenizer
+
+    home = tmp_path / "home"
+    home.mkdir()
+    (home / "tinylink").symlink_to(tiny_model)
+    (home / "letters.jsonl").write_text((REPO / "data/letters.jsonl").read_text())
+    sets = ["vllm.model=~/tinylink", "trainer.dataset=~/letters.jsonl", f"job.job_dir={tmp_path / 'job'}"]
+    r = cli_run("dry-run", "configs/smoke_cpu.yaml", *[x for s in sets for x in ("--set", s)], env={"HOME": str(home)})
+    assert r.returncode == 0, r.stdout[-2000:] + r.stderr
+    assert f"--model {home / 'tinylink'} " in r.stdout and "~/" not in r.stdout
+    monkeypatch.setenv("HOME", str(home))
+    cfg = C.load(REPO / "configs/smoke_cpu.yaml", [*sets, "trainer.eval.dataset=~/letters.jsonl"])
+    p = plan(cfg, str(tmp_path / "job"))
+    argv = vllm_command(p, 0).argv
+    assert argv[argv.index("--model") + 1] == str(home / "tinylink")
+    rebuilt = C.rebuild(json.loads(json.dumps(C.to_dict(p.config))))  # what the ranks read from plan.json
+    assert (rebuilt.vllm.model, rebuilt.trainer.dataset, rebuilt.trainer.eval.dataset) == (
+        str(home / "tinylink"),
+        str(home / "letters.jsonl"),
+        str(home / "letters.jsonl"),
+    )
+    assert AutoTokenizer.from_pretrained(rebuilt.vllm.model).vocab_size > 0  # trainer/run.py's own first load
+    other = C.load(
+        None,
+        ["vllm.model=Qwen/Qwen2.5-0.5B", "job.job_dir=~/j", "slurm.container.image=~/c.sif", "slurm.container.mounts=[~/d:/d]"]
+        + ["trainer.chat_template=~{{ messages }}", "trainer.system_prompt=~/not a path"],
+    )
+    assert other.vllm.model == "Qwen/Qwen2.5-0.5B" and other.job.job_dir == str(home / "j")
+    assert other.slurm.container.image == str(home / "c.sif") and other.slurm.container.mounts == [f"{home}/d:/d"]
+    assert other.trainer.chat_template == "~{{ messages }}" and other.trainer.system_prompt == "~/not a path"
+
+
+@pytest.mark.parametrize(
+    "value, stored",
+    [
+        ("Reason, then end with #### and the number.", "Reason, then end with #### and the number."),
+        ("Format: think first", "Format: think first"),
+        ("'Answer: #### N'", "Answer: #### N"),  # quoted as YAML: unquoted as YAML would
+        ('"Think.\\nThen answer."', "Think.\nThen answer."),
+        ("'it''s'", "it's"),
+        ('"a" and "b"', '"a" and "b"'),  # quotes inside the text, not around it
+        ("yes", "yes"),
+    ],
+)
+def test_a_text_key_set_on_the_command_line_keeps_its_text(value, stored):
+    assert C.load(None, [*BASE, f"trainer.system_prompt={value}"]).trainer.system_prompt == stored
+
+
+def test_yaml_that_reads_text_as_a_mapping_or_a_comment_says_to_quote():
+    with pytest.raises(ConfigError, match=r"^trainer.system_prompt must be a string, but YAML read a mapping .*quote the"):
+        C.from_dict(C.read_yaml("vllm: {model: /m}\ntrainer:\n  system_prompt: {Format: think first}\n"))
+    with pytest.raises(ConfigError, match=r"^vllm.extra_args\[1\] must be a string, but YAML read a mapping .*quote"):
+        C.load(None, [*BASE, "vllm.extra_args=[--x, a: b]"])
+    with pytest.raises(ConfigError, match=r"YAML reads '# b' as a comment and would drop it; quote the text"):
+        C.load(None, [*BASE, "vllm.extra_args=[--stop, a] # b"])
+    with pytest.raises(ConfigError, match=r"^slurm.qos is false to YAML .*quote it"):  # a file is YAML throughout
+        header(text="slurm:\n  qos: no\n")
+    assert header("slurm.qos=no")["--qos"] == "no"  # on the command line a text key takes the text

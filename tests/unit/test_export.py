@@ -238,6 +238,50 @@ def test_the_request_names_the_steps_that_exist_and_refuses_what_cannot_be(tmp_p
     assert req.child_argv("py")[:3] == ["py", "-m", "trainer.export"]
 
 
+def test_export_never_overwrites_a_folder_it_did_not_write_nor_the_base_model(tmp_path, tiny_model, capsys):
+    """The audit's case: --out at an existing model folder replaced its config.json; at the run's base model it would
+    have replaced the base. Both are refused before the converter starts, in one line with the fix; a new or empty
+    folder and the job's own exports/step-N-KIND (an earlier export, replaced) are taken."""
+    from launcher import cli
+    from launcher.core.config import ConfigError
+    from launcher.core.export import resolve
+    from trainer.export import main as converter
+
+    job = tmp_path / "job"
+    job_config(job, tiny_model)
+    (job / "plan.json").write_text("{}")
+    d = job / "checkpoints" / "step-000005"
+    d.mkdir(parents=True)
+    CheckpointMeta(step=5, world_size=1).write(d / "meta.json")
+    other = tmp_path / "other-model"
+    other.mkdir()
+    (other / "config.json").write_text('{"model_type": "theirs"}')
+    base_config = (Path(tiny_model) / "config.json").read_text()
+    for out, said in [
+        (other, "exists and is not empty; export never overwrites: name a new folder"),
+        (Path(tiny_model), "is the run's base model folder"),
+        (Path(tiny_model).parent, "holds the run's base model folder"),
+    ]:
+        assert cli.main(["export", str(job), "--out", str(out)]) == 2
+        err = capsys.readouterr().err.strip().splitlines()
+        assert len(err) == 1 and err[0].startswith("slurm-grpo export: error: --out ") and said in err[0], err
+        assert f"(without --out: {job / 'exports' / 'step-000005-model'})" in err[0], err
+        assert converter([str(job), "--out", str(out)]) == 2  # the converter resolves the same request
+        assert said in capsys.readouterr().err
+    assert (other / "config.json").read_text() == '{"model_type": "theirs"}'
+    assert (Path(tiny_model) / "config.json").read_text() == base_config
+    (tmp_path / "a-file").write_text("x")
+    with pytest.raises(ConfigError, match="exists and is not empty"):
+        resolve(job, out=str(tmp_path / "a-file"))
+    (tmp_path / "empty").mkdir()
+    assert resolve(job, out=str(tmp_path / "empty")).out == tmp_path / "empty"
+    assert resolve(job, out=str(tmp_path / "new")).out == tmp_path / "new"
+    own = job / "exports" / "step-000005-model"
+    own.mkdir(parents=True)
+    (own / "config.json").write_text("{}")  # an earlier export of the same step: export's own, replaced
+    assert resolve(job).out == own and resolve(job, out=str(own)).out == own
+
+
 def test_retention_keeps_the_newest_and_deletes_only_complete_older_ones(tmp_path):
     from trainer.checkpoint import prune
 

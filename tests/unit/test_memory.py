@@ -4,6 +4,7 @@ the GPU size from its name, and what dry-run tells a user of the 7B example with
 from __future__ import annotations
 
 import json
+import re
 import subprocess
 import sys
 from pathlib import Path
@@ -248,3 +249,35 @@ def test_gpt_oss_attention_runs_eagerly_and_the_estimate_counts_its_scores(tmp_p
     assert estimate(oss, lay, flex).activations_gb == estimate(plain, lay, flex).activations_gb
     eager = Options(activation_checkpointing=True, attention="eager")
     assert estimate(plain, lay, eager).activations_gb > estimate(plain, lay, flex).activations_gb
+
+
+def test_vllm_weights_too_big_for_a_one_gpu_node_get_one_fix_that_holds(tmp_path, capsys):
+    """The audit's case: a 7B model on one 24 GB GPU (math_example: vLLM at 0.35 of the GPU it shares). No TP of a
+    1-GPU node holds its 15 GB of weights in 8 GB, so the estimate must not say to raise TP; it and the memory check
+    name the same fix, which holds when followed: a 2-GPU node where vLLM has a GPU of its own at 0.9 of it."""
+    model = tmp_path / "qwen7b"
+    model.mkdir()
+    (model / "config.json").write_text(json.dumps(QWEN7B))
+    argv = ["dry-run", str(REPO / "configs" / "math_example.yaml"), "--set", f"vllm.model={model}", "slurm.gpu_memory_gb=24"]
+    argv += ["--skip-checks", "model,data,rewards,agents,venv"]
+    assert cli_main(argv) == 2  # the memory check refuses it
+    out = capsys.readouterr().out
+    problem = next(ln for ln in out.splitlines() if ln.startswith("  PROBLEM: vLLM's weights"))
+    check = out.split("  memory   PROBLEM")[1].splitlines()[1]
+    fix = (
+        "no vllm.tensor_parallel_size of a 1-GPU node holds them at gpu_memory_utilization 0.35: --set "
+        "slurm.gpus_per_node=2 vllm.gpu_memory_utilization=0.9 (the split layout: vLLM on GPUs of its own, 15 GB per "
+        "GPU), GPUs with more memory, or a smaller model"
+    )
+    assert problem.endswith(f"in 8 GB: {fix}") and check.endswith(f"; {fix}"), (problem, check)
+    assert "raise vllm.tensor_parallel_size" not in out
+    assert cli_main([*argv, "--set", "slurm.gpus_per_node=2", "vllm.gpu_memory_utilization=0.9"]) == 0
+    out = capsys.readouterr().out
+    assert "PROBLEM" not in out and re.search(r"^  memory +ok", out, re.M), out
+    # a split node: the trainer keeps its GPU and vLLM may take more of its own
+    from launcher.memory import vllm_weights_fix
+
+    lay = Layout(1, 1, 1, 1, False, 24.0, 0.35, 2, 8, 256)
+    assert vllm_weights_fix(common_shape("Qwen2.5-7B"), lay).endswith(
+        "0.35: --set vllm.gpu_memory_utilization=0.9 (15 GB per GPU), GPUs with more memory, or a smaller model"
+    )

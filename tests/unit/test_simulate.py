@@ -126,6 +126,8 @@ def test_the_command_takes_the_config_and_the_calibration_and_writes_rows_and_a_
         ({"calibration": {"intra_bw_gbs": 0}}, ["--calibration", "c.json"], "intra_bw_gbs=0: every figure must be above 0"),
         (None, ["--nodes", "1,x"], "--nodes 1,x: give comma-separated node counts of 1 or more"),
         (None, ["--plot", "no/such/folder/p.png"], "--plot no/such/folder/p.png: its folder does not exist"),
+        (None, ["--json", "no/such/folder/x.json"], "--json no/such/folder/x.json: its folder does not exist"),
+        (None, ["--json", "."], "--json . is a folder; give the path of a file to write"),
     ],
 )
 def test_bad_inputs_are_one_line_naming_the_option(tmp_path, calibration, args, needle):
@@ -133,5 +135,29 @@ def test_bad_inputs_are_one_line_naming_the_option(tmp_path, calibration, args, 
         (tmp_path / "c.json").write_text(calibration if isinstance(calibration, str) else json.dumps(calibration))
     r = simulate(CONFIG, "--params-b", "1", *args, cwd=tmp_path)
     assert r.returncode == 2 and r.stderr.startswith("slurm-grpo simulate: error: "), r.stderr
+    assert r.stdout == "", r.stdout  # refused before the work, not after its tables
     assert needle in r.stderr and len(r.stderr.strip().splitlines()) == 1, r.stderr
     assert "Traceback" not in r.stderr and not list(tmp_path.glob("*.png"))
+
+
+def test_a_model_size_assumed_for_want_of_its_config_is_said_so_as_dry_run_says_it(tmp_path):
+    """A hub id not downloaded here: simulate's tables are of a 7 B model, and its assumptions line says that this is a
+    fallback in dry-run's words (layout_verdict), not the model's own size; a size given or read says nothing of it."""
+    from launcher.core.config import load
+    from launcher.simulate import layout_verdict
+
+    assumed = "a 7 B model assumed, its config.json is not readable here"
+    hub = "example-org/not-downloaded-7b"
+    r = simulate(CONFIG, "--nodes", "1", "--set", f"vllm.model={hub}", cwd=tmp_path)
+    assert r.returncode == 0, r.stderr
+    first = r.stdout.splitlines()[0]
+    assert first.startswith(f"assumptions: model 7B params ({assumed}; --params-b N gives the size)"), first
+    verdict = layout_verdict(load(CONFIG, [f"vllm.model={hub}"]))
+    assert verdict is not None and f"`slurm-grpo simulate`; {assumed})" in verdict, verdict
+    r = simulate(CONFIG, "--nodes", "1", "--params-b", "7", "--set", f"vllm.model={hub}", cwd=tmp_path)
+    assert r.returncode == 0 and "assumed" not in r.stdout.splitlines()[0], r.stdout
+    model = tmp_path / "model"
+    model.mkdir()
+    (model / "config.json").write_text(json.dumps(SHAPE))
+    r = simulate(CONFIG, "--nodes", "1", "--set", f"vllm.model={model}", cwd=tmp_path)
+    assert r.returncode == 0 and "assumed" not in r.stdout.splitlines()[0], r.stdout
