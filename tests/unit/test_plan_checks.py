@@ -110,9 +110,9 @@ def test_a_refused_submit_prints_one_line_per_problem_and_writes_nothing(tmp_pat
 
 
 def test_a_job_sbatch_refuses_leaves_no_job_folder(tmp_path, capsys, fake_slurm: FakeSlurm):
-    """slurmctld's refusal (sbatch's own "Batch job submission failed"): no job exists, no folder is kept, and the
-    error line is sbatch's reason (not its first line, often a warning). Any other failure (a timeout: the job may be
-    queued all the same) keeps the folder, whose job.sbatch says what was sent."""
+    """slurmctld's refusal (sbatch exits nonzero, here "Batch job submission failed"): no job exists, no folder is
+    kept, and the error line is sbatch's reason (not its first line, often a warning). A timeout (the job may be queued
+    all the same) keeps the folder, whose job.sbatch says what was sent (tests/unit/test_submit_outcomes.py)."""
     refused = (
         "sbatch: warning: can't honor --ntasks-per-node set to 1\nsbatch: error: invalid partition specified: gpux\n"
         "sbatch: error: Batch job submission failed: Invalid partition name specified"
