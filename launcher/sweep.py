@@ -20,9 +20,7 @@ import time
 from dataclasses import dataclass
 from pathlib import Path
 
-import yaml
-
-from launcher.core.config import ConfigError, JobConfig, load, parse_override, read_yaml, yaml_error
+from launcher.core.config import ConfigError, JobConfig, load, override_value, parse_override
 from launcher.core.jobdir import JobDir, point_dir
 from launcher.core.plan import Plan, plan
 from launcher.core.records import read_rows, step_rows
@@ -65,7 +63,7 @@ def split_values(text: str) -> list[str]:
 
 def parse_grid(specs: list[str]) -> list[tuple[str, list[str]]]:
     """['trainer.beta=0,0.04', ...] -> [('trainer.beta', ['0', '0.04']), ...]; values stay text for --set, each read
-    as YAML here so that a bad one fails naming the --grid."""
+    here as --set reads it so that a bad one fails naming the --grid."""
     grid = []
     for spec in specs:
         key, eq, values = spec.partition("=")
@@ -83,12 +81,11 @@ def parse_grid(specs: list[str]) -> list[tuple[str, list[str]]]:
             raise ConfigError(f"--grid {spec!r}: {e}; {GRID_SYNTAX}") from None
         if any(not v for v in vals) or len(set(vals)) != len(vals):
             raise ConfigError(f"--grid {spec!r}: empty or repeated values; {GRID_SYNTAX}")
-        for v in vals:
+        for v in vals:  # read as --set reads it: YAML, a text key's value as typed
             try:
-                read_yaml(v)
-            except (yaml.YAMLError, ConfigError) as e:
-                why = yaml_error(e) if isinstance(e, yaml.YAMLError) else str(e)
-                raise ConfigError(f"--grid {spec!r}: {v!r} is not a YAML value ({why}); {GRID_SYNTAX}") from None
+                override_value(f"{key}={v}")
+            except ConfigError as e:
+                raise ConfigError(f"--grid {spec!r}: {v!r} cannot be read ({e}); {GRID_SYNTAX}") from None
         grid.append((key, vals))
     if not grid:
         raise ConfigError("a sweep needs at least one --grid section.key=v1,v2")

@@ -896,6 +896,14 @@ def _check_override_path(text: str, section: str, path: list[str]) -> Any:
     return annotation
 
 
+def override_value(text: str) -> Any:
+    """An --set 'section.key=value' text's value as merge_raw reads it, by the key's type (a sweep's --grid values)."""
+    (section, dotted), typed = _split_override(text)
+    if section not in SECTIONS:
+        raise ConfigError(f"--set {text!r}: unknown section '{section}'{did_you_mean(section, SECTIONS)}")
+    return _override_value(text, typed, _check_override_path(text, section, dotted.split(".")))
+
+
 def merge_raw(raw: dict[str, Any], overrides: list[str]) -> dict[str, Any]:
     """--set overrides on top of the file's mapping, each value read by its key's type (_override_value). A dotted
     key into a nested group (slurm.container.image=x, slurm.setup_vars.venv=/v, trainer.grpo.loss_type=dapo) sets that

@@ -32,6 +32,12 @@ def test_a_list_is_one_value_of_the_grid():
         "plain",
     ]
     assert parse_grid(["trainer.learning_rate=1e-6, 3e-6"]) == [("trainer.learning_rate", ["1e-6", "3e-6"])]
+    # a text key's value is taken as typed, as --set takes it: a prompt may hold ': ' and ' #'
+    prompts = parse_grid(["trainer.system_prompt=Format: think first,End with #### and the number"])
+    assert [load(SMOKE, pt).trainer.system_prompt for pt in grid_points(prompts)] == [
+        "Format: think first",
+        "End with #### and the number",
+    ]
 
 
 @pytest.mark.parametrize(
@@ -40,7 +46,14 @@ def test_a_list_is_one_value_of_the_grid():
         ("trainer.reward_funcs=[a,b", "a bracket is not closed (']' missing)"),
         ("trainer.reward_funcs=a],[b]", "']' at character 2 of the values closes no bracket"),
         ("trainer.system_prompt='a,b", "the quote ' is not closed"),
-        ("trainer.system_prompt=a: b: c", "'a: b: c' is not a YAML value (mapping values are not allowed here"),
+        (
+            "trainer.learning_rate=1e-6,a: b: c",
+            "'a: b: c' cannot be read (--set 'trainer.learning_rate=a: b: c': the value is not valid YAML",
+        ),
+        (
+            "trainer.learning_rate=1e-6,2e-6 # x",
+            "'2e-6 # x' cannot be read (--set 'trainer.learning_rate=2e-6 # x': YAML reads '# x' as a comment",
+        ),
         ("trainer.beta=0,,1", "empty or repeated values"),
     ],
 )
