@@ -442,7 +442,8 @@ def vllm_weights_fix(shape: ModelShape, lay: Layout) -> str:
     frac = max(lay.vllm_fraction, SPLIT_VLLM_FRACTION)
     own = smallest_vllm_tp(shape, lay.gpu_gb * frac, [t for t in (1, 2, 4, 8) if shape.heads % t == 0], dp, ep)
     if own is not None:
-        sets = [f"slurm.gpus_per_node={own * dp + 1}"] if own * dp + 1 > g else []
+        sets = ["slurm.layout=split"] if lay.shared_gpu else []  # an explicit shared layout would refuse the GPUs below
+        sets += [f"slurm.gpus_per_node={own * dp + 1}"] if own * dp + 1 > g else []
         sets += [f"vllm.tensor_parallel_size={own}"] if own != tp0 else []
         sets += [f"vllm.gpu_memory_utilization={frac:g}"] if frac > lay.vllm_fraction else []
         mine = "the split layout: vLLM on GPUs of its own, " if lay.shared_gpu else ""

@@ -250,8 +250,14 @@ class SbatchFailed(RuntimeError):
     def of(cls, err: BaseException, job_name: str) -> SbatchFailed:
         """From what submitit raised: a nonzero exit (its cause holds sbatch's stderr), output with no job id (exit 0),
         or sbatch not runnable at all."""
-        if isinstance(err, OSError):  # Popen's: sbatch went from PATH, or cannot be executed
+        if isinstance(err, OSError) and Path(str(err.filename or "")).name == "sbatch":  # Popen's: sbatch not runnable
             return cls(f"sbatch could not run: {err}", "submit from the cluster's login node, where sbatch works", False)
+        if isinstance(err, OSError):  # submitit's own files after sbatch gave the id (a full disk): the job may exist
+            return cls(
+                f"after sbatch: {err}",
+                f"sbatch may have queued the job: `squeue --me --name {shlex.quote(job_name)}` shows it",
+                True,
+            )
         cause = err.__cause__
         rc = cause.returncode if isinstance(cause, subprocess.CalledProcessError) else None
         text = str(cause.stderr or "") if isinstance(cause, subprocess.CalledProcessError) else str(err)

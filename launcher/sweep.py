@@ -32,27 +32,43 @@ GRID_SYNTAX = (
 
 
 def split_values(text: str) -> list[str]:
-    """'[a,b],[c],"x,y"' -> ['[a,b]', '[c]', '"x,y"']: split at the commas outside [], {} and quotes (YAML's: '' is a
-    quote inside '...', backslash escapes inside "..."). ValueError: a bracket or quote left open or closed twice."""
-    vals, depth, quote, start, i = [], [], "", 0, 0
+    """'[a,b],[c],"x,y"' -> ['[a,b]', '[c]', '"x,y"']: split at the commas outside [], {} and quotes. As in YAML, a
+    quote or bracket opens only where a value (or, inside brackets, an item) starts: "Let's think" is plain text; ''
+    is a quote inside '...', a backslash escapes inside "...". ValueError: a bracket or quote left open, or a bracket
+    closed by the other kind."""
+    vals: list[str] = []
+    depth: list[str] = []
+    quote, start, fresh = "", 0, True  # fresh: nothing but blanks since the value's (or the item's) start
     pairs = {"[": "]", "{": "}"}
+    i = 0
     while i < len(text):
         c = text[i]
         if quote:
             if c == "\\" and quote == '"':
                 i += 1
+            elif c == quote and quote == "'" and text[i + 1 : i + 2] == "'":
+                i += 1
             elif c == quote:
                 quote = ""
-        elif c in "'\"":
-            quote = c
-        elif c in pairs:
+        elif c.isspace():
+            pass
+        elif c in "'\"" and fresh:
+            quote, fresh = c, False
+        elif c in pairs and (fresh or depth):
             depth.append(pairs[c])
-        elif c in "]}":
-            if not depth or depth.pop() != c:
+        elif c in "]}" and depth:
+            if depth.pop() != c:
                 raise ValueError(f"{c!r} at character {i + 1} of the values closes no bracket")
-        elif c == "," and not depth:
-            vals.append(text[start:i].strip())
-            start = i + 1
+            fresh = False
+        elif c == ",":
+            if not depth:
+                vals.append(text[start:i].strip())
+                start = i + 1
+            fresh = True
+        elif c == ":" and depth and text[i + 1 : i + 2] in (" ", ""):
+            fresh = True
+        else:
+            fresh = False
         i += 1
     if quote:
         raise ValueError(f"the quote {quote} is not closed")

@@ -456,7 +456,7 @@ def module_problem(key: str, entry: str) -> str | None:
     except Unparsable as e:  # the ranks would die importing it
         return f"{key} {entry!r}: {e}; fix the file"
     if found is None:
-        return f"{key} {entry!r}: module {module!r} has no {name!r}; fix the name after the ':'"
+        return f"{key} {entry!r}: module {module!r} has no {name!r}; fix the name after the ':' (defined in a way this reading of the source misses: --skip-checks agents)"
     return None
 
 

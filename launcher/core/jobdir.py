@@ -275,6 +275,7 @@ def write_job_dir(cfg: JobConfig, p: Plan) -> Path:
         os.chmod(jd.root, 0o700)
         jd.config.write_text(to_yaml(cfg))
         jd.plan.write_text(p.to_json())
+        jd.submit_failed.unlink(missing_ok=True)  # a new run in the folder (local, or a submit about to sbatch)
         if not jd.wandb_id.is_file():  # W&B's own id format: 8 of [a-z0-9]
             alphabet = "abcdefghijklmnopqrstuvwxyz0123456789"
             jd.wandb_id.write_text("".join(secrets.choice(alphabet) for _ in range(8)) + "\n")

@@ -192,7 +192,7 @@ def find_def(module: str, source: Path, name: str, depth: int):
             return "class"
         if isinstance(node, (ast.Assign, ast.AnnAssign)):
             targets = node.targets if isinstance(node, ast.Assign) else [node.target]
-            if any(isinstance(t, ast.Name) and t.id == name for t in targets):
+            if any(isinstance(n, ast.Name) and n.id == name for t in targets for n in ast.walk(t)):  # a, b = ...
                 return "assignment"
         if isinstance(node, ast.Import) and any((a.asname or a.name) == name for a in node.names):
             return "module"

@@ -237,9 +237,15 @@ def test_submit_checks_read_each_entry_down_to_its_name_without_importing_it(tmp
         tmp_path=tmp_path,
     )
     tool, env = agent_module_problems(cfg)
-    assert tool == f"trainer.tools '{user_pkg}.mod:nothing': module '{user_pkg}.mod' has no 'nothing'; fix the name after the ':'"
+    assert (
+        tool
+        == f"trainer.tools '{user_pkg}.mod:nothing': module '{user_pkg}.mod' has no 'nothing'; fix the name after the ':' (defined in a way this reading of the source misses: --skip-checks agents)"
+    )
     assert env.startswith(f"trainer.environment.bad '{user_pkg}.broken:f': ") and "SyntaxError" in env, env
     assert f"{user_pkg}.mod" not in sys.modules  # read, not imported
+    pkg = next(Path(p) for p in sys.path if (Path(p) / user_pkg).is_dir()) / user_pkg
+    (pkg / "pair.py").write_text("def _make():\n    return len, abs\n\n\ncount, size = _make()\n")
+    assert agent_module_problems(load({"tools": [f"{user_pkg}.pair:size"]}, tmp_path=tmp_path)) == []  # a, b = ...
     sets = ["--skip-checks", "model", "--set", "trainer.environment=trainer.agents.countdown:Nope"]
     r = cli("dry-run", "configs/agents_cpu.yaml", *sets, "--set", f"job.job_dir={tmp_path / 'job'}")
     assert r.returncode == 2, r.stdout[-2000:]

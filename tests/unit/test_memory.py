@@ -266,14 +266,17 @@ def test_vllm_weights_too_big_for_a_one_gpu_node_get_one_fix_that_holds(tmp_path
     check = out.split("  memory   PROBLEM")[1].splitlines()[1]
     fix = (
         "no vllm.tensor_parallel_size of a 1-GPU node holds them at gpu_memory_utilization 0.35: --set "
-        "slurm.gpus_per_node=2 vllm.gpu_memory_utilization=0.9 (the split layout: vLLM on GPUs of its own, 15 GB per "
+        "slurm.layout=split slurm.gpus_per_node=2 vllm.gpu_memory_utilization=0.9 (the split layout: vLLM on GPUs of its own, 15 GB per "
         "GPU), GPUs with more memory, or a smaller model"
     )
     assert problem.endswith(f"in 8 GB: {fix}") and check.endswith(f"; {fix}"), (problem, check)
     assert "raise vllm.tensor_parallel_size" not in out
-    assert cli_main([*argv, "--set", "slurm.gpus_per_node=2", "vllm.gpu_memory_utilization=0.9"]) == 0
+    followed = ["--set", "slurm.layout=split", "slurm.gpus_per_node=2", "vllm.gpu_memory_utilization=0.9"]
+    assert cli_main([*argv, *followed]) == 0
     out = capsys.readouterr().out
     assert "PROBLEM" not in out and re.search(r"^  memory +ok", out, re.M), out
+    # a config that chose the shared layout: the fix names the split layout too, and holds
+    assert cli_main([*argv, "--set", "slurm.layout=shared", *followed]) == 0
     # a split node: the trainer keeps its GPU and vLLM may take more of its own
     from launcher.memory import vllm_weights_fix
 

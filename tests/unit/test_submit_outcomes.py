@@ -152,3 +152,21 @@ def test_an_sbatch_that_timed_out_keeps_the_folder_and_status_says_the_job_may_b
     ]
     assert (d / "job.sbatch").is_file()
     assert f"the newest submit failed: {timed_out}; sbatch gave no job id, yet the job may be queued" in status(d)
+
+
+def test_an_oserror_after_sbatch_gave_its_id_keeps_the_folder_and_a_new_run_clears_the_record(tmp_path):
+    """Popen's error naming sbatch means it never ran (no job); any other OSError comes from submitit's own files
+    after sbatch answered (a full disk, a file system without symlinks): the job may be queued, its folder stays. A
+    new run in a kept folder (local, or the next submit) starts without the old record, so `status` reads it."""
+    from launcher.submit import SbatchFailed
+
+    never = SbatchFailed.of(FileNotFoundError(2, "No such file or directory", "sbatch"), "smoke-cpu")
+    after = SbatchFailed.of(OSError(122, "Disk quota exceeded", str(tmp_path / "submitit" / "4242")), "smoke-cpu")
+    assert not never.maybe_queued and never.reason.startswith("sbatch could not run")
+    assert after.maybe_queued and "squeue --me --name smoke-cpu" in after.fix, after
+    d = job_with_checkpoint(tmp_path / "job", 5)
+    JobDir(d).submit_failed.write_text(after.record())
+    assert "the newest submit failed: after sbatch" in status(d)
+    cfg = C.load(SMOKE, [f"job.job_dir={d}"])
+    write_job_dir(cfg, make_plan(cfg))
+    assert not JobDir(d).submit_failed.exists() and "submit failed" not in status(d)

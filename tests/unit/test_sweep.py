@@ -32,6 +32,12 @@ def test_a_list_is_one_value_of_the_grid():
         "plain",
     ]
     assert parse_grid(["trainer.learning_rate=1e-6, 3e-6"]) == [("trainer.learning_rate", ["1e-6", "3e-6"])]
+    # as in YAML a quote or bracket opens only where a value starts: an apostrophe or a bracket inside text is text
+    assert parse_grid(["trainer.system_prompt=Let's think, it's easy,Answer [briefly]"])[0][1] == [
+        "Let's think",
+        "it's easy",
+        "Answer [briefly]",
+    ]
     # a text key's value is taken as typed, as --set takes it: a prompt may hold ': ' and ' #'
     prompts = parse_grid(["trainer.system_prompt=Format: think first,End with #### and the number"])
     assert [load(SMOKE, pt).trainer.system_prompt for pt in grid_points(prompts)] == [
@@ -44,7 +50,7 @@ def test_a_list_is_one_value_of_the_grid():
     ("grid", "said"),
     [
         ("trainer.reward_funcs=[a,b", "a bracket is not closed (']' missing)"),
-        ("trainer.reward_funcs=a],[b]", "']' at character 2 of the values closes no bracket"),
+        ("trainer.reward_funcs=[a},[b]", "'}' at character 3 of the values closes no bracket"),
         ("trainer.system_prompt='a,b", "the quote ' is not closed"),
         (
             "trainer.learning_rate=1e-6,a: b: c",
