@@ -189,7 +189,10 @@ def main(job: Path, out: Path) -> None:
             rows_md.append(
                 f"| {label} | {'' if ours is None else f'{ours:.3f}'} | {'' if theirs is None else f'{theirs:.3f}'} | {ratio} |"
             )
+        served = (res["vllm_start_first_s"] or {}).get("total")
+        res["trl_build_from_process_start_s"] = built = trl.get("build_from_process_start_s")  # trl.json of 2026-12-07 on
         for label, ours, theirs in (
+            ("first start: vLLM healthy / TRL's build, from process start (s)", served, built),
             ("steps per hour", res["steps_per_hour"], res["trl_steps_per_hour"]),
             ("reward gained per hour (last 5 - first 5)", res["reward_gain_per_hour"], res["trl_reward_gain_per_hour"]),
         ):

@@ -25,6 +25,7 @@ from collections import defaultdict
 from collections.abc import Callable
 from pathlib import Path
 
+import psutil
 import torch
 from transformers import AutoModelForCausalLM, AutoTokenizer, TrainerCallback
 from trl import GRPOTrainer
@@ -127,6 +128,9 @@ def main(config: str, model_path: str, out: str, steps: int, sets: list[str] | N
     timed(tr.vllm_generation, "generate", gen_s, step, gen_tokens)
     timed(tr.vllm_generation, "sync_weights", push_s, step)
     build_s = time.time() - t_start
+    # from the process's own start: its imports (torch, transformers, TRL) counted, as a vLLM server's start counts its
+    # own (launcher.vllm_log "imports"): the figure to hold a server's start against
+    from_process_start_s = time.time() - psutil.Process().create_time()
     tr.train()
     rows = steps_cb.rows
     later = rows[1:] or rows
@@ -135,6 +139,7 @@ def main(config: str, model_path: str, out: str, steps: int, sets: list[str] | N
         "what": "TRL GRPOTrainer colocate" + (f", LoRA r={t.lora.r}" if t.lora.enabled else ""),
         "kind": t.run_kind,
         "build_s": round(build_s, 1),
+        "build_from_process_start_s": round(from_process_start_s, 1),
         "steps": len(rows),
         "step_s_median": round(statistics.median(r["step_s"] for r in later), 3),
         "gen_s_median": round(statistics.median(gens[1:] or gens), 3),

@@ -44,6 +44,8 @@ COMPILE_LOADED = re.compile(r"Directly load (?:AOT compilation|the compiled grap
 COMPILE_RETRIED = re.compile(r"Compiling model again due to a load failure")
 GRAPHS = re.compile(PID + r"Graph capturing finished in ([0-9.]+) secs", re.M)
 GRAPH_SIZES = re.compile(r"Capturing CUDA graphs \(PIECEWISE\):[^|\r\n]*\|[^|\r\n]*\| *\d+/(\d+)")
+KV_CACHE = re.compile(r"Available KV cache memory: ([0-9.]+) GiB")
+"""A start that sized its KV cache by profiling (not one given --kv-cache-memory-bytes) prints it, per worker."""
 FORCED_SPAWN = re.compile(r"We must use the `spawn` multiprocessing start method[^\n]*Reasons: ([^\n]*)")
 
 
@@ -53,6 +55,12 @@ def slowest(rx: re.Pattern[str], part: str) -> float | None:
     for pid, x in rx.findall(part):
         per[pid] = per.get(pid, 0.0) + float(x)
     return round(max(per.values()), 2) if per else None
+
+
+def kv_cache_gib(part: str) -> float | None:
+    """The KV cache one start measured (GiB, the smallest of its workers'), or None where it measured none."""
+    sizes = [float(x) for x in KV_CACHE.findall(part)]
+    return min(sizes) if sizes else None
 
 
 def starts(text: str) -> list[str]:

@@ -39,6 +39,9 @@ class Env:
     LORA_LOAD_ONCE = "SLURM_GRPO_LORA_LOAD_ONCE"
     """"1" (trainer.lora, adapter push): the vLLM plugin reads a pushed adapter from disk once, at its load, not again
     at every engine step of every request naming it (trainer.push.vllm_plugin.load_adapters_once)."""
+    KV_CACHE_FIXED = "SLURM_GRPO_KV_CACHE_FIXED"
+    """"1": the node's vLLM was started with the KV cache size an earlier start measured (launcher.node.kv_reuse), so it
+    does not size it while the trainer loads: a resumed trainer loads its checkpoint without waiting for the server."""
     INSPECT_IN_PROCESS = "SLURM_GRPO_INSPECT_IN_PROCESS"
     """"1" (vllm.inspect_in_process): the vLLM plugin has vLLM inspect the model class in the API server's own process
     instead of a fresh Python one (trainer.push.vllm_plugin.inspect_in_process)."""
@@ -213,6 +216,10 @@ class JobDir:
     @property
     def tensorboard(self) -> Path:
         return self.root / "tensorboard"
+
+    def kv_cache_record(self, node: int) -> Path:
+        """The KV cache size node `node`'s server measured at its last profiled start (launcher.node.kv_reuse)."""
+        return self.root / "cache" / f"node{node}-kv-cache.json"
 
     def compile_cache(self, node: int, shared: str = "") -> Path:
         """Node `node`'s compile caches (vLLM's torch.compile artifacts, Inductor's and Triton's kernels): under the

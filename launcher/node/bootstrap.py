@@ -34,6 +34,7 @@ from launcher.core.inputs import PreflightError, check_node_inputs
 from launcher.core.jobdir import PREEMPTED_EXIT, Env, Events, JobDir, checkpoint_meta, remove_pushed_adapters
 from launcher.core.plan import FIRST_NODE, Plan
 from launcher.core.records import Event
+from launcher.node import kv_reuse
 from launcher.node.commands import NodeCommand, trainer_command, vllm_command
 from launcher.node.diagnose import PEER_LOST, engine_cause, root_cause, tail
 from launcher.node.lost import ask, asker
@@ -298,8 +299,13 @@ def run_node(p: Plan, node: int) -> int:
         clear_leftovers(run, allocated)  # first: an earlier attempt's server may still hold the port preflight checks
         preflight(run)
         check_reach(p, node, python, run.where, run.say)  # rocm: trainer leader and server GPUs reach each other
+        # a restart on a GPU shared with the trainer: the KV cache size the first start measured, and no wait to load
+        server, kv_bytes = kv_reuse.server_start(p, node, vllm_command(p, node, python, allocated))
+        measured = server if kv_bytes is None else None  # this start sizes its KV cache: recorded once healthy
+        if kv_bytes is not None:
+            run.say(f"vLLM's KV cache: {kv_bytes / 2**30:.2f} GiB, as an earlier start measured (the trainer loads meanwhile)")
         vllm = Proc(
-            vllm_command(p, node, python, allocated),
+            server,
             job_dir,
             node,
             ignore_signals=(signal.SIGUSR1, signal.SIGUSR2),
@@ -314,19 +320,20 @@ def run_node(p: Plan, node: int) -> int:
             while not health.poll():
                 run.check_peers()
                 time.sleep(POLL_S)
-            server_healthy(run, health)
+            server_healthy(run, health, measured)
         if stop_requested:
             raise NodeFailure(f"node {node}: stopped by signal {stop_requested[0]} before training started")
         # otherwise the ranks launch, rendezvous, load and shard while the server starts, and wait for its /health
         # (trainer.rollout.server) only before their first request; supervise watches the server's start meanwhile
         cmd = trainer_command(p, node, rendezvous_host(p), python, allocated)
-        cmd = NodeCommand(cmd.name, torchrun_compatible(cmd.argv), {**cmd.env, Env.ATTEMPT: attempt}, cmd.log)
+        fixed = {Env.KV_CACHE_FIXED: "1"} if kv_bytes is not None else {}
+        cmd = NodeCommand(cmd.name, torchrun_compatible(cmd.argv), {**cmd.env, Env.ATTEMPT: attempt, **fixed}, cmd.log)
         # torchrun's own shutdown waits up to its --shutdown-timeout for the ranks' checkpoint: outwait it
         trainer = Proc(cmd, job_dir, node, grace_s=p.bootstrap_grace_s)
         procs.append(trainer)
         run.events(Event.TRAINER_START, pid=trainer.popen.pid)
         run.say(f"trainer started: {trainer.describe()}")
-        code = supervise(run, vllm, trainer, stop_requested, health)
+        code = supervise(run, vllm, trainer, stop_requested, health, measured)
         failed = False
         return code
     except ConfigError as e:  # a plan the node cannot run (e.g. fewer GPUs allocated than planned)
@@ -346,9 +353,12 @@ def run_node(p: Plan, node: int) -> int:
         run.events(Event.BOOTSTRAP_END)
 
 
-def server_healthy(run: NodeRun, health: HealthWatch) -> None:
+def server_healthy(run: NodeRun, health: HealthWatch, measured: NodeCommand | None = None) -> None:
+    """The server answers: say so, and record the KV cache size a start that measured it found (launcher.node.kv_reuse)."""
     run.events(Event.VLLM_HEALTHY, seconds=health.took)
     run.say(f"vLLM healthy at {health.url} after {health.took:.1f} s")
+    if measured is not None:
+        kv_reuse.record(run.plan, run.node, measured)
 
 
 def fail(run: NodeRun, e: NodeFailure) -> int:
@@ -377,13 +387,19 @@ def preempt_checkpoint(job_dir: Path, attempt: str) -> tuple[int, Path] | None:
 
 
 def supervise(
-    run: NodeRun, vllm: Supervised, trainer: Supervised, stop_requested: list[int], health: HealthWatch | None = None
+    run: NodeRun,
+    vllm: Supervised,
+    trainer: Supervised,
+    stop_requested: list[int],
+    health: HealthWatch | None = None,
+    measured: NodeCommand | None = None,
 ) -> int:
     """Watch the node's two processes until the trainer ends: 0 when it finished, PREEMPTED_EXIT when it
     checkpointed on a preemption signal; NodeFailure (naming the node, the process and its log) for a dead
     server, a failed trainer, a stalled run, another node's abort or a node that stopped answering.
     health: the server's start, while it is not yet healthy (the trainer started beside it): its deadline and its
-    exit before it answered are the node's failure; None = healthy already."""
+    exit before it answered are the node's failure; None = healthy already. measured: the server's command when its
+    start sizes the KV cache itself (its size is then recorded for a restart: launcher.node.kv_reuse)."""
     forwarded = False
     stall = run.plan.config.trainer.stall_timeout_s
     starting = health is not None and health.took is None
@@ -393,7 +409,7 @@ def supervise(
             if stop_requested:
                 raise NodeFailure(f"node {run.node}: stopped by signal {stop_requested[0]} before training started")
             if health.poll():
-                server_healthy(run, health)
+                server_healthy(run, health, measured)
                 starting = False
         if stop_requested and not forwarded:
             # preemption or time-limit warning: the trainer checkpoints at its next step boundary and exits

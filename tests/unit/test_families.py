@@ -505,3 +505,27 @@ def test_a_push_and_a_save_name_tensors_as_the_checkpoint_did(tmp_path):
         saved = [k for n, p in model.named_parameters() for k in as_saved(model, n, p)]
         want = [n.replace("model.", prefix or "model.", 1) for n in names]
         assert [pushed[n] for n in names] == want and saved == want, (prefix, pushed, saved)
+
+
+def test_half_precision_parity_is_wider_only_where_vllm_orders_the_attention_otherwise(family_dirs):
+    """trainer.parity_tolerance 0 in bf16: 0.25, and 0.5 for a body with MLA (a kv_lora_rank) or attention sinks,
+    read from the model itself; float32 stays 1e-3 for every family (the CPU matrix's parity)."""
+    import torch
+    from transformers import AutoConfig, AutoModelForCausalLM
+
+    from trainer.rollout.parity import default_tolerance, reordered_attention
+
+    seen: dict[str, str | None] = {}
+    for family, folder in family_dirs.items():
+        config = AutoConfig.from_pretrained(folder)
+        with torch.device("meta"):
+            model = AutoModelForCausalLM.from_config(config)
+        why = seen[family] = reordered_attention(model)
+        mla = bool(getattr(config, "kv_lora_rank", None))
+        sinks = any(n.endswith("sinks") for n, _ in model.named_parameters())
+        assert (why == "multi-head latent attention") == mla and (why == "attention sinks") == (sinks and not mla), family
+        assert default_tolerance(torch.bfloat16, model) == (0.5 if why else 0.25), family
+        assert default_tolerance(torch.float32, model) == 1e-3, family
+    assert seen["deepseek_v3"] == seen["glm4_moe_lite"] == "multi-head latent attention"
+    assert seen["gpt_oss"] == "attention sinks"
+    assert seen["qwen2"] is seen["llama"] is seen["qwen3_moe"] is None

@@ -214,22 +214,25 @@ def test_a_compile_cache_path_a_compiler_would_split_moves_to_a_stable_temp_fold
     assert JobDir(tmp_path / "other job").compile_cache(1) != spaced
 
 
-@pytest.mark.parametrize("shared", [True, False])
-def test_a_resume_on_a_gpu_shared_with_vllm_waits_for_the_server_before_loading_its_checkpoint(health, monkeypatch, shared):
+@pytest.mark.parametrize(("shared", "fixed"), [(True, False), (False, False), (True, True)])
+def test_a_resume_on_a_gpu_shared_with_vllm_waits_for_the_server_before_loading_its_checkpoint(
+    health, monkeypatch, shared, fixed
+):
     """NodeRollout.before_resume (the callback's on_train_begin, before checkpoint.load): where vLLM shares the GPU,
     the optimizer state must not land while vLLM profiles its KV cache (a 2.8 B restart on an H100 got -9.7 GiB and
-    never started): every rank waits for /health first. On a GPU of its own the load goes on beside the start."""
+    never started): every rank waits for /health first. On a GPU of its own the load goes on beside the start, and on
+    a shared one too where the server was given the KV cache size its first start measured (launcher.node.kv_reuse)."""
     from types import SimpleNamespace
 
     from trainer.rollout.node import NodeRollout
 
     monkeypatch.setattr(VllmServer, "START_POLL_S", 0.01)
     rollout = object.__new__(NodeRollout)  # only what before_resume reads: the settings and the starting server
-    rollout.settings = SimpleNamespace(server_shares_gpu=shared)  # type: ignore[assignment]
+    rollout.settings = SimpleNamespace(server_shares_gpu=shared, server_kv_fixed=fixed)  # type: ignore[assignment]
     rollout.server_start = VllmServer(health.url, "m", 0, timeout_s=10, start_timeout_s=60)
     health.up_after = 3
     rollout.before_resume()
-    if shared:
+    if shared and not fixed:
         assert health.up.is_set() and health.asked == 3 and rollout.server_start is None
     else:
         assert health.asked == 0 and rollout.server_start is not None, "no wait: the first step waits instead"

@@ -31,6 +31,7 @@ from __future__ import annotations
 import dataclasses
 import hashlib
 import logging
+import os
 import time
 from collections.abc import Callable
 from concurrent.futures import ThreadPoolExecutor
@@ -41,6 +42,7 @@ from typing import Any, TypeVar, cast
 import torch
 import torch.distributed as dist
 
+from launcher.core.jobdir import Env
 from launcher.core.plan import Plan
 from launcher.core.records import NodeFigures, NodeFinal, ParityRecord
 from trainer.parallel import Parallel
@@ -66,7 +68,7 @@ class GenerationSettings:
     request_timeout_s: float
     push: PushSettings
     parity_tolerance: float
-    """0 = by dtype (trainer.rollout.parity.DEFAULT_TOLERANCE)."""
+    """0 = by dtype and attention (trainer.rollout.parity.default_tolerance)."""
     parity_action: str
     parity_probe: str = PARITY_PROBE
     max_staleness: int = 0
@@ -81,6 +83,8 @@ class GenerationSettings:
     waits for its /health, up to this long (vllm.health_timeout_s), before its first request or step; 0 = it is up."""
     server_shares_gpu: bool = False
     """vLLM and this node's trainer ranks share its GPUs (the plan's shared_gpu: one-GPU nodes, slurm.layout shared)."""
+    server_kv_fixed: bool = False
+    """The node's server was started with the KV cache size an earlier start measured (Env.KV_CACHE_FIXED)."""
     lora: LoraPush | None = None
     """trainer.lora: how the push moves the adapter (trainer.push.adapter); model is then the adapter's name."""
     routing_replay: bool = False
@@ -113,6 +117,7 @@ class GenerationSettings:
             parity_every=t.parity_every,
             server_start_timeout_s=float(plan.config.vllm.health_timeout_s) if t.start_with_server else 0.0,
             server_shares_gpu=n.shared_gpu,
+            server_kv_fixed=os.environ.get(Env.KV_CACHE_FIXED) == "1",
             lora=lora,
             routing_replay=t.routing_replay,
         )
@@ -245,8 +250,9 @@ class NodeRollout:
         with vLLM: wait for the server. vLLM sizes its KV cache as its share of the GPU less every byte the GPU lost
         between its start and the end of its profile run, other processes' included; a restart of a 2.8 B body on one
         H100 whose trainer loaded its Adam state in that window got -9.7 GiB and vLLM did not start (2026-12-06,
-        gpu/results/2026-12-06-lora-shapes/). The first start creates the optimizer state at the first step, after."""
-        if self.settings.server_shares_gpu:
+        gpu/results/2026-12-06-lora-shapes/). The first start creates the optimizer state at the first step, after. A
+        server given the size its first start measured (launcher.node.kv_reuse) sizes nothing: the load goes on at once."""
+        if self.settings.server_shares_gpu and not self.settings.server_kv_fixed:
             self.wait_for_server()
 
     def begin_step(self, step: int) -> None:

@@ -1,0 +1,112 @@
+"""A restart's vLLM takes the KV cache size its first start measured, so the trainer need not wait to load its checkpoint.
+
+On a GPU it shares with the trainer, vLLM sizes its KV cache as its share of the GPU less every byte the GPU lost
+while it profiled, other processes' included: a resumed trainer that loads its optimizer state (twice the fp32 model)
+meanwhile leaves vLLM too little (-9.7 GiB on an H100, 2026-12-06), so the trainer waits for the server before it
+loads (trainer.rollout.node before_resume), and a restart of a 2.8 B body spent 30 s after vLLM was healthy loading
+33 GB (gpu/results/2026-12-07-ds3-lora-restart/). vLLM's `--kv-cache-memory-bytes` skips that sizing: the node's
+first start records the size it measured (`record`), a later start of the same server on the same kind of GPU passes
+it (`reused`), and the bootstrap tells the trainer (Env.KV_CACHE_FIXED), which then loads while the server starts.
+
+Only where the server shares its GPUs with trainer ranks (plan node `shared_gpu`) and the node runs CUDA (the GPU's
+memory is read with nvidia-smi, which a node without it lacks: no reuse); the record is keyed by the server's whole
+command line, so a changed vllm setting measures again.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import shutil
+import subprocess
+from pathlib import Path
+
+from launcher import vllm_log
+from launcher.core import platform
+from launcher.core.jobdir import JobDir
+from launcher.core.plan import Plan
+from launcher.node.commands import NodeCommand
+
+FLAG = "--kv-cache-memory-bytes"
+SAFETY_BYTES = 16 * 2**20
+"""vLLM prints the size to 0.01 GiB: the recorded bytes are that figure less this, never more than it measured."""
+
+
+def applies(plan: Plan, node: int) -> bool:
+    """Whether this node's server start can take a recorded size: it shares a CUDA GPU with the trainer."""
+    return plan.nodes[node].shared_gpu and plan.device != "cpu" and platform.of_plan(plan).name == "cuda" and not plan.emulated
+
+
+def server_key(argv: list[str]) -> str:
+    """The server's command line less the interpreter, which differs between nodes of one job."""
+    return hashlib.sha1(json.dumps(argv[1:]).encode()).hexdigest()[:16]
+
+
+def gpu_memory_mib(devices: str) -> int | None:
+    """The first of `devices`' (CUDA_VISIBLE_DEVICES) total memory by nvidia-smi, or None where it cannot say."""
+    exe = shutil.which("nvidia-smi")
+    if exe is None:
+        return None
+    first = devices.split(",")[0].strip()
+    try:
+        out = subprocess.run(
+            [exe, *(["-i", first] if first else []), "--query-gpu=memory.total", "--format=csv,noheader,nounits"],
+            capture_output=True,
+            text=True,
+            timeout=30,
+        )
+    except (OSError, subprocess.TimeoutExpired):
+        return None
+    lines = out.stdout.split()
+    return int(lines[0]) if out.returncode == 0 and lines and lines[0].isdigit() else None
+
+
+def reused(plan: Plan, node: int, argv: list[str], gpus: str) -> int | None:
+    """The KV cache bytes recorded by an earlier start of this server on this kind of GPU, or None (measure)."""
+    if not applies(plan, node):
+        return None
+    path = JobDir(Path(plan.job_dir)).kv_cache_record(node)
+    try:
+        rec = json.loads(path.read_text())
+    except (OSError, ValueError):
+        return None
+    if rec.get("server") != server_key(argv) or rec.get("gpu_mib") != gpu_memory_mib(gpus):
+        return None
+    size = rec.get("bytes")
+    return size if isinstance(size, int) and size > 0 else None
+
+
+def record(plan: Plan, node: int, server: NodeCommand) -> int | None:
+    """After the server is healthy: the KV cache size this start measured (its log's latest start), written for the
+    next start; None where it did not measure (a size passed in) or cannot be reused."""
+    argv = server.argv
+    if not applies(plan, node) or FLAG in argv:
+        return None
+    jd = JobDir(Path(plan.job_dir))
+    log = jd.log(node, "vllm")
+    parts = vllm_log.starts(log.read_text(errors="replace")) if log.is_file() else []
+    gib = vllm_log.kv_cache_gib(parts[-1]) if parts else None
+    mib = gpu_memory_mib(devices(server))
+    if gib is None or mib is None:
+        return None
+    size = int(gib * 2**30) - SAFETY_BYTES
+    path = jd.kv_cache_record(node)
+    try:  # a record not written costs the next restart its wait, never this run
+        path.parent.mkdir(parents=True, exist_ok=True)
+        path.write_text(json.dumps({"server": server_key(argv), "gpu_mib": mib, "bytes": size, "gib_measured": gib}))
+    except OSError:
+        return None
+    return size
+
+
+def server_start(plan: Plan, node: int, server: NodeCommand) -> tuple[NodeCommand, int | None]:
+    """The server command to start (with the recorded KV cache size where one applies) and that size, or None."""
+    size = reused(plan, node, server.argv, devices(server))
+    if size is None:
+        return server, None
+    return NodeCommand(server.name, [*server.argv, FLAG, str(size)], server.env, server.log), size
+
+
+def devices(server: NodeCommand) -> str:
+    """The GPUs the server runs on (its CUDA_VISIBLE_DEVICES; empty: the node's)."""
+    return server.env.get("CUDA_VISIBLE_DEVICES", "")
