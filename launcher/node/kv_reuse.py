@@ -70,7 +70,7 @@ def reused(plan: Plan, node: int, argv: list[str], gpus: str) -> int | None:
         rec = json.loads(path.read_text())
     except (OSError, ValueError):
         return None
-    if rec.get("server") != server_key(argv) or rec.get("gpu_mib") != gpu_memory_mib(gpus):
+    if not isinstance(rec, dict) or rec.get("server") != server_key(argv) or rec.get("gpu_mib") != gpu_memory_mib(gpus):
         return None
     size = rec.get("bytes")
     return size if isinstance(size, int) and size > 0 else None
@@ -100,8 +100,9 @@ def record(plan: Plan, node: int, server: NodeCommand) -> int | None:
 
 
 def server_start(plan: Plan, node: int, server: NodeCommand) -> tuple[NodeCommand, int | None]:
-    """The server command to start (with the recorded KV cache size where one applies) and that size, or None."""
-    size = reused(plan, node, server.argv, devices(server))
+    """The server command to start (with the recorded KV cache size where one applies) and that size, or None. A
+    size in vllm.extra_args is the user's: kept, nothing added."""
+    size = None if FLAG in server.argv else reused(plan, node, server.argv, devices(server))
     if size is None:
         return server, None
     return NodeCommand(server.name, [*server.argv, FLAG, str(size)], server.env, server.log), size

@@ -90,6 +90,10 @@ def test_a_changed_server_or_another_gpu_measures_again(tmp_path, nvidia_smi, mo
     assert kv_reuse.server_start(p, 0, vllm_command(p, 0))[1] is None, "another GPU: measure"
     nvidia_smi.write_text("81559\n")
     assert kv_reuse.server_start(p, 0, vllm_command(p, 0))[1] is not None
+    own = gpu_plan(tmp_path, extra_args=[kv_reuse.FLAG, "1000000000"])
+    assert kv_reuse.server_start(own, 0, vllm_command(own, 0))[1] is None, "the user's own size: nothing added"
+    JobDir(Path(p.job_dir)).kv_cache_record(0).write_text("[]")
+    assert kv_reuse.server_start(p, 0, vllm_command(p, 0))[1] is None, "an unreadable record: measure"
     monkeypatch.setenv("PATH", "/nonexistent")  # no nvidia-smi: its GPU's memory unknown
     assert kv_reuse.server_start(p, 0, vllm_command(p, 0))[1] is None
 
