@@ -21,6 +21,8 @@ but paid the imports and the spawn again: 63.6 s.
                 runs, multi-turn agents: their tool turns' prefills ride beside decodes, the case a smaller size
                 could slow) 11 sizes in 4 s against 51 in 8-9 s, generation within the spread of the default's runs
 
+  LoRA graphs   trainer.lora with the adapter pushed: one set of CUDA graphs, with LoRA (LORA_ONE_GRAPH_SET)
+
   GDN prefill   a model with Gated DeltaNet layers (Qwen3.5, Qwen3-Next): vLLM's Triton prefill kernel, see
                 GDN_PREFILL_TRITON
 
@@ -32,6 +34,7 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING
 
+from launcher.core.lora import ADAPTER
 from launcher.core.shape import ModelShape
 
 if TYPE_CHECKING:
@@ -55,6 +58,19 @@ installed (`_resolve_gdn_prefill_backend`, model_executor/layers/mamba/gdn/qwen_
 at its warm-up's first prefill: `No module named 'flashinfer'` (H100, 2026-12-06, gpu/results/2026-12-06-moe). The
 pinned stack has no FlashInfer; Triton's kernel (FLA's) is what vLLM runs on every other GPU. Where FlashInfer is
 installed, `vllm.extra_args: [--additional-config.gdn_prefill_backend=flashinfer]` takes it back."""
+
+
+LORA_ONE_GRAPH_SET = "--compilation-config.cudagraph_specialize_lora=false"
+"""vLLM 0.32 with --enable-lora captures every CUDA graph size twice, with and without an active adapter
+(`cudagraph_specialize_lora`, default true). With the adapter pushed (trainer.lora.push adapter) every request the
+trainer sends names it (generation, parity probes, evaluation), so the graphs without LoRA are never replayed: one set
+halves the capture (7 B, r 16, H100: 38 sizes in 18 s against the merged push's 19 sizes in 6 s, vLLM healthy 99.7 s
+against 72.1 s; gpu/results/2026-12-07-ds3-lora-restart/)."""
+
+
+DEFERRING_FLAGS = (LORA_ONE_GRAPH_SET, GDN_PREFILL_TRITON)
+"""Flags the launcher adds only where vllm.extra_args hold none of their kind: the user's own compilation or additional
+config wins (not owned: launcher.core.config VLLM_OWNED does not refuse them)."""
 
 
 def in_flight(p: Plan, steps: int) -> tuple[int | None, str]:
@@ -144,7 +160,17 @@ def gdn_prefill(p: Plan) -> str | None:
 def vllm_args(p: Plan, steps: int) -> list[str]:
     size, _ = capture_size(p, steps)
     graphs = [] if size is None else ["--max-cudagraph-capture-size", str(size)]
-    return graphs + ([GDN_PREFILL_TRITON] if gdn_prefill(p) else [])
+    return graphs + ([LORA_ONE_GRAPH_SET] if lora_graphs(p) else []) + ([GDN_PREFILL_TRITON] if gdn_prefill(p) else [])
+
+
+def lora_graphs(p: Plan) -> bool:
+    """Whether the server captures one set of CUDA graphs, with LoRA (LORA_ONE_GRAPH_SET): a GPU server of an adapter
+    push whose vllm.extra_args decide neither the graphs nor a compilation config (vLLM keeps one of a JSON
+    --compilation-config and a dotted one)."""
+    extra = p.config.vllm.extra_args
+    if p.device == "cpu" or p.lora_push != ADAPTER or user_decides_graphs(extra):
+        return False
+    return not any("compilation-config" in a or "compilation_config" in a or a == "-cc" or a.startswith("-cc.") for a in extra)
 
 
 def vllm_env(p: Plan) -> dict[str, str]:
@@ -182,4 +208,11 @@ def derivation_lines(p: Plan, steps: int) -> list[str]:
         else "vLLM inspects the model class in a fresh Python process on a cold cache (vllm.inspect_in_process false)"
     )
     gdn = gdn_prefill(p)
-    return [graphs, start, inspect] + ([f"vLLM Gated DeltaNet prefill on Triton ({GDN_PREFILL_TRITON}): {gdn}"] if gdn else [])
+    lora = (
+        [f"vLLM CUDA graphs with LoRA only ({LORA_ONE_GRAPH_SET}): every request names the pushed adapter"]
+        if lora_graphs(p)
+        else []
+    )
+    return [graphs, start, inspect, *lora] + (
+        [f"vLLM Gated DeltaNet prefill on Triton ({GDN_PREFILL_TRITON}): {gdn}"] if gdn else []
+    )

@@ -13,6 +13,7 @@ from pathlib import Path
 import pytest
 
 from launcher.core import config as C
+from launcher.core import vllm_start
 from launcher.core.plan import plan
 from launcher.node.commands import vllm_command
 from launcher.submit import sbatch_text
@@ -73,6 +74,11 @@ def refusal(extra_args: list[str]) -> str:
 
 def test_every_flag_the_launcher_passes_to_vllm_is_refused_in_every_spelling(tmp_path):
     flags = rendered_vllm_flags(tmp_path)
+    deferring = flags & set(vllm_start.DEFERRING_FLAGS)  # added only where the user's extra_args hold none of their kind
+    assert deferring == {vllm_start.LORA_ONE_GRAPH_SET}, deferring
+    for flag in deferring:
+        assert C.owned_vllm_flag(flag) is None, f"{flag} defers to the user's own: it must not be refused"
+    flags -= deferring
     # the plans above do render what they are meant to (else this test would check less than it says)
     assert {"--enable-expert-parallel", "--enable-lora", "--max-lora-rank", "--worker-cls", "--data-parallel-size"} <= flags
     assert "--enable-return-routed-experts" in flags

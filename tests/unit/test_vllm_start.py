@@ -361,3 +361,20 @@ def test_a_gated_deltanet_model_prefills_on_triton_on_cuda_unless_the_user_confi
     # a model without GDN layers: nothing added
     argv, _, _ = server(tmp_path)
     assert vllm_start.GDN_PREFILL_TRITON not in argv
+
+
+def test_an_adapter_push_captures_one_set_of_graphs_with_lora_and_nothing_else_does(tmp_path):
+    """trainer.lora with the adapter pushed: every request names the adapter, so vLLM's second set of graphs (without
+    LoRA) would never be replayed; the merged push, a CPU server and a user's own compilation config get no flag."""
+    lora = {"lora": {"r": 16}}
+    argv, _, why = server(tmp_path, trainer=lora)
+    assert vllm_start.LORA_ONE_GRAPH_SET in argv and "--enable-lora" in argv
+    assert any("with LoRA only" in w for w in why)
+    merged, _, why = server(tmp_path, trainer={"lora": {"r": 16, "push": "merged"}})
+    assert "--enable-lora" not in merged and vllm_start.LORA_ONE_GRAPH_SET not in merged
+    assert not any("with LoRA only" in w for w in why)
+    own, _, _ = server(tmp_path, trainer=lora, vllm={"extra_args": ["-cc.mode=3"]})
+    assert vllm_start.LORA_ONE_GRAPH_SET not in own and "--enable-lora" in own
+    cpu = {"job": {"device": "cpu"}, "slurm": {"gpus_per_node": 3}, "trainer": {"dtype": "float32", **lora}}
+    argv, _, _ = server(tmp_path, **cpu)
+    assert vllm_start.LORA_ONE_GRAPH_SET not in argv
