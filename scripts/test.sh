@@ -18,13 +18,13 @@ rc=0
 for tier in $TIERS; do
   echo "===== tier: $tier ($(date +%T))"
   case $tier in
-    unit) bash scripts/as_fresh_machine.sh pytest -q -m "not integration and not cluster" || rc=1;;
-    integration) pytest -q -m integration || rc=1;;
+    unit) bash scripts/as_fresh_machine.sh pytest -q --durations=25 -m "not integration and not cluster" || rc=1;;
+    integration) pytest -q --durations=25 -m integration || rc=1;;
     cluster)
       # the cluster's apt installs (slurm-wlm, munge, mariadb) happen inside start_cluster.sh
       bash scripts/start_cluster.sh 2 3 --cpus 4 --mem 12000 --base /tmp/slurm-grpo-cluster > /dev/null  # it writes /tmp/slurm-grpo-cluster/env.sh
       trap 'bash scripts/stop_cluster.sh --base /tmp/slurm-grpo-cluster' EXIT
-      SLURM_GRPO_CLUSTER_ENV=/tmp/slurm-grpo-cluster/env.sh pytest -q -m cluster || rc=1
+      SLURM_GRPO_CLUSTER_ENV=/tmp/slurm-grpo-cluster/env.sh pytest -q --durations=25 -m cluster || rc=1
       ;;
   esac
 done

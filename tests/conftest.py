@@ -33,6 +33,15 @@ def tiny_model(tmp_path_factory) -> str:
     return str(d)
 
 
+@pytest.fixture(scope="session")
+def vllm_cache(tmp_path_factory) -> str:
+    """One vllm.cache_dir for the session's servers (vLLM's torch.compile, Inductor's and Triton's caches; a folder per
+    node): a server of a model and vLLM config an earlier run of the session compiled skips most of that compile
+    (about 20 s of a 75-100 s start on 2 cores), as `vllm.cache_dir` promises users. A test that checks the job
+    folder's own cache/, or runs two servers at once (they would write one node's folder together), leaves it out."""
+    return str(tmp_path_factory.mktemp("vllm-cache"))
+
+
 def cpu_trainer(model_dir: str, **trainer):
     """The trainer section a test's real TRL GRPOTrainer on CPU runs with: float32, no activation checkpointing, the
     given fields (per_device_train_batch_size, num_generations, max_completion_length, grpo, ...)."""

@@ -71,12 +71,18 @@ def cluster_env() -> dict:
 
 
 class Cluster:
-    def __init__(self, env: dict):
+    def __init__(self, env: dict, cache: str = ""):
         self.env = env
+        self.cache = cache
+        """The session's shared vllm.cache_dir (tests.conftest.vllm_cache): a job's servers skip most of the compile an
+        earlier job of the same model and vLLM config did."""
         self.jobs: list[str] = []
         """Every job (or job array) the test submitted: cancelled when the test ends."""
 
-    def submit(self, job: Path, model: str, *sets: str) -> str:
+    def submit(self, job: Path, model: str, *sets: str, shared_cache: bool = True) -> str:
+        """shared_cache False: the job folder's own cache/, for a job whose servers run beside another job's on the same
+        node index (both would write that node's folder of the shared cache at once)."""
+        cache = (f"vllm.cache_dir={self.cache}",) if shared_cache and self.cache else ()
         r = subprocess.run(
             cli_argv(
                 PY,
@@ -86,6 +92,7 @@ class Cluster:
                 f"job.job_dir={job}",
                 f"job.python={PY}",
                 f"trainer.dataset={REPO}/data/letters.jsonl",
+                *cache,
                 *sets,
             ),
             capture_output=True,
@@ -102,8 +109,8 @@ class Cluster:
 
 
 @pytest.fixture
-def cluster() -> Iterator[Cluster]:
-    c = Cluster(cluster_env())
+def cluster(vllm_cache: str) -> Iterator[Cluster]:
+    c = Cluster(cluster_env(), vllm_cache)
     yield c
     if c.jobs:  # a test that failed half way leaves the next one an idle cluster
         subprocess.run(["scancel", *c.jobs], env=c.env, capture_output=True, timeout=60)
@@ -650,7 +657,13 @@ def no_requeue_job_preempted_ends_and_stays_ended(cluster: Cluster, job: Path, t
     --requeue in its script; no node asks for it); `slurm-grpo status` says resume is next."""
     env = cluster.env
     job_id = cluster.submit(
-        job, tiny_model, "slurm.nodes=1", "slurm.requeue=false", "trainer.max_steps=50", "trainer.save_steps=0"
+        job,
+        tiny_model,
+        "slurm.nodes=1",
+        "slurm.requeue=false",
+        "trainer.max_steps=50",
+        "trainer.save_steps=0",
+        shared_cache=False,  # its server runs beside the resumed job's, on node index 0 too
     )
     scripts = [f.read_text() for f in (job / "submitit").rglob("*_submission.sh")]
     assert scripts and not any("--requeue" in x for x in scripts), scripts
@@ -672,34 +685,3 @@ def no_requeue_job_preempted_ends_and_stays_ended(cluster: Cluster, job: Path, t
     assert sacct_state(job_id, env) == "FAILED"
     st = subprocess.run([PY, "-m", "launcher", "status", str(job)], capture_output=True, text=True, env=env, cwd=REPO)
     assert "next: slurm-grpo resume" in st.stdout, st.stdout
-
-
-def test_a_staged_env_is_copied_to_every_node_with_sbcast_and_the_nodes_start_from_it(tmp_path, tiny_model, cluster):
-    """slurm.stage_env with a packed "venv" whose bin/python records where it ran, then hands over to this venv's
-    Python: the batch script sbcasts it to node-local storage, unpacks it on every node (the test cluster's nodes
-    share /tmp: once, under the lock), both bootstraps start from the staged copy (PATH), the job trains, and the
-    copy is gone when the job ends."""
-    env = cluster.env
-    venv = tmp_path / "venv"
-    (venv / "bin").mkdir(parents=True)
-    wrapper = venv / "bin" / "python"
-    wrapper.write_text(
-        f'#!/bin/sh\nfor a; do last=$a; done\necho "$(hostname) $0" >> "$(dirname "$last")/staged-python.txt"\nexec {PY} "$@"\n'
-    )
-    wrapper.chmod(0o755)
-    packed = tmp_path / "env.tar.gz"
-    subprocess.run(["tar", "-czf", str(packed), "-C", str(venv), "."], check=True)
-    job = tmp_path / "staged job"
-    job_id = cluster.submit(
-        job, tiny_model, f"slurm.stage_env={packed}", "job.python=python", "trainer.max_steps=2", "trainer.save_steps=0"
-    )
-    wait_until(lambda: sacct_state(job_id, env) == "COMPLETED", 600, "the staged job to complete", job_id, env, job)
-    said = "".join(f.read_text(errors="replace") for f in (job / "submitit").rglob("*.out"))
-    m = re.search(r"slurm.stage_env: env.tar.gz staged in (\S+) on 2 node\(s\), (\d+) s into the job", said)
-    assert m and m.group(1).startswith("/tmp/slurm-grpo-") and m.group(1).endswith(f"-{job_id}"), said[-3000:]
-    stage = m.group(1)
-    ran = sorted((job / "staged-python.txt").read_text().split("\n")[:-1])
-    assert ran == [f"n1 {stage}/env/bin/python", f"n2 {stage}/env/bin/python"], ran  # each node's bootstrap
-    assert json.loads((job / "summary.json").read_text())["final_step"] == 2
-    wait_until(lambda: not Path(stage).exists(), 60, "the staged copy to be removed", job_id, env, job)
-    print(f"slurm.stage_env: staged on 2 nodes {m.group(2)} s into the job")

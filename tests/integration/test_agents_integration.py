@@ -26,8 +26,8 @@ CALL_TURN = f"<tool_call>{CALL}</tool_call><|im_end|>"
 
 
 class Run:
-    def __init__(self, job: Path, trace: Path, result, seconds: float) -> None:
-        self.job, self.trace, self.result, self.seconds = job, trace, result, seconds
+    def __init__(self, model: Path, job: Path, trace: Path, result, seconds: float) -> None:
+        self.model, self.job, self.trace, self.result, self.seconds = model, job, trace, result, seconds
 
     def rows(self, rank: int, kind: str) -> list[dict]:
         return [r for r in read(self.trace / f"rank{rank}.jsonl") if r["kind"] == kind]
@@ -42,13 +42,22 @@ COUNTDOWN = (
 """The episodes most tests run: the countdown environment, a tool deadline, room for 8 tool calls."""
 
 
-def local_run(tmp: Path, steps: int, *extra: str, agent: tuple[str, ...] = COUNTDOWN) -> Run:
+@pytest.fixture(scope="module")
+def tool_model(tmp_path_factory) -> Path:
+    """The tool-calling tiny model, built once for the module's runs (each server only reads it)."""
     import subprocess
 
-    model, job, trace = tmp / "tool-model", tmp / "job", tmp / "trace"
+    model = tmp_path_factory.mktemp("tool-model") / "model"
     subprocess.run([PY, "-m", "trainer.agents.tiny_tool_model", str(model)], check=True, cwd=REPO, capture_output=True)
+    return model
+
+
+def local_run(tmp: Path, model: Path, cache: str, steps: int, *extra: str, agent: tuple[str, ...] = COUNTDOWN) -> Run:
+    """One local run of `model`, its servers' compile caches in `cache` (tests.conftest.vllm_cache)."""
+    job, trace = tmp / "job", tmp / "trace"
     sets = [
         f"vllm.model={model}",
+        f"vllm.cache_dir={cache}",
         f"job.job_dir={job}",
         *port_sets(),
         f"trainer.max_steps={steps}",
@@ -65,7 +74,7 @@ def local_run(tmp: Path, steps: int, *extra: str, agent: tuple[str, ...] = COUNT
         env=clean_env(PYTHONPATH=str(REPO), **{TRACE_ENV: str(trace)}),
         timeout=900,
     )
-    return Run(job, trace, r, time.time() - t0)
+    return Run(model, job, trace, r, time.time() - t0)
 
 
 EVAL = ("trainer.eval.dataset=data/countdown.jsonl", "trainer.eval.samples_per_prompt=2", "trainer.eval.max_prompts=1")
@@ -73,26 +82,32 @@ EVAL = ("trainer.eval.dataset=data/countdown.jsonl", "trainer.eval.samples_per_p
 
 
 @pytest.fixture(scope="module")
-def run(tmp_path_factory) -> Run:
+def run(tmp_path_factory, tool_model, vllm_cache) -> Run:
     """TRL's own tool loop (trainer.max_staleness 0)."""
-    return local_run(tmp_path_factory.mktemp("agents"), STEPS, *EVAL)
+    return local_run(tmp_path_factory.mktemp("agents"), tool_model, vllm_cache, STEPS, *EVAL)
 
 
 AHEAD_STEPS = 4
 
 
 @pytest.fixture(scope="module")
-def ahead_run(tmp_path_factory) -> Run:
+def ahead_run(tmp_path_factory, tool_model, vllm_cache) -> Run:
     """The project's episode loop, one step off (trainer.max_staleness 1): the second server start of this module."""
     return local_run(
-        tmp_path_factory.mktemp("agents-ahead"), AHEAD_STEPS, "trainer.max_staleness=1", *EVAL, "trainer.eval.every_steps=2"
+        tmp_path_factory.mktemp("agents-ahead"),
+        tool_model,
+        vllm_cache,
+        AHEAD_STEPS,
+        "trainer.max_staleness=1",
+        *EVAL,
+        "trainer.eval.every_steps=2",
     )
 
 
 def tokenizer(run: Run):
     from transformers import AutoTokenizer
 
-    return AutoTokenizer.from_pretrained(run.job.parent / "tool-model")
+    return AutoTokenizer.from_pretrained(run.model)
 
 
 def test_two_ranks_with_different_numbers_of_turns_in_the_same_steps_finish(run):
@@ -234,7 +249,7 @@ def test_the_gpu_report_reads_both_runs_agents_rows(run, ahead_run, tmp_path):
         assert (res["gen_s_median"] is None) is ahead and (res["gen_tokens_per_s_median"] is None) is ahead, res
 
 
-def test_a_users_rollout_func_generates_on_the_nodes_server_and_its_field_reaches_the_reward(tmp_path):
+def test_a_users_rollout_func_generates_on_the_nodes_server_and_its_field_reaches_the_reward(tmp_path, tool_model, vllm_cache):
     """trainer.rollout_func (tests.support.agent_rollout:rollout, TRL's signature and output) in a real local run:
     both ranks generate through their generation backend on the node's vLLM server (the tool model's own turn comes
     back, and the server's access log holds exactly their requests besides parity's), and the rollout's extra field
@@ -245,7 +260,7 @@ def test_a_users_rollout_func_generates_on_the_nodes_server_and_its_field_reache
         "trainer.reward_funcs=[tests.support.agent_rollout:rank_reward]",
         "trainer.max_completion_length=16",
     )
-    run = local_run(tmp_path, STEPS, agent=rollout)
+    run = local_run(tmp_path, tool_model, vllm_cache, STEPS, agent=rollout)
     r, job = run.result, run.job
     assert r.returncode == 0, r.stdout[-3000:] + r.stderr[-3000:]
     tok = tokenizer(run)

@@ -60,11 +60,26 @@ def ports() -> Ports:
     return Ports(*numbers)
 
 
+def local_argv(job_dir: Path, model: str, ports: Ports, sets: tuple[str, ...], cache: str) -> list[str]:
+    """`slurm-grpo local` of the smoke config; cache: the session's shared vllm.cache_dir (tests.conftest.vllm_cache),
+    empty for the job folder's own cache/."""
+    shared = (f"vllm.cache_dir={cache}",) if cache else ()
+    return cli_argv(
+        PY, "local", "configs/smoke_cpu.yaml", f"vllm.model={model}", f"job.job_dir={job_dir}", *ports.sets, *shared, *sets
+    )
+
+
 def local(
-    job_dir: Path, model: str, ports: Ports, *sets: str, env: dict[str, str] | None = None, timeout: float = 900
+    job_dir: Path,
+    model: str,
+    ports: Ports,
+    *sets: str,
+    env: dict[str, str] | None = None,
+    timeout: float = 900,
+    cache: str = "",
 ) -> subprocess.CompletedProcess:
     return subprocess.run(
-        cli_argv(PY, "local", "configs/smoke_cpu.yaml", f"vllm.model={model}", f"job.job_dir={job_dir}", *ports.sets, *sets),
+        local_argv(job_dir, model, ports, sets, cache),
         capture_output=True,
         text=True,
         timeout=timeout,
@@ -75,6 +90,7 @@ def local(
 
 def test_local_run_learns_pushes_land_and_resume_continues(tmp_path, tiny_model, ports):
     job = tmp_path / "run"
+    # the job folder's own compile cache (no shared vllm.cache_dir): assert_both_starts checks the restart found it there
     track = "trainer.report_to=[wandb, tensorboard]"  # W&B offline (the default), TensorBoard event files
     r = local(job, tiny_model, ports, "trainer.max_steps=16", "trainer.save_steps=8", track)
     assert r.returncode == 0, r.stdout[-3000:] + r.stderr[-3000:]
@@ -189,9 +205,11 @@ def assert_evaluated(job: Path, steps: list[int]) -> None:
     assert f"latest eval: step {steps[-1]}: pass@1 " in status(job)
 
 
-def start_local(job_dir: Path, model: str, ports: Ports, *sets: str, env: dict[str, str] | None = None) -> subprocess.Popen:
+def start_local(
+    job_dir: Path, model: str, ports: Ports, *sets: str, env: dict[str, str] | None = None, cache: str = ""
+) -> subprocess.Popen:
     return subprocess.Popen(
-        cli_argv(PY, "local", "configs/smoke_cpu.yaml", f"vllm.model={model}", f"job.job_dir={job_dir}", *ports.sets, *sets),
+        local_argv(job_dir, model, ports, sets, cache),
         cwd=REPO,
         stdout=subprocess.PIPE,
         stderr=subprocess.PIPE,
@@ -260,9 +278,9 @@ def stopped_after(p: subprocess.Popen, t0: float, what: str, timeout: float = 30
     return err, took
 
 
-def test_killed_server_stops_the_run_fast_and_names_it(tmp_path, tiny_model, ports):
+def test_killed_server_stops_the_run_fast_and_names_it(tmp_path, tiny_model, ports, vllm_cache):
     job = tmp_path / "kill"
-    p = start_local(job, tiny_model, ports, "trainer.max_steps=500", "trainer.save_steps=2")
+    p = start_local(job, tiny_model, ports, "trainer.max_steps=500", "trainer.save_steps=2", cache=vllm_cache)
     wait_for_step(p, job, 3)
     vllm_pid, trainer_pid = pids(job)
     workers = children(trainer_pid)
@@ -291,7 +309,7 @@ def rank_pid(torchrun_pid: int, rank: int) -> int:
     raise AssertionError(f"no worker with RANK={rank} under torchrun {torchrun_pid}")
 
 
-def test_rank_killed_mid_checkpoint_keeps_the_last_good_one_and_resume_uses_it(tmp_path, tiny_model, ports):
+def test_rank_killed_mid_checkpoint_keeps_the_last_good_one_and_resume_uses_it(tmp_path, tiny_model, ports, vllm_cache):
     """Kill rank 0 (which writes meta.json and renames) while step 6 is being written: the run stops with
     a message naming the trainer, step-000006 never counts, and the next run resumes from step 3, continuing the
     data order, the LR schedule and the random state of the lost attempt. That run's user reward raises at step 8:
@@ -299,7 +317,7 @@ def test_rank_killed_mid_checkpoint_keeps_the_last_good_one_and_resume_uses_it(t
     job = tmp_path / "ckpt"
     ck = job / "checkpoints"
     # the test-only hold: rank 0 stops in step 6's write, after the shards and before meta.json, and says so
-    p = start_local(job, tiny_model, ports, "trainer.max_steps=8", "trainer.save_steps=3", env={HOLD_ENV: "6"})
+    p = start_local(job, tiny_model, ports, "trainer.max_steps=8", "trainer.save_steps=3", env={HOLD_ENV: "6"}, cache=vllm_cache)
     held = ck / "step-000006.tmp" / HOLD_MARKER
     poll_until(held.exists, p, "rank 0 held in the checkpoint write of step 6", 600)
     vllm_pid, torchrun_pid = pids(job)
@@ -326,7 +344,9 @@ def test_rank_killed_mid_checkpoint_keeps_the_last_good_one_and_resume_uses_it(t
     )
     rewards = "trainer.reward_funcs=[letter_a_fraction, midrun_rewards:fail_at_step_eight]"
     path = os.pathsep.join(x for x in (str(tmp_path), os.environ.get("PYTHONPATH", "")) if x)
-    r = local(job, tiny_model, ports, "trainer.max_steps=8", "trainer.save_steps=3", rewards, env={"PYTHONPATH": path})
+    r = local(
+        job, tiny_model, ports, "trainer.max_steps=8", "trainer.save_steps=3", rewards, env={"PYTHONPATH": path}, cache=vllm_cache
+    )
     assert r.returncode == 1, r.stdout[-3000:] + r.stderr[-3000:]
     named = "RewardError: reward 'midrun_rewards:fail_at_step_eight' raised ValueError at step 8 on node 0: cannot score"
     # the node's FAILED line: the trainer's exit with its root cause, the named line (not the bare ValueError)
@@ -358,7 +378,7 @@ def test_rank_killed_mid_checkpoint_keeps_the_last_good_one_and_resume_uses_it(t
     assert latest(ck)[0] == 6
 
 
-def test_server_paused_during_a_push_is_a_timeout_not_a_hang(tmp_path, tiny_model, ports):
+def test_server_paused_during_a_push_is_a_timeout_not_a_hang(tmp_path, tiny_model, ports, vllm_cache):
     """The server's process group stops (SIGSTOP) in the middle of the third push (the one before step 3's
     generation, at step 2), by the gloo engine's test-only fault point, once /start_weight_update has answered and
     the chunks are due: the push hits its deadline, the run stops naming the push, and the stopped server is cleaned
@@ -375,6 +395,7 @@ def test_server_paused_during_a_push_is_a_timeout_not_a_hang(tmp_path, tiny_mode
         "trainer.request_timeout_s=15",
         "trainer.save_steps=0",
         env={PUSH_FAULT_ENV: "stop@3"},
+        cache=vllm_cache,
     )
     wait_for_step(p, job, 2)
     vllm_pid, torchrun_pid = pids(job)
@@ -389,16 +410,16 @@ def test_server_paused_during_a_push_is_a_timeout_not_a_hang(tmp_path, tiny_mode
     assert "weight push at step 2 (node 0)" in err and "/update_weights" in err, err[-3000:]
 
 
-def test_async_generation_one_step_off_learns_and_survives_a_resume(tmp_path, tiny_model, ports):
+def test_async_generation_one_step_off_learns_and_survives_a_resume(tmp_path, tiny_model, ports, vllm_cache):
     """trainer.max_staleness 1: from step 2 on, every step trains on completions its node's server generated during
     the previous step's training (one optimizer step stale, recorded per step), no lookahead misses, every push
     lands (parity), TRL's importance-sampling figures recorded; a resume in the same folder continues with it on,
     from the first run's final checkpoint. The evaluations (trainer.eval) run in between."""
     job = tmp_path / "async"
     sets = ("trainer.max_staleness=1", "trainer.save_steps=4")
-    r = local(job, tiny_model, ports, "trainer.max_steps=6", *sets)
+    r = local(job, tiny_model, ports, "trainer.max_steps=6", *sets, cache=vllm_cache)
     assert r.returncode == 0, r.stdout[-3000:] + r.stderr[-3000:]
-    r = local(job, tiny_model, ports, "trainer.max_steps=12", *sets)
+    r = local(job, tiny_model, ports, "trainer.max_steps=12", *sets, cache=vllm_cache)
     assert r.returncode == 0, r.stdout[-3000:] + r.stderr[-3000:]
     rows = read(job / "metrics.jsonl")
     resumed = [x for x in rows if x.get("event") == "resumed"]
@@ -420,7 +441,9 @@ def test_async_generation_one_step_off_learns_and_survives_a_resume(tmp_path, ti
     assert [x["step"] for x in evals] == [0, 6, 10, 12] and all(x["prompts"] == 8 for x in evals), evals
 
 
-def test_two_steps_off_on_a_data_parallel_server_pauses_pushes_and_every_engine_gets_the_weights(tmp_path, tiny_model, ports):
+def test_two_steps_off_on_a_data_parallel_server_pauses_pushes_and_every_engine_gets_the_weights(
+    tmp_path, tiny_model, ports, vllm_cache
+):
     """vllm.data_parallel_size 2 (two vLLM engines behind the node's one server; the CPU build runs them) with
     trainer.max_staleness 2: every push reaches both engines (parity probed on each by the X-data-parallel-rank
     header, stale before and equal after), completions are at most 2 steps old (0, 1, then 2), every push with a later
@@ -441,6 +464,7 @@ def test_two_steps_off_on_a_data_parallel_server_pauses_pushes_and_every_engine_
         f"trainer.max_completion_length={long}",
         "trainer.grpo={generation_kwargs: {ignore_eos: true}}",
         "trainer.eval.max_prompts=2",  # the smoke config's evaluations, kept short: their completions are `long` too
+        cache=vllm_cache,
     )
     assert r.returncode == 0, r.stdout[-3000:] + r.stderr[-3000:]
     plan = json.loads((job / "plan.json").read_text())
@@ -464,7 +488,9 @@ def test_two_steps_off_on_a_data_parallel_server_pauses_pushes_and_every_engine_
     assert all(x["gen_tokens"]["0"] == 8 * long for x in steps), [x["gen_tokens"] for x in steps]
 
 
-def test_kl_to_a_reference_model_temperature_parquet_and_datasets_data_and_parity_warn_then_fail(tmp_path, tiny_model, ports):
+def test_kl_to_a_reference_model_temperature_parquet_and_datasets_data_and_parity_warn_then_fail(
+    tmp_path, tiny_model, ports, vllm_cache
+):
     """trainer.beta > 0 (TRL's reference model beside the FSDP2 policy) with temperature 0.7 on Parquet data, and a push
     that does not land (the gloo engine's test-only fault point receives the third push and loads none of it) under
     parity_action warn: the run goes on, warns naming the step, and the next push lands. Then, in the same folder, a
@@ -490,6 +516,7 @@ def test_kl_to_a_reference_model_temperature_parquet_and_datasets_data_and_parit
         f"trainer.dataset={tmp_path / 'letters.parquet'}",
         "trainer.parity_action=warn",
         env={PUSH_FAULT_ENV: "skip@3"},
+        cache=vllm_cache,
     )
     assert r.returncode == 0, r.stdout[-3000:] + r.stderr[-3000:]
     steps = {x["step"]: x for x in read(job / "metrics.jsonl") if "reward" in x}
@@ -523,6 +550,7 @@ def test_kl_to_a_reference_model_temperature_parquet_and_datasets_data_and_parit
         "trainer.parity_action=fail",
         "trainer.parity_tolerance=0.0005",
         env={PUSH_FAULT_ENV: "skip@2"},
+        cache=vllm_cache,
     )
     assert r.returncode != 0, r.stdout[-3000:]
     assert "parity check failed at step 1" in r.stderr and "(tolerance 0.0005)" in r.stderr, r.stderr[-3000:]

@@ -60,7 +60,7 @@ def hf_logprobs(model, ids: list[int]) -> list[float]:
     return lp[torch.arange(len(ids) - 1), torch.tensor(ids[1:])].tolist()
 
 
-def test_lora_pushes_only_the_adapter_keeps_the_base_resumes_and_writes_a_peft_adapter(tmp_path, tiny_model, ports):  # noqa: F811
+def test_lora_pushes_only_the_adapter_keeps_the_base_resumes_and_writes_a_peft_adapter(tmp_path, tiny_model, ports, vllm_cache):  # noqa: F811
     import torch
     from peft import PeftModel
     from transformers import AutoModelForCausalLM, AutoTokenizer
@@ -78,7 +78,7 @@ def test_lora_pushes_only_the_adapter_keeps_the_base_resumes_and_writes_a_peft_a
     base_lp = hf_logprobs(base, ids)
 
     # run 1: 8 steps; mid-run, ask the live server for the probe under the base's name and under the adapter's
-    p = start_local(job, tiny_model, ports, "trainer.max_steps=8", "trainer.save_steps=4", *LORA)
+    p = start_local(job, tiny_model, ports, "trainer.max_steps=8", "trainer.save_steps=4", *LORA, cache=vllm_cache)
     metrics = job / "metrics.jsonl"
     wait_for_step(p, job, 2)
     server = VllmServer(f"http://127.0.0.1:{ports.vllm}", tiny_model, 0, 60)
@@ -150,7 +150,14 @@ def test_lora_pushes_only_the_adapter_keeps_the_base_resumes_and_writes_a_peft_a
     assert state["model"] and all(".lora_" in k for k in state["model"]), sorted(state["model"])[:3]
     # ... through disk this time: the fallback's own counts, on the same server start
     r = local(
-        job, tiny_model, ports, "trainer.max_steps=11", "trainer.save_steps=4", *LORA, "trainer.lora.adapter_transport=disk"
+        job,
+        tiny_model,
+        ports,
+        "trainer.max_steps=11",
+        "trainer.save_steps=4",
+        *LORA,
+        "trainer.lora.adapter_transport=disk",
+        cache=vllm_cache,
     )
     assert r.returncode == 0, r.stdout[-3000:] + r.stderr[-3000:]
     log2 = (job / "logs" / "node0-vllm.log").read_text()[len(vllm_log) :]  # the log is appended to
@@ -174,7 +181,7 @@ def test_lora_pushes_only_the_adapter_keeps_the_base_resumes_and_writes_a_peft_a
     assert expected <= size < expected + 16384, (size, expected)  # the fp32 adapter and safetensors' header, no base
 
 
-def test_a_merged_lora_push_sends_the_whole_model_to_a_server_without_lora(tmp_path, tiny_model, ports, capsys):  # noqa: F811
+def test_a_merged_lora_push_sends_the_whole_model_to_a_server_without_lora(tmp_path, tiny_model, ports, capsys, vllm_cache):  # noqa: F811
     import torch
     from transformers import AutoModelForCausalLM
 
@@ -193,7 +200,7 @@ def test_a_merged_lora_push_sends_the_whole_model_to_a_server_without_lora(tmp_p
     assert "LoRA push = merged: trainer.lora.push: merged" in out and "--enable-lora" not in out, out
 
     job = tmp_path / "merged"
-    r = local(job, tiny_model, ports, "trainer.max_steps=3", *sets)
+    r = local(job, tiny_model, ports, "trainer.max_steps=3", *sets, cache=vllm_cache)
     assert r.returncode == 0, r.stdout[-3000:] + r.stderr[-3000:]
     p = Plan.load(str(job / "plan.json"))
     assert p.lora_push == "merged" and "--enable-lora" not in vllm_command(p, 0).argv  # what the bootstrap started
