@@ -77,6 +77,9 @@ class SlurmGrpoCallback(TrainerCallback):
         self.rng_from: Path | None = None
         """The checkpoint whose RNG states the next step starts with (set on resume)."""
         self.last_saved = -1
+        self.checkpoints = checkpoint.Checkpointer(JobDir(job_dir).checkpoints, t.async_checkpoint, keep=t.keep_checkpoints)
+        self.checkpoint_s: float | None = None
+        """The seconds the step now ending was held by a checkpoint (its row's checkpoint_s), None: no checkpoint."""
         self.preempted = False
         self.profiler = StepProfiler(t.profile_steps, JobDir(job_dir).profile(par.node, par.rank), enabled=par.is_leader)
 
@@ -131,7 +134,10 @@ class SlurmGrpoCallback(TrainerCallback):
             return
         # rank 0's torch RNG state after the step: a resumed run continues it (checkpoint.restore_rng)
         rng_digest = hashlib.sha1(torch.get_rng_state().numpy().tobytes()).hexdigest()[:12]
-        row = StepRow.build(state.global_step, logs, time.time() - self.step_t0, self.rollout.by_node, rng_digest)
+        row = StepRow.build(
+            state.global_step, logs, time.time() - self.step_t0, self.rollout.by_node, rng_digest, checkpoint_s=self.checkpoint_s
+        )
+        self.checkpoint_s = None
         self.metrics.write(row)
         logs.update(tracking.flat_figures(row))  # the same dict the trackers' callbacks get next
         print(
@@ -150,6 +156,9 @@ class SlurmGrpoCallback(TrainerCallback):
         flag = torch.tensor([1 if self.preemption.requested else 0], dtype=torch.int32)
         dist.all_reduce(flag, op=dist.ReduceOp.MAX)  # every rank must stop at the same step
         every = self.t.save_steps
+        completed = self.checkpoints.poll()  # a background write that has ended: rank 0 completes it (meta.json)
+        if completed is not None and self.par.rank == 0:
+            print(f"checkpoint {completed.name} complete (written in the background)", flush=True)
         if flag.item():
             self.save(state, model, optimizer, lr_scheduler, reason="preempt")
             self.preempted = True
@@ -164,7 +173,10 @@ class SlurmGrpoCallback(TrainerCallback):
             self.step_t0 += time.time() - t0  # the evaluation's seconds are its own row's, not the step's
 
     def save(self, state, model, optimizer, lr_scheduler, reason: CheckpointReason = "periodic") -> None:
+        """Collective. A periodic checkpoint goes to the background with trainer.async_checkpoint; a preemption's and the
+        final one are complete when this returns (the job ends after them)."""
         if self.last_saved == state.global_step:
+            self.checkpoints.finish()  # the final checkpoint of a run whose last step wrote one: complete it now
             return
         # reason "preempt" is what the bootstrap looks for before it requeues the job
         meta = CheckpointMeta(
@@ -176,5 +188,10 @@ class SlurmGrpoCallback(TrainerCallback):
             reward_last=(state.log_history[-1] if state.log_history else {}).get("reward"),
             time=time.time(),
         )
-        checkpoint.save(JobDir(self.job_dir).checkpoints, model, optimizer, lr_scheduler, meta, keep=self.t.keep_checkpoints)
+        in_step = reason != "periodic"
+        self.checkpoint_s = round(self.checkpoints.save(model, optimizer, lr_scheduler, meta, in_step=in_step), 3)
         self.last_saved = state.global_step
+
+    def finish_checkpoints(self) -> None:
+        """At the end of training: the background write still running, if any, waited for and completed."""
+        self.checkpoints.finish()

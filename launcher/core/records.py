@@ -200,6 +200,9 @@ class StepRow:
     rng_digest: str | None = None
     """Rank 0's torch RNG state after the step, hashed: a resumed run continues the same draws."""
     step_s: float | None = None
+    checkpoint_s: float | None = None
+    """Seconds the step was held by a checkpoint written at its end (rank 0): the whole write, or with
+    trainer.async_checkpoint the copy into host memory (and any wait for the previous write); None: none written."""
     push_s: dict[str, float] = field(default_factory=dict)
     gen_s: dict[str, float] = field(default_factory=dict)
     gen_wait_s: dict[str, float] = field(default_factory=dict)
@@ -260,6 +263,7 @@ class StepRow:
         step_s: float,
         by_node: Mapping[int, NodeFigures],
         rng_digest: str | None = None,
+        checkpoint_s: float | None = None,
     ) -> StepRow:
         """The row of one step from TRL's log record of it (`logs`, TRL's own keys) and each node's figures."""
         nodes = sorted(by_node.items())
@@ -273,6 +277,7 @@ class StepRow:
             lr=logs.get("learning_rate"),
             rng_digest=rng_digest,
             step_s=round(step_s, 3),
+            checkpoint_s=checkpoint_s,
             push_s={str(n): round(f.push_s, 4) for n, f in nodes if f.push_s is not None},
             gen_s={str(n): round(f.gen_s, 4) for n, f in nodes if f.gen_s},
             gen_wait_s={str(n): round(f.gen_wait_s, 4) for n, f in nodes if f.gen_wait_s is not None},

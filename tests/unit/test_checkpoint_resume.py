@@ -1,7 +1,8 @@
 """trainer.checkpoint on two spawned gloo ranks with a real FSDP2 model, AdamW and transformers' linear schedule: a run
 resumed from a checkpoint continues exactly as the uninterrupted run (the LR schedule, every rank's own torch,
 NumPy and Python random draws, the weights), retention keeps the newest two, and a run that starts over sets the
-earlier checkpoints aside."""
+earlier checkpoints aside; a checkpoint written in the background (trainer.async_checkpoint) holds the step it was
+taken at while training goes on."""
 
 from __future__ import annotations
 
@@ -126,3 +127,51 @@ def test_a_resumed_run_continues_the_schedule_the_random_draws_and_the_weights(t
     # starting over (trainer.resume: false): nothing left to resume from or to prune, everything kept aside
     assert res[0]["after_set_aside"] == [] and res[1]["after_set_aside"] == []
     assert res[0]["aside"] == [f"step-{SAVE_AT:06d}", f"step-{STEPS:06d}"] and res[1]["aside"] is None
+
+
+def written_in_the_background(rank: int, world: int, _port: int, root: str) -> dict:
+    import torch.distributed as dist
+
+    from launcher.core.records import CheckpointMeta
+    from trainer import checkpoint
+
+    ck = Path(root)
+    torch.manual_seed(100 + rank)
+    model, opt, sched = setup(world, init_seed=0)
+    writer = checkpoint.Checkpointer(ck, asynchronous=True, keep=2)
+    at_step: dict[int, dict[str, torch.Tensor]] = {}
+    for s in range(1, STEPS + 1):
+        step(model, opt, sched)
+        writer.poll()  # as the callback does at every step end
+        if s in (SAVE_AT - 1, SAVE_AT):  # two in a row: the second waits for the first, then begins its own
+            at_step[s] = full(model)
+            writer.save(model, opt, sched, CheckpointMeta(step=s, world_size=dist.get_world_size()), in_step=False)
+    final = full(model)
+    # the final checkpoint is written in the step: it completes the background one first
+    writer.save(model, opt, sched, CheckpointMeta(step=STEPS, world_size=world, reason="final"), in_step=True)
+    dist.barrier()
+    kept = [d.name for _, d in checkpoint.step_dirs(ck)]
+    fresh = setup(world, init_seed=1)
+    loaded = checkpoint.load(ck / f"step-{SAVE_AT:06d}", *fresh)
+    got = full(fresh[0])
+    return {
+        "loaded_step": loaded,
+        "holds_its_step": all(torch.equal(at_step[SAVE_AT][n], got[n]) for n in got),
+        "differs_from_the_end": any(not torch.equal(final[n], got[n]) for n in got),
+        "kept": kept,
+        "left_tmp": sorted(p.name for p in ck.glob("*.tmp")),
+        "own_group": writer.group is not None,
+    }
+
+
+def test_a_checkpoint_written_in_the_background_holds_its_step_while_training_goes_on(tmp_path):
+    res = run_ranks(2, functools.partial(written_in_the_background, root=str(tmp_path / "checkpoints")))
+    for rank, r in res.items():
+        assert r["loaded_step"] == SAVE_AT
+        # the weights of the step it was taken at, not the later steps' that trained while the thread wrote
+        assert r["holds_its_step"], f"rank {rank}: the background checkpoint does not hold step {SAVE_AT}'s weights"
+        assert r["differs_from_the_end"]  # (training did go on: the later steps changed the weights)
+        assert r["own_group"]  # the writer thread's collectives on a group of their own
+    # complete and retained as a written-in-the-step one would be: the newest two, nothing left half-written
+    assert res[0]["kept"] == [f"step-{SAVE_AT:06d}", f"step-{STEPS:06d}"]
+    assert res[0]["left_tmp"] == []

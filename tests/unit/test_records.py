@@ -55,10 +55,11 @@ TODAYS_STEP_KEYS = {
 
 
 def test_a_step_row_is_built_from_the_nodes_figures_with_todays_keys_and_values():
-    row = StepRow.build(7, {**TRL_LOGS, "learning_rate": 3e-4}, 3.14159, FIGURES, rng_digest="0123456789ab")
+    row = StepRow.build(7, {**TRL_LOGS, "learning_rate": 3e-4}, 3.14159, FIGURES, rng_digest="0123456789ab", checkpoint_s=2.5)
     d = row.to_dict()
     assert d["lr"] == 3e-4 and d["rng_digest"] == "0123456789ab"
-    assert set(d) == TODAYS_STEP_KEYS | {"kind", "parity_s", "probe_drift"} and d["kind"] == "step"
+    assert set(d) == TODAYS_STEP_KEYS | {"kind", "parity_s", "probe_drift", "checkpoint_s"} and d["kind"] == "step"
+    assert d["checkpoint_s"] == 2.5  # the seconds the step was held by its checkpoint
     assert d["push_s"] == {"0": 0.1235, "1": 0.2} and d["step_s"] == 3.142
     assert d["gen_tokens_per_s_node"] == {"0": 200.0, "1": 50.0} and d["gen_tokens_per_s"] == 250.0
     assert d["parity_max"] == 3e-5 and d["parity_stale"] == {"0": 0.2, "1": None}
