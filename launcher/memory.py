@@ -610,6 +610,17 @@ def disk_line(shape: ModelShape, lay: Layout, opt: Options, keep: int, save_mode
     return line
 
 
+def checkpoint_copy_line(shape: ModelShape, lay: Layout, opt: Options) -> str:
+    """trainer.async_checkpoint: each rank copies its share of a checkpoint (12 bytes a trained parameter over the
+    ranks sharing the shards) into host memory and a thread writes it; the node holds its ranks' copies until then."""
+    trained = adapter_layer_params(shape, opt.lora_r, opt.lora_targets) * shape.layers if opt.lora_r else shape.params
+    per_node = 12 * trained * lay.ranks_per_node / lay.shard_ranks
+    return (
+        f"checkpoints written in the background (trainer.async_checkpoint): a copy in host memory ~{disk_size(per_node)} "
+        f"per node while each is written (trainer.async_checkpoint=false writes in the step instead)"
+    )
+
+
 def plan_report(p: Plan) -> list[str]:
     """The dry-run section for a plan; empty when the model's config.json cannot be read here, one line saying why when
     it cannot be counted (a hybrid without its layer pattern)."""
@@ -617,7 +628,8 @@ def plan_report(p: Plan) -> list[str]:
     if isinstance(shape, str):
         return [] if shape.startswith(NO_CONFIG) else [f"no estimate: {shape}"]
     t, lay, opt = p.config.trainer, layout(p, prompt_length(p.config)), options(p)
-    return [*report(shape, lay, opt), disk_line(shape, lay, opt, t.keep_checkpoints, t.save_model)]
+    copy = [checkpoint_copy_line(shape, lay, opt)] if t.async_checkpoint and t.save_steps else []
+    return [*report(shape, lay, opt), disk_line(shape, lay, opt, t.keep_checkpoints, t.save_model), *copy]
 
 
 def memory_problems(p: Plan) -> list[str] | None:

@@ -263,3 +263,15 @@ def test_status_prints_the_last_step_and_the_end_as_lines_without_none(tmp_path)
     )
     assert lines["end"] == "finished at step 2: node 0: 2 pushes, last push 0.300 s, final parity 2e-06, 9 parity checks"
     assert "generation" not in lines["summary"] and re.search(r"; step [0-9.]+ s$", lines["summary"]), lines["summary"]
+
+
+def test_the_dry_run_counts_the_host_memory_a_background_checkpoint_takes(m70):
+    """trainer.async_checkpoint: each rank's share of the checkpoint (12 bytes a parameter over the shard's ranks)
+    copied into host memory: under hsdp a node's ranks hold one whole replica; under fsdp over 16 nodes, a 16th."""
+    (hsdp,) = [ln for ln in plan_report(gpu_plan(m70)) if ln.startswith("checkpoints written in the background")]
+    shape = ModelShape.read(m70)
+    assert shape is not None
+    assert f"~{12 * shape.params / 1e9:.1f} GB per node" in hsdp, hsdp
+    (fsdp,) = [ln for ln in plan_report(gpu_plan(m70, "trainer.fsdp=fsdp")) if ln.startswith("checkpoints written")]
+    assert f"~{12 * shape.params / 16 / 1e9:.1f} GB per node" in fsdp, fsdp
+    assert not [ln for ln in plan_report(gpu_plan(m70, "trainer.async_checkpoint=false")) if ln.startswith("checkpoints written")]
