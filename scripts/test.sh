@@ -18,7 +18,7 @@ rc=0
 for tier in $TIERS; do
   echo "===== tier: $tier ($(date +%T))"
   case $tier in
-    unit) bash scripts/as_fresh_machine.sh pytest -q --durations=25 -m "not integration and not cluster" || rc=1;;
+    unit) bash scripts/as_fresh_machine.sh pytest -q -n 2 --durations=25 -m "not integration and not cluster" || rc=1;;
     integration) pytest -q --durations=25 -m integration || rc=1;;
     cluster)
       # the cluster's apt installs (slurm-wlm, munge, mariadb) happen inside start_cluster.sh
