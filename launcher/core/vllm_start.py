@@ -84,7 +84,7 @@ of `make-tiny-model`, float32, max-model-len 256, 2026-12-07): healthy after 46 
 0.76-1.12 s compiled against 0.14-0.16 s and 0.83-0.86 s eager (one 1.47 s outlier): within the machine's spread, at
 most a tenth slower, which a smoke or test-size run never wins back (configs/smoke_cpu.yaml's 30 steps of 64 x 16
 tokens generate for about 5 s in all). A long run on CPU that wants vLLM's compile says so in vllm.extra_args
-(USER_COMPILE_ARGS, e.g. -O3)."""
+(USER_COMPILE_ARGS, e.g. -O2, vLLM's default level)."""
 
 USER_COMPILE_ARGS = ("--enforce-eager", "compilation-config", "compilation_config", "optimization-level", "optimization_level")
 """vllm.extra_args that decide the compilation (as do -O<level> and -cc.<field>): then CPU_EAGER is not added, the
