@@ -11,6 +11,8 @@ each node's phases (launcher.status.startup_phases), submit -> bootstrap (the qu
 its compile cache (its log: the paths it named, whether they lie in the job folder, loaded or compiled again), the
 cache folder's files before and after, the `starting:` lines `slurm-grpo status` showed while it started (sampled
 with launcher.status.startup_now, the function behind them) and `slurm-grpo status` after each job.
+The CPU build runs vLLM eagerly unless vllm.extra_args decide the compilation (launcher.core.vllm_start.CPU_EAGER):
+--set 'vllm.extra_args=[-O2]' (vLLM's default level) measures the compile and its caches as the 2026-12-04 results did.
 """
 
 from __future__ import annotations

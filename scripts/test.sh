@@ -18,8 +18,11 @@ rc=0
 for tier in $TIERS; do
   echo "===== tier: $tier ($(date +%T))"
   case $tier in
-    unit) bash scripts/as_fresh_machine.sh pytest -q --durations=25 -m "not integration and not cluster" || rc=1;;
-    integration) pytest -q --durations=25 -m integration || rc=1;;
+    unit) bash scripts/as_fresh_machine.sh pytest -q -n 2 --durations=25 -m "not integration and not cluster" || rc=1;;
+    # --dist loadfile: a test file's tests share a worker, so a module's runs (test_agents_integration.py's
+    # module-scoped fixtures) are made once; loadgroup would not do it with these pins (pytest-xdist 3.8.0 sets
+    # item._nodeid, which pytest 9.2 no longer reads)
+    integration) pytest -q -n 2 --dist loadfile --durations=25 -m integration || rc=1;;
     cluster)
       # the cluster's apt installs (slurm-wlm, munge, mariadb) happen inside start_cluster.sh
       bash scripts/start_cluster.sh 2 3 --cpus 4 --mem 12000 --base /tmp/slurm-grpo-cluster > /dev/null  # it writes /tmp/slurm-grpo-cluster/env.sh

@@ -37,8 +37,10 @@ def tiny_model(tmp_path_factory) -> str:
 def vllm_cache(tmp_path_factory) -> str:
     """One vllm.cache_dir for the session's servers (vLLM's torch.compile, Inductor's and Triton's caches; a folder per
     node): a server of a model and vLLM config an earlier run of the session compiled skips most of that compile
-    (about 20 s of a 75-100 s start on 2 cores), as `vllm.cache_dir` promises users. A test that checks the job
-    folder's own cache/, or runs two servers at once (they would write one node's folder together), leaves it out."""
+    (about 20 s of a 75-100 s start on 2 cores), as `vllm.cache_dir` promises users; a CPU server runs eagerly unless
+    its config asks for the compile (launcher.core.vllm_start.CPU_EAGER), so there the folder shares vLLM's model-class
+    inspection cache. A test that checks the job folder's own cache/, or runs two servers at once (they would write one
+    node's folder together), leaves it out. Under xdist each worker is its own session with its own folder."""
     return str(tmp_path_factory.mktemp("vllm-cache"))
 
 

@@ -1124,11 +1124,13 @@ def non_defaults(cfg: JobConfig, redact: bool = False) -> list[tuple[str, Any]]:
 
 def to_yaml(cfg: JobConfig, redact: bool = False) -> str:
     """The config as YAML. redact: for showing it (dry-run), the value of a secret flag in vllm.extra_args
-    (--hf-token X, --api-key=X) is *** as in the shown commands; the job folder's copy keeps it (resume reads it)."""
+    (--hf-token X, --api-key=X) is *** as in the shown commands; the job folder's copy keeps it (resume reads it).
+    Each value stays on its key's line however long (PyYAML folds a plain string past 80 columns, e.g. a deep job_dir
+    with a space): `grep job_dir config.yaml` finds the whole path."""
     d = to_dict(cfg)
     if redact:
         d["vllm"]["extra_args"] = redact_argv(d["vllm"]["extra_args"])
-    return yaml.safe_dump(d, sort_keys=False, default_flow_style=False)
+    return yaml.safe_dump(d, sort_keys=False, default_flow_style=False, width=float("inf"))
 
 
 # Secrets that must never be written into the job folder, the sbatch text or the logs. The job

@@ -28,6 +28,10 @@ but paid the imports and the spawn again: 63.6 s.
 
 None of it reaches a CPU build: it captures no graphs and always spawns (vLLM's CPU platform forces it). On ROCm, auto
 leaves `vllm serve`'s spawn (vLLM's ROCm platform would fork if told: `fork` is not refused there).
+
+  CPU eager     a CPU build runs the model eagerly (CPU_EAGER): vLLM's torch.compile is start cost there (a tiny model
+                on 2 cores: healthy after 23-24 s eager against 46 s compiling, 30 s on a warm compile cache) and
+                bought generation speed within the machine's spread; vllm.extra_args that decide the compilation win
 """
 
 from __future__ import annotations
@@ -71,6 +75,34 @@ against 72.1 s; gpu/results/2026-12-07-ds3-lora-restart/)."""
 DEFERRING_FLAGS = (LORA_ONE_GRAPH_SET, GDN_PREFILL_TRITON)
 """Flags the launcher adds only where vllm.extra_args hold none of their kind: the user's own compilation or additional
 config wins (not owned: launcher.core.config VLLM_OWNED does not refuse them)."""
+
+
+CPU_EAGER = "--enforce-eager"
+"""What a CPU build's server runs with: no torch.compile. Measured on 2 cores (the CI's kind of machine; the tiny Qwen2
+of `make-tiny-model`, float32, max-model-len 256, 2026-12-07): healthy after 46 s compiling on a cold compile cache and
+30 s on a warm one, 23-24 s eager; generation of 8 prompts x 8 samples, 16 and 128 tokens each, 0.13-0.21 s and
+0.76-1.12 s compiled against 0.14-0.16 s and 0.83-0.86 s eager (one 1.47 s outlier): within the machine's spread, at
+most a tenth slower, which a smoke or test-size run never wins back (configs/smoke_cpu.yaml's 30 steps of 64 x 16
+tokens generate for about 5 s in all). A long run on CPU that wants vLLM's compile says so in vllm.extra_args
+(USER_COMPILE_ARGS, e.g. -O2, vLLM's default level)."""
+
+USER_COMPILE_ARGS = ("--enforce-eager", "compilation-config", "compilation_config", "optimization-level", "optimization_level")
+"""vllm.extra_args that decide the compilation (as do -O<level> and -cc.<field>): then CPU_EAGER is not added, the
+user's choice wins."""
+
+
+def user_decides_compile(extra_args: list[str]) -> bool:
+    return any(any(k in a for k in USER_COMPILE_ARGS) or a.startswith(("-O", "-cc")) for a in extra_args)
+
+
+def cpu_eager(p: Plan) -> str | None:
+    """Why the server runs eagerly (CPU_EAGER), None where it does not: not a CPU build, or vllm.extra_args decide the
+    compilation."""
+    if p.device != "cpu":
+        return None
+    if user_decides_compile(p.config.vllm.extra_args):
+        return None
+    return "CPU build: vLLM's torch.compile would cost a third to half of the start for little generation speed"
 
 
 def in_flight(p: Plan, steps: int) -> tuple[int | None, str]:
@@ -160,7 +192,8 @@ def gdn_prefill(p: Plan) -> str | None:
 def vllm_args(p: Plan, steps: int) -> list[str]:
     size, _ = capture_size(p, steps)
     graphs = [] if size is None else ["--max-cudagraph-capture-size", str(size)]
-    return graphs + ([LORA_ONE_GRAPH_SET] if lora_graphs(p) else []) + ([GDN_PREFILL_TRITON] if gdn_prefill(p) else [])
+    eager = [CPU_EAGER] if cpu_eager(p) else []
+    return graphs + eager + ([LORA_ONE_GRAPH_SET] if lora_graphs(p) else []) + ([GDN_PREFILL_TRITON] if gdn_prefill(p) else [])
 
 
 def lora_graphs(p: Plan) -> bool:
@@ -213,6 +246,8 @@ def derivation_lines(p: Plan, steps: int) -> list[str]:
         if lora_graphs(p)
         else []
     )
-    return [graphs, start, inspect, *lora] + (
+    eager = cpu_eager(p)
+    compiled = [f"vLLM runs the model eagerly ({CPU_EAGER}): {eager}"] if eager else []
+    return [graphs, start, inspect, *compiled, *lora] + (
         [f"vLLM Gated DeltaNet prefill on Triton ({GDN_PREFILL_TRITON}): {gdn}"] if gdn else []
     )

@@ -1,5 +1,5 @@
 """The vLLM server's start (launcher.core.vllm_start, launcher.vllm_log, the plugin's in-process inspection): what the
-launcher adds to a GPU server's command and why, nothing of it on CPU, and the phases of a first start and a restart
+launcher adds to a GPU server's command and why, a CPU server's eager mode, and the phases of a first start and a restart
 read from vLLM's own log lines (copied from the H200 runs of gpu/results/)."""
 
 from __future__ import annotations
@@ -257,6 +257,25 @@ def test_nothing_changes_on_cpu_and_each_choice_can_be_turned_back(tmp_path):
         job(tmp_path, vllm={"cudagraph_max_size": -2})
     with pytest.raises(C.ConfigError, match="set by slurm-grpo from vllm.cudagraph_max_size"):
         job(tmp_path, vllm={"extra_args": ["--max-cudagraph-capture-size", "8"]})
+
+
+CPU = {"job": {"device": "cpu"}, "slurm": {"gpus_per_node": 3}, "trainer": {"dtype": "float32"}}
+
+
+def test_a_cpu_server_runs_eagerly_unless_the_users_extra_args_decide_the_compilation(tmp_path):
+    argv, _, why = server(tmp_path, **CPU, vllm={"dtype": "float32"})
+    assert argv.count(vllm_start.CPU_EAGER) == 1
+    assert any(w.startswith("vLLM runs the model eagerly (--enforce-eager): CPU build") for w in why), why
+    for user in (["--enforce-eager"], ["-O3"], ["-O", "2"], ["--optimization-level=1"], ["-cc.mode=3"],
+                 ["--compilation-config", '{"mode": 3}'], ["--compilation_config.mode=3"]):  # fmt: skip
+        argv, _, why = server(tmp_path, **CPU, vllm={"dtype": "float32", "extra_args": user})
+        assert argv[-len(user) :] == user and argv.count("--enforce-eager") == user.count("--enforce-eager"), (user, argv)
+        assert not any("eagerly" in w for w in why), (user, why)
+    # other extra args leave it on; a GPU server keeps vLLM's torch.compile
+    argv, _, _ = server(tmp_path, **CPU, vllm={"dtype": "float32", "extra_args": ["--max-num-seqs", "64"]})
+    assert vllm_start.CPU_EAGER in argv
+    argv, _, why = server(tmp_path)
+    assert vllm_start.CPU_EAGER not in argv and not any("eagerly" in w for w in why)
 
 
 def test_the_plugin_has_vllm_inspect_the_model_class_in_this_process(tmp_path, monkeypatch):
