@@ -86,13 +86,18 @@ most a tenth slower, which a smoke or test-size run never wins back (configs/smo
 tokens generate for about 5 s in all). A long run on CPU that wants vLLM's compile says so in vllm.extra_args
 (USER_COMPILE_ARGS, e.g. -O2, vLLM's default level)."""
 
-USER_COMPILE_ARGS = ("--enforce-eager", "compilation-config", "compilation_config", "optimization-level", "optimization_level")
-"""vllm.extra_args that decide the compilation (as do -O<level> and -cc.<field>): then CPU_EAGER is not added, the
+USER_COMPILE_ARGS = ("--enforce-eager", "optimization-level", "optimization_level")
+"""vllm.extra_args that decide the compilation (as do -O<level> and a compilation config): then CPU_EAGER is not added, the
 user's choice wins."""
 
 
+def names_compilation_config(arg: str) -> bool:
+    """An extra arg that sets vLLM's compilation config (JSON --compilation-config, dotted, or -cc)."""
+    return "compilation-config" in arg or "compilation_config" in arg or arg == "-cc" or arg.startswith("-cc.")
+
+
 def user_decides_compile(extra_args: list[str]) -> bool:
-    return any(any(k in a for k in USER_COMPILE_ARGS) or a.startswith(("-O", "-cc")) for a in extra_args)
+    return any(any(k in a for k in USER_COMPILE_ARGS) or a.startswith("-O") or names_compilation_config(a) for a in extra_args)
 
 
 def cpu_eager(p: Plan) -> str | None:
@@ -203,7 +208,7 @@ def lora_graphs(p: Plan) -> bool:
     extra = p.config.vllm.extra_args
     if p.device == "cpu" or p.lora_push != ADAPTER or user_decides_graphs(extra):
         return False
-    return not any("compilation-config" in a or "compilation_config" in a or a == "-cc" or a.startswith("-cc.") for a in extra)
+    return not any(names_compilation_config(a) for a in extra)
 
 
 def vllm_env(p: Plan) -> dict[str, str]:
