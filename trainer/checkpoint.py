@@ -64,16 +64,14 @@ class PendingCheckpoint:
     keep: int
     write: Future | None
     """dcp.async_save's write; None: written already (dcp.save)."""
-    started: float
 
     def done(self) -> bool:
         return self.write is None or self.write.done()
 
-    def complete(self) -> float:
-        """Waits for this rank's write, then (rank 0) meta.json, the rename and retention; returns the seconds waited.
+    def complete(self) -> None:
+        """Waits for this rank's write, then (rank 0) meta.json, the rename and retention.
         Not collective: rank 0's write ends only after every rank's shards and dcp's metadata are written (dcp's
         finish step gathers every rank's write results first)."""
-        t0 = time.time()
         if self.write is not None:
             try:
                 self.write.result()
@@ -82,7 +80,6 @@ class PendingCheckpoint:
                     f"rank {dist.get_rank()}: writing checkpoint {self.final.name} failed in the background ({e}); "
                     f"{self.tmp} stays incomplete and a resume uses the newest complete checkpoint before it"
                 ) from e
-        waited = time.time() - t0
         if dist.get_rank() == 0:
             if os.environ.get(HOLD_ENV) == str(self.meta.step):
                 hold_for_test(self.tmp)
@@ -91,7 +88,6 @@ class PendingCheckpoint:
                 shutil.rmtree(self.final)
             os.rename(self.tmp, self.final)
             prune(self.final.parent, self.keep, self.final)
-        return waited
 
 
 def begin(root: Path, model, optimizer, scheduler, meta: CheckpointMeta, keep: int, group) -> PendingCheckpoint:
@@ -106,7 +102,6 @@ def begin(root: Path, model, optimizer, scheduler, meta: CheckpointMeta, keep: i
             shutil.rmtree(stale, ignore_errors=True)
         tmp.mkdir(parents=True)
     dist.barrier()
-    t0 = time.time()
     # each rank's own RNG states, written before the collective save (rank 0 passes it only once every rank is in it)
     torch.save(rng_state(), tmp / f"rng-rank{dist.get_rank()}.pt")
     if dist.get_rank() == 0:
@@ -120,7 +115,7 @@ def begin(root: Path, model, optimizer, scheduler, meta: CheckpointMeta, keep: i
         written = dcp.async_save(state, checkpoint_id=str(tmp), process_group=group)
         assert isinstance(written, Future), "dcp.async_save with its default stager returns a Future"
         write = written
-    return PendingCheckpoint(tmp=tmp, final=final, meta=meta, keep=keep, write=write, started=t0)
+    return PendingCheckpoint(tmp=tmp, final=final, meta=meta, keep=keep, write=write)
 
 
 class Checkpointer:
