@@ -113,6 +113,13 @@ def test_local_run_learns_pushes_land_and_resume_continues(tmp_path, tiny_model,
     assert "model-00001-of-00001.safetensors (1/1)" in x.stdout, x.stdout
     exported = hf_tensors(export16)
     assert sorted(exported) == sorted(final16) and all(torch.equal(exported[n], final16[n]) for n in final16)
+    # trainer.async_checkpoint (the default): step 8's periodic checkpoint was written in the background and completed
+    # at a later step's end (rank 0's line); the rows of the checkpoint steps say how long it held them, no other row does
+    held = {x["step"]: x.get("checkpoint_s") for x in read(job / "metrics.jsonl") if "reward" in x}
+    assert all(held[k] is not None and held[k] >= 0 for k in (8, 16)) and all(
+        held[k] is None for k in held if k not in (8, 16)
+    ), held
+    assert "checkpoint step-000008 complete (written in the background)" in (job / "logs" / "node0-trainer.log").read_text()
 
     # resume: run on to step 24 in the same job folder, its server serving the final model of step 16 (a copy of
     # JOB/model as vllm.model: the run writes JOB/model anew at its end), with a leftover of the first attempt (a
