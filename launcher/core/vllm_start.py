@@ -211,11 +211,20 @@ def lora_graphs(p: Plan) -> bool:
     return not any(names_compilation_config(a) for a in extra)
 
 
+NO_TORCH_COMPILE_ENV = {"TORCH_COMPILE_DISABLE": "1"}
+"""Beside CPU_EAGER: torch.compile off in the server's processes. --enforce-eager leaves vLLM's sampler ops that are
+compiled at their first call (vllm/v1/sample/ops/logprobs.py batched_count_greater_than, the rank of a requested
+logprob: Inductor builds C++ for it); on 2 cores the first request asking for logprobs took 12.1 s against 0.04 s with
+torch's own switch (the tiny model, 2026-12-07): the smoke run's evaluation before step 1 (its parity probe's prompt
+logprobs) took 17 s. The op is a comparison and a sum, no slower eager."""
+
+
 def vllm_env(p: Plan) -> dict[str, str]:
-    """The engine core's start method; the in-process inspection's switch is launcher.core.jobdir's Env (set by the
-    command, launcher.node.commands: jobdir imports the plan, which imports this module)."""
+    """The engine core's start method, and torch.compile off where the server runs eagerly (NO_TORCH_COMPILE_ENV); the
+    in-process inspection's switch is launcher.core.jobdir's Env (set by the command, launcher.node.commands: jobdir
+    imports the plan, which imports this module)."""
     method = engine_method(p)
-    return {START_METHOD_ENV: method} if method else {}
+    return ({START_METHOD_ENV: method} if method else {}) | (NO_TORCH_COMPILE_ENV if cpu_eager(p) else {})
 
 
 def derivation_lines(p: Plan, steps: int) -> list[str]:

@@ -263,19 +263,21 @@ CPU = {"job": {"device": "cpu"}, "slurm": {"gpus_per_node": 3}, "trainer": {"dty
 
 
 def test_a_cpu_server_runs_eagerly_unless_the_users_extra_args_decide_the_compilation(tmp_path):
-    argv, _, why = server(tmp_path, **CPU, vllm={"dtype": "float32"})
+    argv, env, why = server(tmp_path, **CPU, vllm={"dtype": "float32"})
     assert argv.count(vllm_start.CPU_EAGER) == 1
+    assert env["TORCH_COMPILE_DISABLE"] == "1"  # vLLM's sampler ops compiled at their first call: off too
     assert any(w.startswith("vLLM runs the model eagerly (--enforce-eager): CPU build") for w in why), why
     for user in (["--enforce-eager"], ["-O3"], ["-O", "2"], ["--optimization-level=1"], ["-cc.mode=3"],
                  ["--compilation-config", '{"mode": 3}'], ["--compilation_config.mode=3"]):  # fmt: skip
-        argv, _, why = server(tmp_path, **CPU, vllm={"dtype": "float32", "extra_args": user})
+        argv, env, why = server(tmp_path, **CPU, vllm={"dtype": "float32", "extra_args": user})
+        assert "TORCH_COMPILE_DISABLE" not in env
         assert argv[-len(user) :] == user and argv.count("--enforce-eager") == user.count("--enforce-eager"), (user, argv)
         assert not any("eagerly" in w for w in why), (user, why)
     # other extra args leave it on; a GPU server keeps vLLM's torch.compile
     argv, _, _ = server(tmp_path, **CPU, vllm={"dtype": "float32", "extra_args": ["--max-num-seqs", "64"]})
     assert vllm_start.CPU_EAGER in argv
-    argv, _, why = server(tmp_path)
-    assert vllm_start.CPU_EAGER not in argv and not any("eagerly" in w for w in why)
+    argv, env, why = server(tmp_path)
+    assert vllm_start.CPU_EAGER not in argv and not any("eagerly" in w for w in why) and "TORCH_COMPILE_DISABLE" not in env
 
 
 def test_the_plugin_has_vllm_inspect_the_model_class_in_this_process(tmp_path, monkeypatch):
