@@ -39,6 +39,10 @@ shards and before meta.json, and writes HOLD_MARKER into the .tmp folder, so a t
 HOLD_MARKER = "held-for-test"
 HOLD_MAX_S = 300.0
 
+WRITE_DEADLINE_S = 3600.0
+"""The longest wait for a background write (trainer.async_checkpoint): a checkpoint not written in an hour is a hung
+file system, not a slow one (33 GB took 33 s on an H100 node's local disk), and the run stops naming it."""
+
 
 def latest(root: Path) -> tuple[int, Path] | None:
     dirs = step_dirs(root)
@@ -68,13 +72,19 @@ class PendingCheckpoint:
     def done(self) -> bool:
         return self.write is None or self.write.done()
 
-    def complete(self) -> None:
-        """Waits for this rank's write, then (rank 0) meta.json, the rename and retention.
+    def complete(self, deadline_s: float = WRITE_DEADLINE_S) -> None:
+        """Waits for this rank's write (at most deadline_s), then (rank 0) meta.json, the rename and retention.
         Not collective: rank 0's write ends only after every rank's shards and dcp's metadata are written (dcp's
         finish step gathers every rank's write results first)."""
         if self.write is not None:
             try:
-                self.write.result()
+                self.write.result(timeout=deadline_s)
+            except TimeoutError as e:
+                raise RuntimeError(
+                    f"rank {dist.get_rank()}: checkpoint {self.final.name} was still being written after {deadline_s:.0f} s "
+                    f"(a hung file system under {self.tmp.parent}?); a resume uses the newest complete checkpoint before "
+                    f"it; trainer.async_checkpoint=false writes checkpoints in the step instead"
+                ) from e
             except Exception as e:
                 raise RuntimeError(
                     f"rank {dist.get_rank()}: writing checkpoint {self.final.name} failed in the background ({e}); "

@@ -175,3 +175,30 @@ def test_a_checkpoint_written_in_the_background_holds_its_step_while_training_go
     # complete and retained as a written-in-the-step one would be: the newest two, nothing left half-written
     assert res[0]["kept"] == [f"step-{SAVE_AT:06d}", f"step-{STEPS:06d}"]
     assert res[0]["left_tmp"] == []
+
+
+def a_write_that_never_ends(rank: int, world: int, _port: int, root: str) -> str:
+    from concurrent.futures import Future
+
+    from launcher.core.records import CheckpointMeta
+    from trainer import checkpoint
+
+    ck = Path(root)
+    stuck = checkpoint.PendingCheckpoint(
+        tmp=ck / "step-000003.tmp",
+        final=ck / "step-000003",
+        meta=CheckpointMeta(step=3, world_size=world),
+        keep=2,
+        write=Future(),
+    )
+    try:
+        stuck.complete(deadline_s=0.3)
+    except RuntimeError as e:
+        return str(e)
+    return "completed"
+
+
+def test_a_background_write_that_hangs_stops_the_run_naming_the_checkpoint_and_the_fix(tmp_path):
+    (msg,) = run_ranks(1, functools.partial(a_write_that_never_ends, root=str(tmp_path / "checkpoints"))).values()
+    assert "checkpoint step-000003 was still being written after 0 s" in msg, msg
+    assert "trainer.async_checkpoint=false" in msg and not (tmp_path / "checkpoints" / "step-000003").exists()
