@@ -23,7 +23,7 @@ from launcher.core.records import CheckpointMeta, CheckpointReason, ResumedRow, 
 from trainer import checkpoint, data, tracking
 from trainer.evaluation.evaluator import Evaluator
 from trainer.metrics import MetricsWriter
-from trainer.parallel import Parallel
+from trainer.parallel import Parallel, on_failure_exit
 from trainer.profiling import StepProfiler
 from trainer.rollout.node import NodeRollout
 
@@ -78,6 +78,7 @@ class SlurmGrpoCallback(TrainerCallback):
         """The checkpoint whose RNG states the next step starts with (set on resume)."""
         self.last_saved = -1
         self.checkpoints = checkpoint.Checkpointer(JobDir(job_dir).checkpoints, t.async_checkpoint, keep=t.keep_checkpoints)
+        on_failure_exit(self.checkpoints.salvage)  # a failure mid-write keeps the checkpoint if its write ends soon
         self.checkpoint_s: float | None = None
         """The seconds the step now ending was held by a checkpoint (its row's checkpoint_s), None: no checkpoint."""
         self.preempted = False

@@ -6,7 +6,9 @@ resume ignores, so the previous good checkpoint is never replaced by a broken on
 trainer.async_checkpoint (periodic checkpoints): the step only copies its shards to host memory (dcp.async_save's
 staging) and a background thread writes them while the next steps train; rank 0 completes the checkpoint (meta.json,
 the rename, retention) at the first step end after the write, and before the next checkpoint starts. A preemption's and
-the run's final checkpoint are written in the step (the job ends after them). Why: a synchronous save of a 3 B body's
+the run's final checkpoint are written in the step (the job ends after them). A run that fails while a write runs
+still completes it if it ends within SALVAGE_WAIT_S (`Checkpointer.salvage`, run by every rank on its way out), so a
+failure loses no more steps than with checkpoints written in the step. Why: a synchronous save of a 3 B body's
 33 GB of fp32 parameters and AdamW state held its step 61.5 s on an H100 (gpu/results/2026-12-07-ds3-lora-restart)."""
 
 from __future__ import annotations
@@ -15,6 +17,7 @@ import dataclasses
 import os
 import random
 import shutil
+import threading
 import time
 from concurrent.futures import Future
 from dataclasses import dataclass
@@ -42,6 +45,10 @@ HOLD_MAX_S = 300.0
 WRITE_DEADLINE_S = 3600.0
 """The longest wait for a background write (trainer.async_checkpoint): a checkpoint not written in an hour is a hung
 file system, not a slow one (33 GB took 33 s on an H100 node's local disk), and the run stops naming it."""
+
+SALVAGE_WAIT_S = 120.0
+"""A failing run's wait for a background write still running (Checkpointer.salvage): long enough for the 33 GB above,
+short against the job's stop after a failure."""
 
 
 def latest(root: Path) -> tuple[int, Path] | None:
@@ -135,6 +142,9 @@ class Checkpointer:
     def __init__(self, root: Path, asynchronous: bool, keep: int = KEEP) -> None:
         self.root, self.asynchronous, self.keep = root, asynchronous, keep
         self.pending: PendingCheckpoint | None = None
+        self.lock = threading.Lock()
+        """Held while a write is completed: salvage runs on the failure watch's thread while the main thread may be
+        completing the same write."""
         self.group = None
         """The gloo group of the background writes (made at the first, by every rank: new_group is collective)."""
 
@@ -160,11 +170,38 @@ class Checkpointer:
 
     def finish(self) -> Path | None:
         """Waits for the background write, if one runs, and completes it; returns its checkpoint."""
-        pending, self.pending = self.pending, None
-        if pending is None:
+        with self.lock:
+            pending, self.pending = self.pending, None
+            if pending is not None:
+                pending.complete()
+        return pending.final if pending is not None else None
+
+    def salvage(self, wait_s: float = SALVAGE_WAIT_S) -> Path | None:
+        """On a failure, by every rank before it exits (trainer.parallel.on_failure_exit; not collective): the
+        background write, if one runs, completed when it ends within wait_s (rank 0's ends only once every rank's shards
+        are written, so a rank lost mid-write leaves it incomplete). Else it stays a .tmp folder that resume skips.
+        Never raises: the run's own error is the one to report. Returns the checkpoint it completed."""
+        t0 = time.time()
+        if not self.lock.acquire(timeout=wait_s):  # the main thread is completing it (and may be stuck there)
             return None
-        pending.complete()
-        return pending.final
+        try:
+            pending, self.pending = self.pending, None
+            if pending is None:
+                return None
+            try:
+                pending.complete(deadline_s=max(0.0, wait_s - (time.time() - t0)))
+            except Exception as e:  # noqa: BLE001 - reported, and the failure's own error follows
+                print(
+                    f"rank {dist.get_rank()}: the run failed while checkpoint {pending.final.name} was written in the "
+                    f"background, and it could not be completed ({e}); a resume uses the newest complete one before it",
+                    flush=True,
+                )
+                return None
+            if dist.get_rank() == 0:
+                print(f"checkpoint {pending.final.name} complete (its background write ended after the failure)", flush=True)
+            return pending.final
+        finally:
+            self.lock.release()
 
 
 def prune(root: Path, keep: int, written: Path) -> list[Path]:

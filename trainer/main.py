@@ -51,9 +51,11 @@ if __name__ == "__main__":
         sys.stderr.flush()
         # then the other ranks stop within a second, naming this one (trainer.parallel.FailureWatch): the ones in a
         # collective with this rank would otherwise wait there up to the process group's timeout
-        from trainer.parallel import announce_failure
+        from trainer.parallel import announce_failure, run_failure_exit_hooks
 
         announce_failure(sys.exc_info()[1])  # type: ignore[arg-type]
+        run_failure_exit_hooks()  # a checkpoint being written in the background: completed if it ends soon
+        sys.stdout.flush()
         os._exit(1)
     # Success exits at once too: everything is written (checkpoint, metrics, summary) and the process groups are
     # destroyed; interpreter teardown has been seen to abort a rank after "done" (a native thread destroyed while

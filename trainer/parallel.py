@@ -8,6 +8,7 @@ import sys
 import threading
 import time
 import traceback
+from collections.abc import Callable
 from dataclasses import dataclass
 from datetime import timedelta
 from pathlib import Path
@@ -73,6 +74,25 @@ period grows with the world past 500 ranks (1.8 s at 256 nodes x 7 ranks) instea
 STOPPED_BY_PEER = "stopped by another rank's failure"
 """The line a rank prints when it stops for another's failure (launcher.node.diagnose counts it as a peer's cause)."""
 
+_before_failure_exit: list[Callable[[], object]] = []
+"""What a rank does on its way out of a failure, its own or another's (on_failure_exit): each bounded, none raises."""
+
+
+def on_failure_exit(hook: Callable[[], object]) -> None:
+    """Run `hook` before this rank exits on a failure (trainer.checkpoint.Checkpointer.salvage: a background
+    checkpoint write completed rather than lost)."""
+    _before_failure_exit.append(hook)
+
+
+def run_failure_exit_hooks() -> None:
+    """trainer.main's error path (after announce_failure, so the other ranks start theirs at once) and the
+    FailureWatch's stop."""
+    for hook in _before_failure_exit:
+        try:
+            hook()
+        except Exception as e:  # noqa: BLE001 - best effort: the failure's own cause is what the rank reports
+            print(f"on the way out of the failure: {e!r}", file=sys.stderr, flush=True)
+
 
 class FailureWatch:
     """Ends every rank of the job within about WATCH_S (poll_period_s) of the first rank's failure, naming it. Why: a rank that fails
@@ -114,6 +134,7 @@ class FailureWatch:
                 file=sys.stderr,
                 flush=True,
             )
+            run_failure_exit_hooks()  # while the main thread waits in a collective with the failed rank
             sys.stdout.flush()
             os._exit(1)
 

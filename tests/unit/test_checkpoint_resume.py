@@ -202,3 +202,81 @@ def test_a_background_write_that_hangs_stops_the_run_naming_the_checkpoint_and_t
     (msg,) = run_ranks(1, functools.partial(a_write_that_never_ends, root=str(tmp_path / "checkpoints"))).values()
     assert "checkpoint step-000003 was still being written after 0 s" in msg, msg
     assert "trainer.async_checkpoint=false" in msg and not (tmp_path / "checkpoints" / "step-000003").exists()
+
+
+def failed_mid_write(rank: int, world: int, _port: int, root: str) -> dict:
+    """Both ranks begin a background write, then fail before any step end completes it: what they run on the way out
+    (trainer.parallel's failure-exit hooks, where the callback registers its Checkpointer's salvage)."""
+    import torch.distributed as dist
+
+    from launcher.core.records import CheckpointMeta
+    from trainer import checkpoint, parallel
+
+    ck = Path(root)
+    model, opt, sched = setup(world, init_seed=0)
+    writer = checkpoint.Checkpointer(ck, asynchronous=True, keep=2)
+    parallel.on_failure_exit(writer.salvage)
+    step(model, opt, sched)
+    at_save = full(model)
+    writer.save(model, opt, sched, CheckpointMeta(step=SAVE_AT, world_size=dist.get_world_size()), in_step=False)
+    step(model, opt, sched)  # training goes on; then this step fails, and the rank exits through the hooks
+    parallel.run_failure_exit_hooks()
+    dist.barrier()  # (the test's own: both ranks' hooks have run before the checkpoint is read)
+    fresh = setup(world, init_seed=1)
+    loaded = checkpoint.load(ck / f"step-{SAVE_AT:06d}", *fresh)
+    got = full(fresh[0])
+    return {
+        "loaded_step": loaded,
+        "holds_its_step": all(torch.equal(at_save[n], got[n]) for n in got),
+        "left_tmp": sorted(p.name for p in ck.glob("*.tmp")),
+        "pending_after": writer.pending is not None,
+    }
+
+
+def test_a_run_that_fails_while_a_checkpoint_is_written_in_the_background_still_completes_it(tmp_path, capfd):
+    res = run_ranks(2, functools.partial(failed_mid_write, root=str(tmp_path / "checkpoints")))
+    for rank, r in res.items():
+        assert r["loaded_step"] == SAVE_AT and r["holds_its_step"], (rank, r)
+        assert not r["pending_after"] and r["left_tmp"] == [], (rank, r)
+    assert f"checkpoint step-{SAVE_AT:06d} complete (its background write ended after the failure)" in capfd.readouterr().out
+
+
+def lost_mid_write(rank: int, world: int, _port: int, root: str) -> dict:
+    """A write that cannot end (a rank lost mid-write: rank 0's write fails; or one still running past the wait): the
+    failing rank's hooks return within the wait, name the checkpoint, and leave the .tmp that resume skips."""
+    import time
+    from concurrent.futures import Future
+
+    from launcher.core.records import CheckpointMeta
+    from trainer import checkpoint
+
+    ck = Path(root)
+    (ck / "step-000003.tmp").mkdir(parents=True)
+    out: dict[str, object] = {}
+    for case in ("failed", "hangs"):
+        write: Future = Future()
+        if case == "failed":
+            write.set_exception(RuntimeError("gloo: connection closed by peer"))
+        writer = checkpoint.Checkpointer(ck, asynchronous=True)
+        writer.pending = checkpoint.PendingCheckpoint(
+            tmp=ck / "step-000003.tmp",
+            final=ck / "step-000003",
+            meta=CheckpointMeta(step=3, world_size=world),
+            keep=2,
+            write=write,
+        )
+        t0 = time.time()
+        out[case] = {"completed": writer.salvage(wait_s=0.5), "took": time.time() - t0}
+    out["complete"] = [d.name for _, d in checkpoint.step_dirs(ck)]
+    out["tmp_kept"] = (ck / "step-000003.tmp").is_dir()
+    return out
+
+
+def test_a_background_write_that_cannot_end_leaves_the_failing_run_in_time_and_says_so(tmp_path, capfd):
+    (r,) = run_ranks(1, functools.partial(lost_mid_write, root=str(tmp_path / "checkpoints"))).values()
+    assert r["failed"]["completed"] is None and r["hangs"]["completed"] is None, r
+    assert r["hangs"]["took"] < 5, r  # bounded by the wait, not by WRITE_DEADLINE_S's hour
+    assert r["complete"] == [] and r["tmp_kept"], r
+    out = capfd.readouterr().out
+    assert "the run failed while checkpoint step-000003 was written in the background" in out, out
+    assert "gloo: connection closed by peer" in out and "still being written after 0 s" in out, out
