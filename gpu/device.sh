@@ -101,5 +101,6 @@ if [ "${TRL:-0}" = 1 ]; then
     $CONFIG $MODEL "$OUT/trl.json" $STEPS ${TRL_SETS:-} 2>&1 | grep -E "^\[trl|Error|error" | tail -40
   kill $smi 2>/dev/null
 fi
-python3 gpu/report.py $JOB "$OUT" 2>&1 | tail -40
+# the report needs a local run's job folder (LOCAL=0 with TRL=1: TRL's figures are in trl.json alone)
+[ "${LOCAL:-1}" = 0 ] || python3 gpu/report.py $JOB "$OUT" 2>&1 | tail -40
 exit $rc

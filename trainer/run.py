@@ -155,6 +155,15 @@ def build(plan: Plan, par: Parallel, preemption: grpo.PreemptionFlag) -> Run:
     dtype = getattr(torch, t.dtype)
     tokenizer = AutoTokenizer.from_pretrained(plan.config.vllm.model)
     data.use_chat_template(tokenizer, t.chat_template)
+    # SLURM requeued this job (preemption, time limit): it continues this run even if the run started over
+    # (trainer.resume: false), whose first attempt set the older checkpoints aside: a preempt checkpoint is never lost
+    requeued = int(os.environ.get("SLURM_RESTART_COUNT") or 0) > 0
+    resume = checkpoint.latest(JobDir(job_dir).checkpoints) if t.resume or requeued else None
+    if not (t.resume or requeued):  # a new start: earlier checkpoints would outrank this run's (retention, a resume)
+        checkpoint.set_aside(JobDir(job_dir).checkpoints)
+    # a resume of full training reads no weights from the model folder: its checkpoint replaces them all (a LoRA
+    # checkpoint holds only the adapters, the base is the model folder's)
+    read_weights = resume is None or t.lora.enabled
     # fp32 master weights; FSDP2 computes in the configured dtype (bf16 on GPU)
     model, report = loading.load_model(
         plan.config.vllm.model,
@@ -166,7 +175,12 @@ def build(plan: Plan, par: Parallel, preemption: grpo.PreemptionFlag) -> Run:
         lora=t.lora,
         seed=t.seed,
         attn_implementation=t.attn_implementation,
+        read_weights=read_weights,
     )
+    if resume is not None and not read_weights and report.loader == "sharded" and par.rank == 0:
+        print(
+            f"resuming from {resume[1].name}: the model folder's weights are not read (the checkpoint replaces them)", flush=True
+        )
     node_event(
         Event.MODEL_LOADED, loader=report.loader, seconds=round(report.seconds, 2), read_gb=round(report.bytes_read / 1e9, 3)
     )
@@ -175,12 +189,6 @@ def build(plan: Plan, par: Parallel, preemption: grpo.PreemptionFlag) -> Run:
     rollout = NodeRollout(model, tokenizer, par, GenerationSettings.from_plan(plan, par.node, dtype), lookahead)
     tracking.set_tracking_env(job_dir, t, plan.job_name)
     args = trl_glue.grpo_config(job_dir, t, plan.device)
-    # SLURM requeued this job (preemption, time limit): it continues this run even if the run started over
-    # (trainer.resume: false), whose first attempt set the older checkpoints aside: a preempt checkpoint is never lost
-    requeued = int(os.environ.get("SLURM_RESTART_COUNT") or 0) > 0
-    resume = checkpoint.latest(JobDir(job_dir).checkpoints) if t.resume or requeued else None
-    if not (t.resume or requeued):  # a new start: earlier checkpoints would outrank this run's (retention, a resume)
-        checkpoint.set_aside(JobDir(job_dir).checkpoints)
     per_step = data.step_indices(args, par.world)
     if resume is None:
         cursor = data.DataCursor(0, 0, per_step)

@@ -156,3 +156,48 @@ def test_trainer_attn_implementation_reaches_the_model_under_both_loaders(tmp_pa
     model_dir = make_model(tmp_path, "m", [])
     got = run_ranks(1, functools.partial(attention_of, model_dir=model_dir))[0]
     assert got == {"sharded:": "sdpa", "sharded:eager": "eager", "full:eager": "eager"}, got
+
+
+def resumed_without_reading(rank: int, world: int, _port: int, model_dir: str, root: str) -> dict:
+    """A trained step checkpointed; then a resume's load (read_weights False: the shards allocated, not filled)
+    followed by checkpoint.load: every parameter and buffer the trained model's, and nothing read from the model folder."""
+    import torch
+    from torch.distributed.tensor import DTensor
+
+    from launcher.core.records import CheckpointMeta
+    from trainer import checkpoint
+    from trainer.loading import load_model
+
+    par = cpu_parallel(rank, world)
+    ids = torch.arange(2 * 24).reshape(2, 24) % 200
+
+    def full(t):
+        return t.full_tensor() if isinstance(t, DTensor) else t
+
+    model, _ = load_model(model_dir, par, torch.float32)
+    opt = torch.optim.AdamW(model.parameters(), lr=1e-2)
+    model(input_ids=ids, labels=ids).loss.backward()
+    opt.step()
+    trained = {k: full(v).clone() for k, v in model.state_dict().items()}
+    buffers = {n: b.clone() for n, b in model.named_buffers()}
+    checkpoint.save(Path(root), model, opt, None, CheckpointMeta(step=1, world_size=world))
+    fresh, report = load_model(model_dir, par, torch.float32, read_weights=False)
+    fresh_opt = torch.optim.AdamW(fresh.parameters(), lr=1e-2)
+    step = checkpoint.load(Path(root) / "step-000001", fresh, fresh_opt, None)
+    got = {k: full(v) for k, v in fresh.state_dict().items()}
+    return {
+        "step": step,
+        "read": report.bytes_read,
+        "differ": [k for k in trained if not torch.equal(trained[k], got[k])],
+        "buffers_differ": [n for n, b in fresh.named_buffers() if not torch.equal(b, buffers[n])],
+        "keys": sorted(got) == sorted(trained),
+    }
+
+
+@pytest.mark.parametrize("name", sorted(MODELS))
+def test_a_resume_reads_no_weights_from_the_model_folder_and_gets_every_one_from_its_checkpoint(tmp_path, name):
+    model_dir = make_model(tmp_path, name, MODELS[name])
+    res = run_ranks(2, functools.partial(resumed_without_reading, model_dir=model_dir, root=str(tmp_path / "checkpoints")))
+    for rank, r in res.items():
+        assert r["step"] == 1 and r["read"] == 0 and r["keys"], (rank, r)
+        assert r["differ"] == [] and r["buffers_differ"] == [], (rank, r)  # rotary caches (non-persistent) included
