@@ -9,6 +9,7 @@
 # same job folder for N more steps: the restart's start-up phases and vLLM's compile-cache lines; RESTART_EXTRA: its own
 # `--set k=v`, e.g. trainer.max_staleness=1 to time asynchronous steps on the warm restart). WARM_IMPORTS=1: import vLLM's
 # API server and TRL once first (-X importtime: import_top.txt), so start-up comparisons all find warm .pyc files.
+# TRL_WARM_CACHES=1: TRL's run keeps the machine's compile caches (default: cold ones of its own, as a job folder's are).
 # TRL_SETS (the same as k=v for TRL's run, e.g. trainer.lora.r=16). JOB: the job folder (default /tmp/job-$TAG; never
 # job.job_dir in EXTRA: the results are collected from $JOB). MODEL_BUILDER: a command that builds the model folder
 # given as its argument, in place of the random Qwen2 body (MODEL_ARGS), e.g. the tool model of configs/agents_1gpu.yaml.
@@ -97,6 +98,12 @@ if [ "${TRL:-0}" = 1 ]; then
   log "TRL $(python3 -c 'import trl; print(trl.__version__)') GRPOTrainer, colocate mode, same work"
   nvidia-smi --query-gpu=memory.used --format=csv,noheader,nounits -lms 500 > "$OUT/trl_gpu_mem_used_mib.txt" 2>/dev/null &
   smi=$!
+  # TRL's compile caches cold as ours are (a fresh job folder's cache/): its own folders, not the machine's ~/.cache,
+  # ~/.triton and /tmp/torchinductor_* that an earlier TRL run of this machine filled (TRL_WARM_CACHES=1 keeps those)
+  if [ "${TRL_WARM_CACHES:-0}" != 1 ]; then
+    trl_cache=$(mktemp -d /tmp/trl-cache.XXXX)
+    export VLLM_CACHE_ROOT=$trl_cache/vllm TORCHINDUCTOR_CACHE_DIR=$trl_cache/inductor TRITON_CACHE_DIR=$trl_cache/triton
+  fi
   timeout "$TRL_TIMEOUT" python3 -m torch.distributed.run --nproc-per-node 1 --master-port 29555 gpu/trl_colocate.py \
     $CONFIG $MODEL "$OUT/trl.json" $STEPS ${TRL_SETS:-} 2>&1 | grep -E "^\[trl|Error|error" | tail -40
   kill $smi 2>/dev/null

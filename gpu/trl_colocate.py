@@ -18,6 +18,7 @@ matches before it computes step_ratio_vs_trl.
 from __future__ import annotations
 
 import json
+import os
 import statistics
 import sys
 import time
@@ -140,6 +141,8 @@ def main(config: str, model_path: str, out: str, steps: int, sets: list[str] | N
         "kind": t.run_kind,
         "build_s": round(build_s, 1),
         "build_from_process_start_s": round(from_process_start_s, 1),
+        # gpu/device.sh gives TRL cold compile caches of its own, as a fresh job folder's are; else the machine's
+        "compile_caches": os.environ.get("TORCHINDUCTOR_CACHE_DIR", "the machine's (~/.cache, ~/.triton, /tmp)"),
         "steps": len(rows),
         "step_s_median": round(statistics.median(r["step_s"] for r in later), 3),
         "gen_s_median": round(statistics.median(gens[1:] or gens), 3),

@@ -39,6 +39,9 @@ class Env:
     LORA_LOAD_ONCE = "SLURM_GRPO_LORA_LOAD_ONCE"
     """"1" (trainer.lora, adapter push): the vLLM plugin reads a pushed adapter from disk once, at its load, not again
     at every engine step of every request naming it (trainer.push.vllm_plugin.load_adapters_once)."""
+    LORA_ACTIVE_GRAPHS_ONLY = "SLURM_GRPO_LORA_ACTIVE_GRAPHS_ONLY"
+    """"1" (adapter push, launcher.core.vllm_start.lora_graphs): the vLLM plugin has Model Runner V2 capture CUDA graphs
+    for batches through the adapter only, not also for batches without one (trainer.push.vllm_plugin.lora_graphs_active_only)."""
     KV_CACHE_FIXED = "SLURM_GRPO_KV_CACHE_FIXED"
     """"1": the node's vLLM was started with the KV cache size an earlier start measured (launcher.node.kv_reuse), so it
     does not size it while the trainer loads: a resumed trainer loads its checkpoint without waiting for the server."""

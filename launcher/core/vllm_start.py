@@ -69,7 +69,9 @@ LORA_ONE_GRAPH_SET = "--compilation-config.cudagraph_specialize_lora=false"
 (`cudagraph_specialize_lora`, default true). With the adapter pushed (trainer.lora.push adapter) every request the
 trainer sends names it (generation, parity probes, evaluation), so the graphs without LoRA are never replayed: one set
 halves the capture (7 B, r 16, H100: 38 sizes in 18 s against the merged push's 19 sizes in 6 s, vLLM healthy 99.7 s
-against 72.1 s; gpu/results/2026-12-07-ds3-lora-restart/)."""
+against 72.1 s; gpu/results/2026-12-07-ds3-lora-restart/). Model Runner V2, vLLM 0.32's GPU runner, keeps capturing
+both sets with the flag off (38 sizes again, gpu/results/2026-12-07-resume-agents-7b/): the vLLM plugin completes it
+(Env.LORA_ACTIVE_GRAPHS_ONLY, trainer.push.vllm_plugin.lora_graphs_active_only)."""
 
 
 DEFERRING_FLAGS = (LORA_ONE_GRAPH_SET, GDN_PREFILL_TRITON)

@@ -151,6 +151,8 @@ def vllm_command(plan: Plan, node: int, python: str = "python", allocated: str |
     if plan.lora_push == ADAPTER:
         env["VLLM_ALLOW_RUNTIME_LORA_UPDATING"] = "1"  # opens /v1/load_lora_adapter (the server listens on 127.0.0.1 only)
         env[Env.LORA_LOAD_ONCE] = "1"  # else each engine step re-reads the adapter from disk (vllm_plugin.load_adapters_once)
+    if vllm_start.lora_graphs(plan):  # every request names the adapter: no graphs for batches without it
+        env[Env.LORA_ACTIVE_GRAPHS_ONLY] = "1"
     if plan.config.trainer.routing_replay:  # vLLM returns routed experts from Model Runner V2 only
         env["VLLM_USE_V2_MODEL_RUNNER"] = "1"
     if plan.device == "cpu":

@@ -388,14 +388,35 @@ def test_an_adapter_push_captures_one_set_of_graphs_with_lora_and_nothing_else_d
     """trainer.lora with the adapter pushed: every request names the adapter, so vLLM's second set of graphs (without
     LoRA) would never be replayed; the merged push, a CPU server and a user's own compilation config get no flag."""
     lora = {"lora": {"r": 16}}
-    argv, _, why = server(tmp_path, trainer=lora)
-    assert vllm_start.LORA_ONE_GRAPH_SET in argv and "--enable-lora" in argv
+    argv, env, why = server(tmp_path, trainer=lora)
+    assert vllm_start.LORA_ONE_GRAPH_SET in argv and "--enable-lora" in argv and env[Env.LORA_ACTIVE_GRAPHS_ONLY] == "1"
     assert any("with LoRA only" in w for w in why)
-    merged, _, why = server(tmp_path, trainer={"lora": {"r": 16, "push": "merged"}})
+    merged, env, why = server(tmp_path, trainer={"lora": {"r": 16, "push": "merged"}})
     assert "--enable-lora" not in merged and vllm_start.LORA_ONE_GRAPH_SET not in merged
-    assert not any("with LoRA only" in w for w in why)
-    own, _, _ = server(tmp_path, trainer=lora, vllm={"extra_args": ["-cc.mode=3"]})
-    assert vllm_start.LORA_ONE_GRAPH_SET not in own and "--enable-lora" in own
+    assert not any("with LoRA only" in w for w in why) and Env.LORA_ACTIVE_GRAPHS_ONLY not in env
+    own, env, _ = server(tmp_path, trainer=lora, vllm={"extra_args": ["-cc.mode=3"]})
+    assert vllm_start.LORA_ONE_GRAPH_SET not in own and "--enable-lora" in own and Env.LORA_ACTIVE_GRAPHS_ONLY not in env
     cpu = {"job": {"device": "cpu"}, "slurm": {"gpus_per_node": 3}, "trainer": {"dtype": "float32", **lora}}
-    argv, _, _ = server(tmp_path, **cpu)
-    assert vllm_start.LORA_ONE_GRAPH_SET not in argv
+    argv, env, _ = server(tmp_path, **cpu)
+    assert vllm_start.LORA_ONE_GRAPH_SET not in argv and Env.LORA_ACTIVE_GRAPHS_ONLY not in env
+
+
+def test_the_plugin_has_model_runner_v2_capture_graphs_through_the_adapter_only(monkeypatch):
+    """vLLM 0.32's Model Runner V2 captures graphs for batches without an adapter even with cudagraph_specialize_lora
+    off; the plugin (Env.LORA_ACTIVE_GRAPHS_ONLY) keeps the set through the adapter, which every request of an
+    adapter push replays; a batch without one finds no graph and runs eagerly (vLLM's own fallback)."""
+    from vllm.config.compilation import CompilationConfig
+    from vllm.config.lora import LoRAConfig
+    from vllm.v1.worker.gpu import lora_utils
+
+    from trainer.push import vllm_plugin
+
+    monkeypatch.setattr(lora_utils, "get_lora_capture_cases", lora_utils.get_lora_capture_cases)  # undone after
+    one_lora = LoRAConfig(max_loras=1, max_lora_rank=16)
+    off, on = CompilationConfig(cudagraph_specialize_lora=False), CompilationConfig(cudagraph_specialize_lora=True)
+    assert lora_utils.get_lora_capture_cases(one_lora, off) == [0, 2], "vLLM as shipped: both sets"
+    vllm_plugin.lora_graphs_active_only()
+    vllm_plugin.lora_graphs_active_only()  # idempotent
+    assert lora_utils.get_lora_capture_cases(one_lora, off) == [2]
+    assert lora_utils.get_lora_capture_cases(one_lora, on)[0] == 0, "a user's own specialize_lora keeps vLLM's sets"
+    assert lora_utils.get_lora_capture_cases(None, off) == [0], "no LoRA: the one set without"

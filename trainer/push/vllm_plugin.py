@@ -2,7 +2,7 @@
 process: registers the project's `gloo` (CPU), `mapped_ipc` (one shared GPU) and `nccl_adapter` (vLLM's nccl, able to
 take a LoRA adapter) weight-transfer engines, on CPU servers keeps linear
 weights as plain tensors and re-prepacks MoE experts after each update so that pushed weights take effect, with LoRA pushes serves a pushed adapter
-(from tensors or read once from its folder),
+(from tensors or read once from its folder) and has Model Runner V2 capture CUDA graphs through the adapter only,
 makes the push's prefix-cache reset cost the blocks that hold a cached hash, not the whole KV cache
 (trainer/push/prefix_reset.py says why that leaves the same state; on a vLLM whose code it was not checked against it keeps vLLM's own, with a warning),
 keeps an orderly shutdown's expected EngineDeadError traceback out of the log (trainer/push/clean_shutdown.py), splits a
@@ -69,6 +69,8 @@ def register() -> None:
     once = os.environ.get(Env.LORA_LOAD_ONCE) == "1"
     if once:
         load_adapters_once()
+    if os.environ.get(Env.LORA_ACTIVE_GRAPHS_ONLY) == "1":
+        lora_graphs_active_only()
     if os.environ.get(Env.INSPECT_IN_PROCESS) == "1":
         inspect_in_process()
     if os.environ.get(Env.PLUGIN_QUIET) != "1":
@@ -325,6 +327,37 @@ def load_adapters_once() -> None:
     _apply_adapters._slurm_grpo = True  # type: ignore[attr-defined]
     lru._apply_adapters = _apply_adapters  # type: ignore[method-assign]
     wm.WorkerLoRAManager._load_adapter = _load_adapter  # type: ignore[method-assign]
+
+
+def lora_graphs_active_only() -> None:
+    """Model Runner V2 (vLLM 0.32's GPU runner) with cudagraph_specialize_lora off still captures every graph size
+    twice: for batches without an adapter and for batches through one (`get_lora_capture_cases` returns
+    [0, max_loras + 1]); the V1 runner's dispatcher captures the second alone. With the adapter pushed every request
+    names it, so the first set is never replayed; this keeps the second only (7 B, r 16, H100: 38 graph sizes, captured
+    twice over, 15 s of a 90 s start, gpu/results/2026-12-07-resume-agents-7b). A batch without an adapter (a request
+    from outside the trainer) finds no graph and runs eagerly: vLLM's dispatcher falls back to no graph for a batch it
+    has none for. Idempotent; a vLLM without the V2 LoRA helpers is left as it is."""
+    import sys
+
+    try:
+        from vllm.v1.worker.gpu import lora_utils
+    except ImportError:
+        return
+    cases = lora_utils.get_lora_capture_cases
+    if getattr(cases, "_slurm_grpo", False):
+        return
+
+    def get_lora_capture_cases(lora_config, compilation_config):
+        captured = cases(lora_config, compilation_config)
+        if lora_config is None or compilation_config.cudagraph_specialize_lora:
+            return captured
+        return [c for c in captured if c > 0] or captured
+
+    get_lora_capture_cases._slurm_grpo = True  # type: ignore[attr-defined]
+    lora_utils.get_lora_capture_cases = get_lora_capture_cases
+    runner = sys.modules.get("vllm.v1.worker.gpu.model_runner")  # imported already: it holds its own reference
+    if runner is not None:
+        runner.get_lora_capture_cases = get_lora_capture_cases  # type: ignore[attr-defined]
 
 
 def inspect_in_process() -> None:
