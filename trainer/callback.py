@@ -177,7 +177,7 @@ class SlurmGrpoCallback(TrainerCallback):
         """Collective. A periodic checkpoint goes to the background with trainer.async_checkpoint; a preemption's and the
         final one are complete when this returns (the job ends after them)."""
         if self.last_saved == state.global_step:
-            self.checkpoints.finish()  # the final checkpoint of a run whose last step wrote one: complete it now
+            self.finish_checkpoints()  # the final checkpoint of a run whose last step wrote one: complete it now
             return
         # reason "preempt" is what the bootstrap looks for before it requeues the job
         meta = CheckpointMeta(
@@ -195,4 +195,6 @@ class SlurmGrpoCallback(TrainerCallback):
 
     def finish_checkpoints(self) -> None:
         """At the end of training: the background write still running, if any, waited for and completed."""
-        self.checkpoints.finish()
+        completed = self.checkpoints.finish()
+        if completed is not None and self.par.rank == 0:  # the last step's own checkpoint is often this one
+            print(f"checkpoint {completed.name} complete (written in the background)", flush=True)

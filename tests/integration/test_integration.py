@@ -119,7 +119,9 @@ def test_local_run_learns_pushes_land_and_resume_continues(tmp_path, tiny_model,
     assert all(held[k] is not None and held[k] >= 0 for k in (8, 16)) and all(
         held[k] is None for k in held if k not in (8, 16)
     ), held
-    assert "checkpoint step-000008 complete (written in the background)" in (job / "logs" / "node0-trainer.log").read_text()
+    trainer_log = (job / "logs" / "node0-trainer.log").read_text()
+    assert "checkpoint step-000008 complete (written in the background)" in trainer_log
+    assert "checkpoint step-000016 complete (written in the background)" in trainer_log, "the last step's, at the end"
 
     # resume: run on to step 24 in the same job folder, its server serving the final model of step 16 (a copy of
     # JOB/model as vllm.model: the run writes JOB/model anew at its end), with a leftover of the first attempt (a
