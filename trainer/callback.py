@@ -193,6 +193,11 @@ class SlurmGrpoCallback(TrainerCallback):
         self.checkpoint_s = round(self.checkpoints.save(model, optimizer, lr_scheduler, meta, in_step=in_step), 3)
         self.last_saved = state.global_step
 
+    def close_checkpoints(self) -> None:
+        """After the run's last checkpoint: any background write completed, the staging buffers released."""
+        self.finish_checkpoints()
+        self.checkpoints.close()
+
     def finish_checkpoints(self) -> None:
         """At the end of training: the background write still running, if any, waited for and completed."""
         completed = self.checkpoints.finish()

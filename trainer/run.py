@@ -86,7 +86,7 @@ class Run:
         if self.plan.config.trainer.final_checkpoint:
             tr = self.trainer
             self.callback.save(tr.state, tr.model, tr.optimizer, tr.lr_scheduler, reason="final")
-        self.callback.finish_checkpoints()  # a periodic checkpoint still written in the background: complete before the end
+        self.callback.close_checkpoints()  # a periodic checkpoint still written in the background: complete before the end
         model_dir = None
         t = self.plan.config.trainer
         if t.save_model and not t.lora.enabled:  # the model in Hugging Face's format, written by every rank's shards

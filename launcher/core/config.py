@@ -366,7 +366,7 @@ class TrainerConfig:
     keep_checkpoints: int = 2
     """Complete checkpoints kept in checkpoints/ (the newest; an older one is deleted only once a newer one is complete); 0 = keep all. Each holds the fp32 parameters and AdamW's two moments: the dry-run prints its size."""
     async_checkpoint: bool = True
-    """Write the periodic checkpoints in the background: the step is held only while each rank copies its shards (fp32 parameters and AdamW's moments, 12 bytes per parameter over the shard's ranks) into host memory, and a thread writes them while training goes on; the checkpoint counts (meta.json) once written. A preemption's and the final checkpoint are written in the step. false: every checkpoint in the step (where host memory cannot hold that copy, e.g. with trainer.cpu_offload, whose state is there already)."""
+    """Write the periodic checkpoints in the background: the step is held only while each rank copies its shards (fp32 parameters and AdamW's moments, 12 bytes per parameter over the shard's ranks) into host memory (on CUDA pinned buffers, reused by every checkpoint until the run's end), and a thread writes them while training goes on; the checkpoint counts (meta.json) once written. A preemption's and the final checkpoint are written in the step. false: every checkpoint in the step (where host memory cannot hold that copy, e.g. with trainer.cpu_offload, whose state is there already)."""
     save_model: bool = True
     """Full fine-tuning: write the final model in Hugging Face format into JOB/model at the end (sharded safetensors in trainer.dtype, config, tokenizer, generation config; `vllm serve JOB/model` loads it). LoRA runs write adapter/ instead."""
     resume: bool = True

@@ -129,12 +129,16 @@ def test_a_resumed_run_continues_the_schedule_the_random_draws_and_the_weights(t
     assert res[0]["aside"] == [f"step-{SAVE_AT:06d}", f"step-{STEPS:06d}"] and res[1]["aside"] is None
 
 
-def written_in_the_background(rank: int, world: int, _port: int, root: str) -> dict:
+def written_in_the_background(rank: int, world: int, _port: int, root: str, reused: bool = False) -> dict:
     import torch.distributed as dist
 
     from launcher.core.records import CheckpointMeta
     from trainer import checkpoint
 
+    if reused:  # the staging buffers kept from one checkpoint to the next, as on CUDA (pinned there, plain here)
+        from torch.distributed.checkpoint.staging import DefaultStager, StagingOptions
+
+        checkpoint.pinned_stager = lambda model: DefaultStager(StagingOptions(False, False, False, False))
     ck = Path(root)
     torch.manual_seed(100 + rank)
     model, opt, sched = setup(world, init_seed=0)
@@ -149,6 +153,8 @@ def written_in_the_background(rank: int, world: int, _port: int, root: str) -> d
     final = full(model)
     # the final checkpoint is written in the step: it completes the background one first
     writer.save(model, opt, sched, CheckpointMeta(step=STEPS, world_size=world, reason="final"), in_step=True)
+    staged = len(writer.stager._state_dict_stager._cached_storage_mapping) if writer.stager is not None else 0
+    writer.close()  # the run's end: the staging buffers released
     dist.barrier()
     kept = [d.name for _, d in checkpoint.step_dirs(ck)]
     fresh = setup(world, init_seed=1)
@@ -161,12 +167,18 @@ def written_in_the_background(rank: int, world: int, _port: int, root: str) -> d
         "kept": kept,
         "left_tmp": sorted(p.name for p in ck.glob("*.tmp")),
         "own_group": writer.group is not None,
+        "staged_storages": staged,
+        "released": writer.stager is None,
     }
 
 
-def test_a_checkpoint_written_in_the_background_holds_its_step_while_training_goes_on(tmp_path):
-    res = run_ranks(2, functools.partial(written_in_the_background, root=str(tmp_path / "checkpoints")))
+@pytest.mark.parametrize("reused", [False, True], ids=["staged-per-checkpoint", "staging-buffers-reused"])
+def test_a_checkpoint_written_in_the_background_holds_its_step_while_training_goes_on(tmp_path, reused):
+    """dcp's own staging (a CPU model) and a stager whose buffers every checkpoint reuses (a CUDA model's, pinned): the
+    second checkpoint is staged into the first one's buffers once its write has ended, and holds its own step."""
+    res = run_ranks(2, functools.partial(written_in_the_background, root=str(tmp_path / "checkpoints"), reused=reused))
     for rank, r in res.items():
+        assert (r["staged_storages"] > 0) == reused and r["released"], r
         assert r["loaded_step"] == SAVE_AT
         # the weights of the step it was taken at, not the later steps' that trained while the thread wrote
         assert r["holds_its_step"], f"rank {rank}: the background checkpoint does not hold step {SAVE_AT}'s weights"
