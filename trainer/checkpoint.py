@@ -162,10 +162,19 @@ class Checkpointer:
         if in_step or not self.asynchronous:
             save(self.root, model, optimizer, scheduler, meta, keep=self.keep)
             return time.time() - t0
+        waited = time.time() - t0
         if self.group is None:
             self.group = dist.new_group(backend="gloo")
             self.stager = pinned_stager(model)
         self.pending = begin(self.root, model, optimizer, scheduler, meta, self.keep, self.group, self.stager)
+        if dist.get_rank() == 0:
+            where = "pinned buffers" if self.stager is not None else "host memory"
+            print(
+                f"checkpoint step {meta.step}: copied into {where} in {time.time() - t0 - waited:.1f} s"
+                + (f" after {waited:.1f} s waiting for the previous write" if waited >= 0.1 else "")
+                + "; written in the background",
+                flush=True,
+            )
         return time.time() - t0
 
     def close(self) -> None:

@@ -121,6 +121,7 @@ def test_local_run_learns_pushes_land_and_resume_continues(tmp_path, tiny_model,
     ), held
     trainer_log = (job / "logs" / "node0-trainer.log").read_text()
     assert "checkpoint step-000008 complete (written in the background)" in trainer_log
+    assert "checkpoint step 8: copied into host memory in" in trainer_log  # the step's share, apart from the write
     assert "checkpoint step-000016 complete (written in the background)" in trainer_log, "the last step's, at the end"
 
     # resume: run on to step 24 in the same job folder, its server serving the final model of step 16 (a copy of
