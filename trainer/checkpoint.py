@@ -76,6 +76,8 @@ class PendingCheckpoint:
     keep: int
     write: Future | None
     """dcp.async_save's write; None: written already (dcp.save)."""
+    stager_failed: bool = False
+    """The given stager failed to stage and dcp's own staged this checkpoint (the stager is not used again)."""
 
     def done(self) -> bool:
         return self.write is None or self.write.done()
@@ -127,16 +129,29 @@ def begin(
     torch.save(rng_state(), tmp / f"rng-rank{dist.get_rank()}.pt")
     if dist.get_rank() == 0:
         torch.save({"scheduler": scheduler.state_dict() if scheduler is not None else None}, tmp / "trainer_state.pt")
+    stager_failed = False
     msd, osd = get_state_dict(model, optimizer, options=state_options(model))
     state = {"model": without_frozen(model, msd), "optim": osd}
     write = None
     if group is None:
         dcp.save(state, checkpoint_id=str(tmp))
     else:
-        written = dcp.async_save(state, checkpoint_id=str(tmp), process_group=group, async_stager=stager)
-        assert isinstance(written, Future), "dcp.async_save with its default stager returns a Future"
+        try:
+            written = dcp.async_save(state, checkpoint_id=str(tmp), process_group=group, async_stager=stager)
+        except Exception as e:
+            if stager is None:
+                raise
+            # the staging (pinning host memory, which a site can limit) failed before this rank's write began: dcp's
+            # own staging instead. Only this rank retries, and its write joins the other ranks' as the first would have
+            print(
+                f"rank {dist.get_rank()}: staging checkpoint step {step} into pinned host memory failed ({e}); "
+                "this rank stages into pageable memory from here on (slower)",
+                flush=True,
+            )
+            written, stager_failed = dcp.async_save(state, checkpoint_id=str(tmp), process_group=group), True
+        assert isinstance(written, Future), "dcp.async_save with a stager that stages in the step returns a Future"
         write = written
-    return PendingCheckpoint(tmp=tmp, final=final, meta=meta, keep=keep, write=write)
+    return PendingCheckpoint(tmp=tmp, final=final, meta=meta, keep=keep, write=write, stager_failed=stager_failed)
 
 
 class Checkpointer:
@@ -167,6 +182,8 @@ class Checkpointer:
             self.group = dist.new_group(backend="gloo")
             self.stager = pinned_stager(model)
         self.pending = begin(self.root, model, optimizer, scheduler, meta, self.keep, self.group, self.stager)
+        if self.pending.stager_failed:
+            self.close_stager()
         if dist.get_rank() == 0:
             where = "pinned buffers" if self.stager is not None else "host memory"
             print(
@@ -181,6 +198,9 @@ class Checkpointer:
         """After the last checkpoint: its write completed, then the pinned staging buffers released (the final model's
         write needs the host memory)."""
         self.finish()
+        self.close_stager()
+
+    def close_stager(self) -> None:
         if self.stager is not None:
             self.stager.close()
             self.stager = None
