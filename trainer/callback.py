@@ -157,9 +157,7 @@ class SlurmGrpoCallback(TrainerCallback):
         flag = torch.tensor([1 if self.preemption.requested else 0], dtype=torch.int32)
         dist.all_reduce(flag, op=dist.ReduceOp.MAX)  # every rank must stop at the same step
         every = self.t.save_steps
-        completed = self.checkpoints.poll()  # a background write that has ended: rank 0 completes it (meta.json)
-        if completed is not None and self.par.rank == 0:
-            print(f"checkpoint {completed.name} complete (written in the background)", flush=True)
+        self.checkpoints.poll()  # a background write that has ended: rank 0 completes it (meta.json) and says so
         if flag.item():
             self.save(state, model, optimizer, lr_scheduler, reason="preempt")
             self.preempted = True
@@ -200,6 +198,4 @@ class SlurmGrpoCallback(TrainerCallback):
 
     def finish_checkpoints(self) -> None:
         """At the end of training: the background write still running, if any, waited for and completed."""
-        completed = self.checkpoints.finish()
-        if completed is not None and self.par.rank == 0:  # the last step's own checkpoint is often this one
-            print(f"checkpoint {completed.name} complete (written in the background)", flush=True)
+        self.checkpoints.finish()  # the last step's own checkpoint is often this one

@@ -76,8 +76,6 @@ class PendingCheckpoint:
     keep: int
     write: Future | None
     """dcp.async_save's write; None: written already (dcp.save)."""
-    stager_failed: bool = False
-    """The given stager failed to stage and dcp's own staged this checkpoint (the stager is not used again)."""
 
     def done(self) -> bool:
         return self.write is None or self.write.done()
@@ -129,7 +127,6 @@ def begin(
     torch.save(rng_state(), tmp / f"rng-rank{dist.get_rank()}.pt")
     if dist.get_rank() == 0:
         torch.save({"scheduler": scheduler.state_dict() if scheduler is not None else None}, tmp / "trainer_state.pt")
-    stager_failed = False
     msd, osd = get_state_dict(model, optimizer, options=state_options(model))
     state = {"model": without_frozen(model, msd), "optim": osd}
     write = None
@@ -141,17 +138,15 @@ def begin(
         except Exception as e:
             if stager is None:
                 raise
-            # the staging (pinning host memory, which a site can limit) failed before this rank's write began: dcp's
-            # own staging instead. Only this rank retries, and its write joins the other ranks' as the first would have
-            print(
+            # no retry with dcp's own staging: a failed cudaHostRegister leaves its error as CUDA's last error, which
+            # the next kernel launch would report as its own
+            raise RuntimeError(
                 f"rank {dist.get_rank()}: staging checkpoint step {step} into pinned host memory failed ({e}); "
-                "this rank stages into pageable memory from here on (slower)",
-                flush=True,
-            )
-            written, stager_failed = dcp.async_save(state, checkpoint_id=str(tmp), process_group=group), True
+                "trainer.async_checkpoint=false writes checkpoints in the step, without the pinned copy"
+            ) from e
         assert isinstance(written, Future), "dcp.async_save with a stager that stages in the step returns a Future"
         write = written
-    return PendingCheckpoint(tmp=tmp, final=final, meta=meta, keep=keep, write=write, stager_failed=stager_failed)
+    return PendingCheckpoint(tmp=tmp, final=final, meta=meta, keep=keep, write=write)
 
 
 class Checkpointer:
@@ -182,8 +177,6 @@ class Checkpointer:
             self.group = dist.new_group(backend="gloo")
             self.stager = pinned_stager(model)
         self.pending = begin(self.root, model, optimizer, scheduler, meta, self.keep, self.group, self.stager)
-        if self.pending.stager_failed:
-            self.close_stager()
         if dist.get_rank() == 0:
             where = "pinned buffers" if self.stager is not None else "host memory"
             print(
@@ -198,9 +191,6 @@ class Checkpointer:
         """After the last checkpoint: its write completed, then the pinned staging buffers released (the final model's
         write needs the host memory)."""
         self.finish()
-        self.close_stager()
-
-    def close_stager(self) -> None:
         if self.stager is not None:
             self.stager.close()
             self.stager = None
@@ -213,12 +203,16 @@ class Checkpointer:
         return self.finish()
 
     def finish(self) -> Path | None:
-        """Waits for the background write, if one runs, and completes it; returns its checkpoint."""
+        """Waits for the background write, if one runs, and completes it (rank 0 says so); returns its checkpoint."""
         with self.lock:
             pending, self.pending = self.pending, None
             if pending is not None:
                 pending.complete()
-        return pending.final if pending is not None else None
+        if pending is None:
+            return None
+        if dist.get_rank() == 0:
+            print(f"checkpoint {pending.final.name} complete (written in the background)", flush=True)
+        return pending.final
 
     def salvage(self, wait_s: float = SALVAGE_WAIT_S) -> Path | None:
         """On a failure, by every rank before it exits (trainer.parallel.on_failure_exit; not collective): the

@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import json
 import os
+import sys
 from pathlib import Path
 
 import pytest
@@ -412,6 +413,9 @@ def test_the_plugin_has_model_runner_v2_capture_graphs_through_the_adapter_only(
     from trainer.push import vllm_plugin
 
     monkeypatch.setattr(lora_utils, "get_lora_capture_cases", lora_utils.get_lora_capture_cases)  # undone after
+    runner = sys.modules.get("vllm.v1.worker.gpu.model_runner")  # the plugin patches its reference too, where imported
+    if runner is not None:
+        monkeypatch.setattr(runner, "get_lora_capture_cases", runner.get_lora_capture_cases)
     one_lora = LoRAConfig(max_loras=1, max_lora_rank=16)
     off, on = CompilationConfig(cudagraph_specialize_lora=False), CompilationConfig(cudagraph_specialize_lora=True)
     assert lora_utils.get_lora_capture_cases(one_lora, off) == [0, 2], "vLLM as shipped: both sets"

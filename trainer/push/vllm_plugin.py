@@ -336,7 +336,10 @@ def lora_graphs_active_only() -> None:
     names it, so the first set is never replayed; this keeps the second only (7 B, r 16, H100: 38 graph sizes, captured
     twice over, 15 s of a 90 s start, gpu/results/2026-12-07-resume-agents-7b). A batch without an adapter (a request
     from outside the trainer) finds no graph and runs eagerly: vLLM's dispatcher falls back to no graph for a batch it
-    has none for. Idempotent; a vLLM without the V2 LoRA helpers is left as it is."""
+    has none for (with DP > 1 every DP rank then runs that step eagerly: they agree on the lowest mode). Not for
+    speculative decoding, whose adaptive verification profiles the graphs without an adapter: the launcher sets the
+    switch only where vllm.extra_args decide nothing about graphs (launcher.core.vllm_start.lora_graphs). Idempotent; a
+    vLLM without the V2 LoRA helpers is left as it is."""
     import sys
 
     try:
