@@ -13,6 +13,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 import torch
+from torch.distributed.checkpoint.staging import AsyncStager, DefaultStager, StagingOptions
 
 from tests.support.ranks import run_ranks
 
@@ -138,7 +139,7 @@ def test_a_staging_that_fails_stops_the_run_naming_the_fix(tmp_path):
         assert "trainer.async_checkpoint=false" in r["error"] and r["left_tmp"] == ["step-000002.tmp"]
 
 
-class FailingStager:
+class FailingStager(AsyncStager):
     """A stager whose staging fails, as pinning host memory can where a site limits it."""
 
     def stage(self, state_dict, **_):
@@ -158,11 +159,11 @@ def written_in_the_background(rank: int, world: int, _port: int, root: str, stag
     from trainer import checkpoint
 
     if stager != "dcp":  # the staging buffers kept from one checkpoint to the next, as on CUDA (pinned there, plain here)
-        from torch.distributed.checkpoint.staging import DefaultStager, StagingOptions
 
-        checkpoint.pinned_stager = lambda model: (
-            DefaultStager(StagingOptions(False, False, False, False)) if stager == "reused" else FailingStager()
-        )
+        def reused_or_failing(model) -> AsyncStager:
+            return DefaultStager(StagingOptions(False, False, False, False)) if stager == "reused" else FailingStager()
+
+        checkpoint.pinned_stager = reused_or_failing
     ck = Path(root)
     torch.manual_seed(100 + rank)
     model, opt, sched = setup(world, init_seed=0)
@@ -181,8 +182,9 @@ def written_in_the_background(rank: int, world: int, _port: int, root: str, stag
                 except RuntimeError as e:
                     return {"error": str(e), "left_tmp": sorted(p.name for p in ck.glob("*.tmp"))}
             writer.save(model, opt, sched, meta, in_step=False)
-            if writer.stager is not None:  # the buffers each checkpoint staged into: the same ones every time
-                buffers.append(sorted(b.data_ptr() for b in writer.stager._state_dict_stager._cached_storage_mapping.values()))
+            if isinstance(writer.stager, DefaultStager):  # the buffers each checkpoint staged into: the same every time
+                cached = writer.stager._state_dict_stager._cached_storage_mapping
+                buffers.append(sorted(b.data_ptr() for b in cached.values()))
     final = full(model)
     # the final checkpoint is written in the step: it completes the background one first
     writer.save(model, opt, sched, CheckpointMeta(step=STEPS, world_size=world, reason="final"), in_step=True)
