@@ -4,8 +4,9 @@ meta.json last and renames the folder to step-N. A write interrupted half way le
 resume ignores, so the previous good checkpoint is never replaced by a broken one.
 
 trainer.async_checkpoint (periodic checkpoints): the step only copies its shards to host memory (dcp.async_save's
-staging; on CUDA into pinned buffers every checkpoint reuses, pinned_stager) and a background thread writes them while the next steps train; rank 0 completes the checkpoint (meta.json,
-the rename, retention) at the first step end after the write, and before the next checkpoint starts. A preemption's and
+staging; on CUDA into pinned buffers every checkpoint reuses, pinned_stager) and a background thread writes them while
+the next steps train; rank 0 completes the checkpoint (meta.json, the rename, retention) at the first step end after the
+write, and before the next checkpoint starts. A preemption's and
 the run's final checkpoint are written in the step (the job ends after them). A run that fails while a write runs
 still completes it if it ends within SALVAGE_WAIT_S (`Checkpointer.salvage`, run by every rank on its way out), so a
 failure loses no more steps than with checkpoints written in the step. Why: a synchronous save of a 3 B body's
