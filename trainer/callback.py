@@ -193,7 +193,6 @@ class SlurmGrpoCallback(TrainerCallback):
 
     def close_checkpoints(self) -> None:
         """After the run's last checkpoint: any background write completed, the staging buffers released."""
-        self.finish_checkpoints()
         self.checkpoints.close()
 
     def finish_checkpoints(self) -> None:
