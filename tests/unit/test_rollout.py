@@ -29,7 +29,7 @@ from trainer.push.gloo_engine import receive_packed  # imports vLLM: not inside 
 from trainer.push.pusher import PushSettings
 from trainer.push.wire import ParamMeta
 from trainer.rollout.node import GenerationSettings, NodeRollout, TrlAdapter
-from trainer.rollout.parity import ParityError
+from trainer.rollout.parity import ParityError, ProbeLogprobs
 from trainer.tiny_model import make_tiny_model
 
 pytestmark = pytest.mark.filterwarnings("ignore:Tensor .* exceeds buffer_size_bytes")  # vLLM's, for our small bucket
@@ -362,6 +362,43 @@ def test_a_push_that_did_not_land_stops_the_step_after_its_generation_before_tra
     assert server.calls[-2:] in (["plp", "gen 0"], ["gen 0", "plp"]), server.calls
 
 
+def test_parity_allows_bf16_rounding_that_grows_with_the_logits_yet_catches_a_push_that_did_not_land(tiny, par):
+    """A sharpened model (the final norm x80: logits up to 80, logprobs down to -150, as a trained model whose reward
+    has saturated) served in bf16 against the trainer's float32: rounding alone moves logprobs by more than the 0.25
+    bf16 tolerance, which stopped Qwen2.5-3B's shape on an H100 with every push landed. The check allows each token
+    eps(bf16) x its logits' size on top, and still fails a server that holds other weights, naming the token."""
+    import copy
+
+    from trainer.rollout.parity import ParityChecker
+    from trainer.rollout.server import VllmServer
+
+    trainer_model = load(tiny)
+    with torch.no_grad():
+        trainer_model.model.norm.weight.mul_(80.0)  # type: ignore[operator]
+    srv = FakeVllm(copy.deepcopy(trainer_model).to(torch.bfloat16))
+    try:
+        client = VllmServer(srv.url, "tiny", 0, TIMEOUT_S)
+        probe = "The quick brown fox jumps over the lazy dog; a parity probe of some length."
+        tokenizer = AutoTokenizer.from_pretrained(tiny)
+        checker = ParityChecker(trainer_model, client, par, tokenizer, 0.0, "fail", probe, torch.bfloat16)
+        assert checker.tolerance == 0.25 and checker.rounding == 2**-7
+        mine = checker.trainer_side()
+        checker.start_after_push(1)
+        _, after = checker.settle(mine)
+        assert after is not None and after > 0.25, f"rounding alone exceeds the absolute tolerance: {after}"
+        assert max(mine.scale) > 100 and min(mine.logprobs) < -100, (max(mine.scale), min(mine.logprobs))
+
+        stale = copy.deepcopy(trainer_model)
+        train_step(stale, seed=3)  # the server keeps weights one optimizer step behind: the push did not land
+        with srv.lock:
+            srv.model = stale.to(torch.bfloat16)
+        checker.start_after_push(2)
+        with pytest.raises(ParityError, match=r"parity check failed at step 2: .* at probe token \d+ .*rounding 0.0078125"):
+            checker.settle(mine)
+    finally:
+        srv.close()
+
+
 def test_multi_turn_checks_the_probe_and_gathers_the_figures_at_the_steps_end(tiny, par, server):
     """Multi-turn (trainer.agents.generation.RankGeneration): ranks make different numbers of requests, so the probe
     is checked and every node's figures gathered in end_step (the callback's on_step_end), not in a generate call."""
@@ -388,7 +425,7 @@ def release_step_0_when_the_forward_runs(rollout: NodeRollout, srv: FakeVllm) ->
     forward = rollout.parity.trainer_side
     seen: list[bool] = []
 
-    def forward_while_generating() -> list[float]:
+    def forward_while_generating() -> ProbeLogprobs:
         seen.append(srv.arrived[0].wait(TIMEOUT_S))
         srv.hold[0].set()
         return forward()
@@ -436,7 +473,7 @@ def test_a_failed_parity_forward_beside_the_generation_is_named_as_such(tiny, pa
     rollout.begin_step(0)
     adapter.sync_weights()
 
-    def broken_forward() -> list[float]:
+    def broken_forward() -> ProbeLogprobs:
         raise torch.cuda.OutOfMemoryError("CUDA out of memory (as a forward would say)")
 
     rollout.parity.trainer_side = broken_forward  # type: ignore[method-assign]

@@ -49,7 +49,7 @@ from trainer.parallel import Parallel
 from trainer.push.adapter import LoraPush, make_pusher, push_bytes
 from trainer.push.pusher import PushSettings
 from trainer.rollout.ahead import AheadQueue, Completions, timed_complete
-from trainer.rollout.parity import ParityChecker
+from trainer.rollout.parity import ParityChecker, ProbeLogprobs
 from trainer.rollout.server import RoutedCompletion, ServerError, VllmServer
 from trainer.routing_replay import RouteTable
 
@@ -204,7 +204,7 @@ class NodeRollout:
         """Every node's figures at the last generation (gathered from the node leaders, on every rank)."""
         self.gather_at_step_end = False
         """Multi-turn generation (trainer.agents.generation): the figures are gathered at the step's end (end_step)."""
-        self.probe_mine: list[float] | None = None
+        self.probe_mine: ProbeLogprobs | None = None
         """The trainer's probe logprobs with the weights of the last push (ParityChecker.trainer_side)."""
         self.probe_forward_due = False
         """The last push left its trainer side to run while the server generates (probe_forward)."""

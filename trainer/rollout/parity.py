@@ -3,8 +3,8 @@
 The node leader asks its server for the prompt logprobs of a fixed probe sequence (`prompt_logprobs`,
 so the tokens are the same every time, no sampling involved); every rank of the node runs the FSDP
 model on the same tokens (the forward is a collective over the mesh); the leader compares. After a
-push the largest difference must be within the tolerance (by dtype unless set), else it fails or
-warns as configured. Before a push (`stale`) it measures how far the server's weights lag behind. With vLLM data parallelism the
+push every token's difference must be within the tolerance (by dtype unless set) plus the rounding of that
+token's logits in the compute dtype (`ProbeLogprobs.allowed`), else it fails or warns as configured. Before a push (`stale`) it measures how far the server's weights lag behind. With vLLM data parallelism the
 probe goes to every engine of the server (each holds its own copy of the weights) and the figure is the worst.
 
 What it costs, and why it is cheap (`trainer.parity_every`): the trainer's side runs once per push, before it (the
@@ -26,6 +26,7 @@ compares both after the batch is back, before anything trains on it. On one GPU 
 from __future__ import annotations
 
 from concurrent.futures import Future, ThreadPoolExecutor
+from dataclasses import dataclass
 
 import torch
 from torch.distributed.fsdp import FSDPModule
@@ -66,12 +67,34 @@ class ParityError(RuntimeError):
     pass
 
 
+@dataclass(frozen=True)
+class ProbeLogprobs:
+    """The trainer's side of a probe: each token's logprob and the size of what rounding acts on to give it.
+
+    A logprob is logit(token) - logsumexp(logits). Both sides compute the logits in the compute dtype, which holds a
+    value of size |x| to within eps/2 * |x| (torch.finfo(dtype).eps: 2^-7 in bf16); the logsumexp is as close as its
+    largest logit. So the two sides may differ by eps * (|logit(token)| + max |logit|) from rounding alone, on top of
+    the tolerance for the layers' own differences. It matters once training sharpens the model: on an H100, Qwen2.5-3B's
+    shape in bf16 whose reward had saturated (entropy 0, its probe's logprobs 28 lower than at step 0) read 0.01-0.26
+    from step to step with every push landed, and an absolute 0.25 stopped it twice (gpu/results/2026-12-07-7b-start-parity/)."""
+
+    logprobs: list[float]
+    scale: list[float]
+    """Per token: |logit(token)| + max |logit| at its position, what the compute dtype rounds."""
+
+    def allowed(self, tolerance: float, eps: float) -> list[float]:
+        """Per token: the largest difference a landed push may show."""
+        return [tolerance + eps * s for s in self.scale]
+
+
 @torch.no_grad()
-def trainer_prompt_logprobs(model: torch.nn.Module, ids: list[int], device) -> list[float]:
+def trainer_prompt_logprobs(model: torch.nn.Module, ids: list[int], device) -> ProbeLogprobs:
     x = torch.tensor([ids], device=device)
     logits = model(input_ids=x).logits[0, :-1].float()
     lp = torch.log_softmax(logits, -1)
-    return lp[torch.arange(len(ids) - 1, device=device), x[0, 1:]].tolist()
+    rows, tokens = torch.arange(len(ids) - 1, device=device), x[0, 1:]
+    scale = logits[rows, tokens].abs() + logits.abs().amax(-1)
+    return ProbeLogprobs(lp[rows, tokens].tolist(), scale.tolist())
 
 
 class ParityChecker:
@@ -96,6 +119,8 @@ class ParityChecker:
         self.ids = tokenizer(probe_text)["input_ids"][:48]
         assert len(self.ids) >= 2, "parity probe text tokenizes to fewer than 2 tokens"
         self.tolerance = tolerance or default_tolerance(compute_dtype, model)
+        self.rounding = torch.finfo(compute_dtype).eps
+        """What rounding in the compute dtype may add per unit of logit size (ProbeLogprobs.allowed)."""
         self.history: list[dict] = []
         self.first: list[float] | None = None
         """The trainer's probe logprobs at this attempt's first push: the origin of drift()."""
@@ -121,7 +146,7 @@ class ParityChecker:
             return False
         return self.checks == 0 or (self.stale_every > 0 and step % self.stale_every == 0)
 
-    def trainer_side(self) -> list[float]:
+    def trainer_side(self) -> ProbeLogprobs:
         """The trainer's logprobs of the probe with the weights it holds now. Collective over every rank (the FSDP
         forward); run it once per push, before the push."""
         was_training = self.model.training
@@ -145,14 +170,14 @@ class ParityChecker:
             futures = [pool.submit(c.prompt_logprobs, self.ids, step, e) for e, c in enumerate(self._engine_clients)]
             return [f.result() for f in futures]
 
-    def drift(self, mine: list[float]) -> float:
+    def drift(self, mine: ProbeLogprobs) -> float:
         """How far the trainer's probe logprobs (`mine`, from trainer_side) have moved since this attempt's first push
         (the largest difference). With the after-push parity holding, the server followed the model this far: a drift
         well above the parity's noise proves updates reach the server, one near 0 after many steps says the model is
         barely learning (a LoRA learning rate too low, say)."""
         if self.first is None:
-            self.first = list(mine)
-        return max(abs(a - b) for a, b in zip(mine, self.first, strict=True))
+            self.first = list(mine.logprobs)
+        return max(abs(a - b) for a, b in zip(mine.logprobs, self.first, strict=True))
 
     def start_after_push(self, step: int) -> None:
         """The after-push probe, sent in the background (leader; a count elsewhere): `settle` checks it. The caller
@@ -167,11 +192,11 @@ class ParityChecker:
         if self.client is not None:
             self.pending_stale = (step, self.server_side(step))
 
-    def settle(self, mine: list[float]) -> tuple[float | None, float | None]:
+    def settle(self, mine: ProbeLogprobs) -> tuple[float | None, float | None]:
         """(stale, after push): the probes probe_stale and start_after_push sent, against the trainer's side of the
         same weights (`mine`); each None when not sent. Waits for the background probe within the client's request
         timeout (the request carries it too); raises ParityError in the caller's thread when an after-push probe disagrees
-        by more than the tolerance (trainer.parity_action fail; warn prints it)."""
+        by more than it allows (ProbeLogprobs.allowed; trainer.parity_action fail; warn prints it)."""
         stale = after = None
         if self.pending_stale is not None:
             step, theirs = self.pending_stale
@@ -184,18 +209,35 @@ class ParityChecker:
             after = self._judge(step, "after_push", mine, answer.result(timeout=self.client.timeout_s + 30))
         return stale, after
 
-    def _judge(self, step: int, kind: str, mine: list[float], theirs: list[list[float]]) -> float:
+    def _judge(self, step: int, kind: str, mine: ProbeLogprobs, theirs: list[list[float]]) -> float:
+        """The largest difference over the engines (the figure the metrics show); an after-push probe fails where any
+        token's difference passes what its logits' size allows."""
         assert self.client is not None
-        per_engine = [max(abs(a - b) for a, b in zip(mine, t, strict=True)) for t in theirs]
+        allowed = mine.allowed(self.tolerance, self.rounding)
+        diffs = [[abs(a - b) for a, b in zip(mine.logprobs, t, strict=True)] for t in theirs]
+        per_engine = [max(d) for d in diffs]
         diff = max(per_engine)
         self.history.append(
-            {"step": step, "kind": kind, "max_diff": diff, "per_engine": per_engine, "server": theirs[-1], "trainer": mine}
+            {
+                "step": step,
+                "kind": kind,
+                "max_diff": diff,
+                "per_engine": per_engine,
+                "server": theirs[-1],
+                "trainer": mine.logprobs,
+            }
         )
-        if kind == "after_push" and diff > self.tolerance:
-            worst = f" (engine {per_engine.index(diff)} of {self.engines})" if self.engines > 1 else ""
+        worst = max(
+            ((e, i) for e, d in enumerate(diffs) for i in range(len(d))), key=lambda ei: diffs[ei[0]][ei[1]] - allowed[ei[1]]
+        )
+        engine, token = worst
+        if kind == "after_push" and diffs[engine][token] > allowed[token]:
+            where = f" (engine {engine} of {self.engines})" if self.engines > 1 else ""
             msg = (
-                f"node {self.par.node}: parity check failed at step {step}: the server at {self.client.base_url}{worst} "
-                f"disagrees with the trainer by {diff:.3g} in logprob (tolerance {self.tolerance:g}); the weight push "
+                f"node {self.par.node}: parity check failed at step {step}: the server at {self.client.base_url}{where} "
+                f"disagrees with the trainer by {diffs[engine][token]:.3g} in logprob at probe token {token} (trainer "
+                f"{mine.logprobs[token]:.3g}, server {theirs[engine][token]:.3g}; allowed {allowed[token]:.3g}: tolerance "
+                f"{self.tolerance:g} + rounding {self.rounding:g} x logits' size {mine.scale[token]:.3g}); the weight push "
                 f"did not land. Set trainer.parity_action: warn to go on anyway."
             )
             if self.action == "fail":
