@@ -43,8 +43,9 @@ class Env:
     """"1" (adapter push, launcher.core.vllm_start.lora_graphs): the vLLM plugin has Model Runner V2 capture CUDA graphs
     for batches through the adapter only, not also for batches without one (trainer.push.vllm_plugin.lora_graphs_active_only)."""
     KV_CACHE_FIXED = "SLURM_GRPO_KV_CACHE_FIXED"
-    """"1": the node's vLLM was started with the KV cache size an earlier start measured (launcher.node.kv_reuse), so it
-    does not size it while the trainer loads: a resumed trainer loads its checkpoint without waiting for the server."""
+    """"1": the node's vLLM was started with a KV cache size (the work's, or the one an earlier start measured:
+    launcher.node.kv_reuse), so it does not size it while the trainer loads: a resumed trainer loads its checkpoint
+    without waiting for the server."""
     INSPECT_IN_PROCESS = "SLURM_GRPO_INSPECT_IN_PROCESS"
     """"1" (vllm.inspect_in_process): the vLLM plugin has vLLM inspect the model class in the API server's own process
     instead of a fresh Python one (trainer.push.vllm_plugin.inspect_in_process)."""

@@ -23,6 +23,12 @@ but paid the imports and the spawn again: 63.6 s.
 
   LoRA graphs   trainer.lora with the adapter pushed: one set of CUDA graphs, with LoRA (LORA_ONE_GRAPH_SET)
 
+  KV cache      vllm.kv_cache work (the default): where vLLM shares its GPU with the trainer, a KV cache that holds
+                every sequence in flight at vllm.max_model_len (work_kv_bytes; launcher.node.kv_reuse passes it as
+                --kv-cache-memory-bytes where it fits the server's share): no memory profiling, no profiling CUDA
+                graph capture (17 s of a 7 B LoRA server's first start on an H100), and the rest of the GPU to the
+                trainer
+
   GDN prefill   a model with Gated DeltaNet layers (Qwen3.5, Qwen3-Next): vLLM's Triton prefill kernel, see
                 GDN_PREFILL_TRITON
 
@@ -171,6 +177,55 @@ def capture_size(p: Plan, steps: int) -> tuple[int | None, str]:
     return size, f"2 x {n} sequences in flight per server, on vLLM's grid ({why})"
 
 
+KV_BLOCK_TOKENS = 16
+"""vLLM's KV cache block on CUDA (tokens): a sequence holds whole blocks."""
+
+KV_SPARE_SEQUENCES = 2
+"""Beside the run's own sequences: the parity probe's (48 tokens) and one more (an evaluation's, a health check's)."""
+
+USER_KV_ARGS = ("kv-cache", "kv_cache", "num-gpu-blocks", "num_gpu_blocks", "block-size", "block_size", "speculative")
+"""vllm.extra_args that change what a sequence's KV cache costs or how much there is: then vLLM measures."""
+
+
+def serving_bytes(p: Plan) -> int:
+    """Bytes of one KV element as the server stores it: 4 where it serves float32, else 2 (auto: the model's own dtype,
+    which the trainer's is held to; float32 counted where either says so)."""
+    return 4 if "float32" in (p.config.vllm.dtype, p.config.trainer.dtype) else 2
+
+
+def work_kv_bytes(p: Plan, steps: int) -> tuple[int | None, str]:
+    """The KV cache each vLLM worker of a node's server needs for every sequence the run has in flight at
+    vllm.max_model_len (vllm.kv_cache work: passed as --kv-cache-memory-bytes by launcher.node.kv_reuse, so vLLM skips
+    its memory profiling), or None and why vLLM measures it instead. GQA attention only (2 x layers x KV heads per
+    worker x head_dim per token): a sliding window or a quantized cache needs less, never more. steps: optimizer steps
+    per generation (launcher.core.plan.generation_steps)."""
+    v = p.config.vllm
+    if p.device == "cpu":
+        return None, "CPU build: its KV cache space is its own setting"
+    if v.kv_cache == "measure":
+        return None, "vllm.kv_cache measure"
+    if any(k in a for a in v.extra_args for k in USER_KV_ARGS):
+        return None, "vllm.extra_args decide the KV cache"
+    if not v.max_model_len:
+        return None, "vllm.max_model_len 0: vLLM derives the sequence length from the model"
+    n, why = in_flight(p, steps)
+    if n is None:
+        return None, why
+    shape = ModelShape.read(v.model)
+    if shape is None:
+        return None, "the model's config.json gives no shape"
+    if shape.kinds or shape.attention_weights:
+        return None, "layers other than GQA attention (MLA, hybrid or state-space): vLLM's profile sizes them"
+    kv_heads = max(1, shape.kv_heads // p.tensor_parallel_size)  # vLLM replicates KV heads over TP beyond their count
+    per_token = 2 * shape.layers * kv_heads * shape.head_dim * serving_bytes(p)
+    tokens = -(-v.max_model_len // KV_BLOCK_TOKENS) * KV_BLOCK_TOKENS
+    seqs = n + KV_SPARE_SEQUENCES
+    return seqs * tokens * per_token, (
+        f"({n} sequences in flight + {KV_SPARE_SEQUENCES} spare) x {tokens} tokens x {per_token} bytes "
+        f"({shape.layers} layers x K and V x {kv_heads} KV heads x {shape.head_dim} x {serving_bytes(p)} bytes); {why}"
+    )
+
+
 def engine_method(p: Plan) -> str | None:
     """VLLM_WORKER_MULTIPROC_METHOD for the server, None to leave vLLM's choice (spawn under `vllm serve`)."""
     how = p.config.vllm.engine_start
@@ -264,6 +319,18 @@ def derivation_lines(p: Plan, steps: int) -> list[str]:
     )
     eager = cpu_eager(p)
     compiled = [f"vLLM runs the model eagerly ({CPU_EAGER}): {eager}"] if eager else []
-    return [graphs, start, inspect, *compiled, *lora] + (
+    kv_bytes, kv_why = work_kv_bytes(p, steps)
+    shared = any(n.shared_gpu for n in p.nodes)
+    kv = (
+        [
+            f"vLLM KV cache {kv_bytes / 2**30:.2f} GiB per worker, no memory profiling (vllm.kv_cache work; the node "
+            f"passes it where it fits the server's share of the GPU, else vLLM measures): {kv_why}"
+        ]
+        if kv_bytes is not None and shared
+        else [f"vLLM KV cache measured by vLLM's profile: {kv_why}"]
+        if shared
+        else []
+    )
+    return [graphs, start, inspect, *compiled, *lora, *kv] + (
         [f"vLLM Gated DeltaNet prefill on Triton ({GDN_PREFILL_TRITON}): {gdn}"] if gdn else []
     )

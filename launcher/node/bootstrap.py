@@ -299,11 +299,15 @@ def run_node(p: Plan, node: int) -> int:
         clear_leftovers(run, allocated)  # first: an earlier attempt's server may still hold the port preflight checks
         preflight(run)
         check_reach(p, node, python, run.where, run.say)  # rocm: trainer leader and server GPUs reach each other
-        # a restart on a GPU shared with the trainer: the KV cache size the first start measured, and no wait to load
-        server, kv_bytes = kv_reuse.server_start(p, node, vllm_command(p, node, python, allocated))
+        # on a GPU shared with the trainer: the KV cache sized to the work, or as an earlier start measured; given a
+        # size, vLLM does not profile, so the trainer loads meanwhile
+        kv = kv_reuse.server_start(p, node, vllm_command(p, node, python, allocated))
+        server, kv_bytes = kv.server, kv.bytes
         measured = server if kv_bytes is None else None  # this start sizes its KV cache: recorded once healthy
         if kv_bytes is not None:
-            run.say(f"vLLM's KV cache: {kv_bytes / 2**30:.2f} GiB, as an earlier start measured (the trainer loads meanwhile)")
+            run.say(f"vLLM's KV cache: {kv_bytes / 2**30:.2f} GiB per worker, {kv.why} (the trainer loads meanwhile)")
+        elif kv.why:
+            run.say(f"vLLM's KV cache: {kv.why}")
         vllm = Proc(
             server,
             job_dir,

@@ -1,4 +1,4 @@
-"""A restart's vLLM takes the KV cache size its first start measured, so the trainer need not wait to load its checkpoint.
+"""The KV cache size a node's vLLM is given: the work's (vllm.kv_cache work), else the one its first start measured.
 
 On a GPU it shares with the trainer, vLLM sizes its KV cache as its share of the GPU less every byte the GPU lost
 while it profiled, other processes' included: a resumed trainer that loads its optimizer state (twice the fp32 model)
@@ -7,6 +7,13 @@ loads (trainer.rollout.node before_resume), and a restart of a 2.8 B body spent 
 33 GB (gpu/results/2026-12-07-ds3-lora-restart/). vLLM's `--kv-cache-memory-bytes` skips that sizing: the node's
 first start records the size it measured (`record`), a later start of the same server on the same kind of GPU passes
 it (`reused`), and the bootstrap tells the trainer (Env.KV_CACHE_FIXED), which then loads while the server starts.
+
+A first start needs no measurement where the launcher can count the work (launcher.core.vllm_start.work_kv_bytes:
+every sequence in flight at vllm.max_model_len). Given it, vLLM skips its memory profiling and the CUDA graph capture
+that profiling repeats (17 s of a 7 B LoRA server's 118 s first start on an H100; a restart given the measured size:
+`init engine` 5 s against 59 s), and the trainer gets the GPU vLLM's share would have left to an oversized cache (a
+3 B body at 0.35 of an H100: 21.4 GiB measured, where 32 sequences of 512 tokens need 0.6). `share_left` keeps it to
+what the share holds after the weights; more, and vLLM measures as before.
 
 Only where the server shares its GPUs with trainer ranks (plan node `shared_gpu`) and the node runs CUDA (the GPU's
 memory is read with nvidia-smi, which a node without it lacks: no reuse); the record is keyed by the server's whole
@@ -19,12 +26,16 @@ import hashlib
 import json
 import shutil
 import subprocess
+from dataclasses import dataclass
 from pathlib import Path
 
 from launcher import vllm_log
 from launcher.core import platform
 from launcher.core.jobdir import JobDir
-from launcher.core.plan import Plan
+from launcher.core.plan import Plan, generation_steps
+from launcher.core.shape import ModelShape
+from launcher.core.vllm_start import work_kv_bytes
+from launcher.memory import GB, VLLM_HEADROOM_GB, vllm_weights_gb
 from launcher.node.commands import NodeCommand
 
 FLAG = "--kv-cache-memory-bytes"
@@ -99,13 +110,59 @@ def record(plan: Plan, node: int, server: NodeCommand) -> int | None:
     return size
 
 
-def server_start(plan: Plan, node: int, server: NodeCommand) -> tuple[NodeCommand, int | None]:
-    """The server command to start (with the recorded KV cache size where one applies) and that size, or None. A
-    size in vllm.extra_args is the user's: kept, nothing added."""
-    size = None if FLAG in server.argv else reused(plan, node, server.argv, devices(server))
+@dataclass(frozen=True)
+class KvStart:
+    """The server command to start and the KV cache size it was given (None: vLLM measures), with where it came from."""
+
+    server: NodeCommand
+    bytes: int | None
+    why: str
+
+
+def share_left(plan: Plan, server: NodeCommand) -> int | None:
+    """Bytes of the server's share of its GPU (gpu_memory_utilization x its memory) left for a KV cache after its
+    weights and VLLM_HEADROOM_GB (activations, CUDA graphs), per worker; None where nvidia-smi cannot say."""
+    mib = gpu_memory_mib(devices(server))
+    shape = ModelShape.read(plan.config.vllm.model)
+    if mib is None or shape is None:
+        return None
+    v = plan.config.vllm
+    weights = vllm_weights_gb(shape, plan.tensor_parallel_size, plan.data_parallel_size, v.enable_expert_parallel)
+    return int(v.gpu_memory_utilization * mib * 2**20 - (weights + VLLM_HEADROOM_GB) * GB)
+
+
+def work_sized(plan: Plan, node: int, server: NodeCommand) -> tuple[int | None, str]:
+    """vllm.kv_cache work: the bytes launcher.core.vllm_start.work_kv_bytes counts, where they fit the server's share."""
+    size, why = work_kv_bytes(plan, generation_steps(plan.config, plan.world_size))
     if size is None:
-        return server, None
-    return NodeCommand(server.name, [*server.argv, FLAG, str(size)], server.env, server.log), size
+        return None, why
+    left = share_left(plan, server)
+    if left is None:
+        return None, "the GPU's memory is unknown (no nvidia-smi answer): vLLM measures"
+    if size > left:
+        return (
+            None,
+            f"the work needs {size / 2**30:.2f} GiB, more than the {left / 2**30:.2f} GiB its share leaves: vLLM measures",
+        )
+    return size, f"sized to the work: {why}"
+
+
+def server_start(plan: Plan, node: int, server: NodeCommand) -> KvStart:
+    """The server command to start, with a KV cache size where one applies: the work's (vllm.kv_cache work), else the
+    one an earlier start measured; none where vLLM measures. A size in vllm.extra_args is the user's: kept."""
+    if FLAG in server.argv or not applies(plan, node):
+        return KvStart(server, None, "")
+    size, why = work_sized(plan, node, server)
+    if size is not None:
+        return KvStart(given(server, size), size, why)
+    earlier = reused(plan, node, server.argv, devices(server))
+    if earlier is not None:
+        return KvStart(given(server, earlier), earlier, f"as an earlier start measured (not the work's: {why})")
+    return KvStart(server, None, f"measured by vLLM's profile (not the work's: {why})")
+
+
+def given(server: NodeCommand, size: int) -> NodeCommand:
+    return NodeCommand(server.name, [*server.argv, FLAG, str(size)], server.env, server.log)
 
 
 def devices(server: NodeCommand) -> str:

@@ -41,14 +41,29 @@ def nvidia_smi(tmp_path, monkeypatch):
     return answer
 
 
-def gpu_plan(tmp_path: Path, **vllm: object) -> Plan:
+QWEN25_3B = {
+    "architectures": ["Qwen2ForCausalLM"],
+    "model_type": "qwen2",
+    "hidden_size": 2048,
+    "num_hidden_layers": 36,
+    "intermediate_size": 11008,
+    "vocab_size": 151936,
+    "num_attention_heads": 16,
+    "num_key_value_heads": 2,
+    "tie_word_embeddings": True,
+}
+"""Qwen2.5-3B's config.json fields that decide its KV cache: 36 layers x 2 KV heads x head_dim 128."""
+
+
+def gpu_plan(tmp_path: Path, config: dict | None = None, trainer: dict | None = None, **vllm: object) -> Plan:
     (tmp_path / "model").mkdir(exist_ok=True)
-    (tmp_path / "model" / "config.json").write_text(json.dumps({"architectures": ["Qwen2ForCausalLM"]}))
+    (tmp_path / "model" / "config.json").write_text(json.dumps(config or {"architectures": ["Qwen2ForCausalLM"]}))
     cfg = C.from_dict(
         {
             "vllm": {"model": str(tmp_path / "model"), **vllm},
             "slurm": {"gpus_per_node": 1},
             "job": {"job_dir": str(tmp_path / "j")},
+            "trainer": trainer or {},
         }
     )
     return plan(cfg, str(tmp_path / "j"))
@@ -65,19 +80,23 @@ def test_a_restart_takes_the_size_the_first_start_measured_and_the_trainer_is_to
     p = gpu_plan(tmp_path)
     assert p.nodes[0].shared_gpu, "a one-GPU node: vLLM and the trainer share it"
     first = vllm_command(p, 0)
-    assert kv_reuse.server_start(p, 0, first) == (first, None), "nothing recorded: the first start measures"
+    start = kv_reuse.server_start(p, 0, first)
+    assert (start.server, start.bytes) == (first, None), "nothing recorded: the first start measures"
+    assert start.why.startswith("measured by vLLM's profile (not the work's: vllm.max_model_len 0"), start.why
     started(p, FIRST)
     size = kv_reuse.record(p, 0, first)
     assert size == int(21.38 * 2**30) - kv_reuse.SAFETY_BYTES, "the smallest worker's figure, less the rounding"
     assert json.loads(JobDir(Path(p.job_dir)).kv_cache_record(0).read_text())["gpu_mib"] == 81559
 
-    again, got = kv_reuse.server_start(p, 0, vllm_command(p, 0))
+    restart = kv_reuse.server_start(p, 0, vllm_command(p, 0))
+    again, got = restart.server, restart.bytes
+    assert restart.why.startswith("as an earlier start measured")
     assert got == size and again.argv[-2:] == [kv_reuse.FLAG, str(size)] and again.argv[:-2] == first.argv
     assert "-i 0 --query-gpu=memory.total" in (tmp_path / "smi_args").read_text(), "the server's own GPU asked"
     # the restart (given the size) prints no measurement: the record stays the first start's
     started(p, FIXED)
     assert kv_reuse.record(p, 0, again) is None
-    assert kv_reuse.server_start(p, 0, vllm_command(p, 0))[1] == size
+    assert kv_reuse.server_start(p, 0, vllm_command(p, 0)).bytes == size
 
 
 def test_a_changed_server_or_another_gpu_measures_again(tmp_path, nvidia_smi, monkeypatch):
@@ -85,17 +104,17 @@ def test_a_changed_server_or_another_gpu_measures_again(tmp_path, nvidia_smi, mo
     started(p, FIRST)
     assert kv_reuse.record(p, 0, vllm_command(p, 0))
     changed = gpu_plan(tmp_path, gpu_memory_utilization=0.5)
-    assert kv_reuse.server_start(changed, 0, vllm_command(changed, 0))[1] is None, "another command line: measure"
+    assert kv_reuse.server_start(changed, 0, vllm_command(changed, 0)).bytes is None, "another command line: measure"
     nvidia_smi.write_text("143771\n")  # requeued onto a node with an H200
-    assert kv_reuse.server_start(p, 0, vllm_command(p, 0))[1] is None, "another GPU: measure"
+    assert kv_reuse.server_start(p, 0, vllm_command(p, 0)).bytes is None, "another GPU: measure"
     nvidia_smi.write_text("81559\n")
-    assert kv_reuse.server_start(p, 0, vllm_command(p, 0))[1] is not None
+    assert kv_reuse.server_start(p, 0, vllm_command(p, 0)).bytes is not None
     own = gpu_plan(tmp_path, extra_args=[kv_reuse.FLAG, "1000000000"])
-    assert kv_reuse.server_start(own, 0, vllm_command(own, 0))[1] is None, "the user's own size: nothing added"
+    assert kv_reuse.server_start(own, 0, vllm_command(own, 0)).bytes is None, "the user's own size: nothing added"
     JobDir(Path(p.job_dir)).kv_cache_record(0).write_text("[]")
-    assert kv_reuse.server_start(p, 0, vllm_command(p, 0))[1] is None, "an unreadable record: measure"
+    assert kv_reuse.server_start(p, 0, vllm_command(p, 0)).bytes is None, "an unreadable record: measure"
     monkeypatch.setenv("PATH", "/nonexistent")  # no nvidia-smi: its GPU's memory unknown
-    assert kv_reuse.server_start(p, 0, vllm_command(p, 0))[1] is None
+    assert kv_reuse.server_start(p, 0, vllm_command(p, 0)).bytes is None
 
 
 def test_nothing_is_recorded_or_reused_where_the_server_has_its_own_gpus_or_runs_on_cpu(tmp_path, nvidia_smi):
@@ -137,3 +156,51 @@ def test_the_trainer_loads_its_checkpoint_at_once_only_when_the_server_was_given
     assert not GenerationSettings.from_plan(p, 0, torch.bfloat16).server_kv_fixed
     monkeypatch.setenv(Env.KV_CACHE_FIXED, "1")
     assert GenerationSettings.from_plan(p, 0, torch.bfloat16).server_kv_fixed
+
+
+def test_a_first_start_takes_a_kv_cache_sized_to_the_work_and_skips_vllms_profile(tmp_path, nvidia_smi):
+    """vllm.kv_cache work (the default): every sequence in flight at max_model_len, in whole blocks, plus the spare
+    ones, at 2 x layers x KV heads x head_dim x 2 bytes a token; the trainer is told (it loads meanwhile), dry-run says
+    how it was counted, and a restart computes the same size (nothing recorded: vLLM measured nothing)."""
+    from launcher.core import vllm_start
+
+    trainer = {"per_device_train_batch_size": 32, "max_completion_length": 256, "max_staleness": 1}
+    p = gpu_plan(tmp_path, QWEN25_3B, trainer, max_model_len=500, dtype="bfloat16")
+    start = kv_reuse.server_start(p, 0, vllm_command(p, 0))
+    per_token = 2 * 36 * 2 * 128 * 2
+    expected = (32 * 2 + vllm_start.KV_SPARE_SEQUENCES) * 512 * per_token  # 500 tokens in whole blocks of 16: 512
+    assert start.bytes == expected and start.server.argv[-2:] == [kv_reuse.FLAG, str(expected)], start
+    assert start.why.startswith("sized to the work: (64 sequences in flight + 2 spare) x 512 tokens x 36864 bytes")
+    assert "x (max_staleness + 1) = 1 x 32 x 1 x 2 = 64" in start.why, start.why
+    lines = vllm_start.derivation_lines(p, 1)
+    assert any(line.startswith(f"vLLM KV cache {expected / 2**30:.2f} GiB per worker, no memory profiling") for line in lines)
+
+    started(p, FIXED)  # vLLM given a size prints no measurement
+    assert kv_reuse.record(p, 0, start.server) is None
+    assert kv_reuse.server_start(p, 0, vllm_command(p, 0)).bytes == expected, "a restart: the same work, the same size"
+
+
+def test_the_work_sizing_falls_back_to_vllms_profile_where_it_cannot_count_or_would_not_fit(tmp_path, nvidia_smi):
+    from launcher.core import vllm_start
+
+    def why(p: Plan) -> str:
+        start = kv_reuse.server_start(p, 0, vllm_command(p, 0))
+        assert start.bytes is None and kv_reuse.FLAG not in start.server.argv, start
+        return start.why
+
+    assert "vllm.kv_cache measure" in why(gpu_plan(tmp_path, QWEN25_3B, max_model_len=512, kv_cache="measure"))
+    assert "vllm.max_model_len 0" in why(gpu_plan(tmp_path, QWEN25_3B))
+    assert "decide the KV cache" in why(gpu_plan(tmp_path, QWEN25_3B, max_model_len=512, extra_args=["--kv-cache-dtype", "fp8"]))
+    mla = {**QWEN25_3B, "model_type": "deepseek_v3", "architectures": ["DeepseekV3ForCausalLM"], "kv_lora_rank": 512}
+    mla |= {"q_lora_rank": 1536, "qk_rope_head_dim": 64, "qk_nope_head_dim": 128, "v_head_dim": 128}
+    mla |= {"scoring_func": "sigmoid", "topk_method": "noaux_tc", "tie_word_embeddings": False}
+    assert "layers other than GQA attention" in why(gpu_plan(tmp_path, mla, max_model_len=512))
+    # 4096 sequences of 8192 tokens (4.9 TB) cannot fit an H100's 0.35: vLLM measures, as it would have
+    big = gpu_plan(tmp_path, QWEN25_3B, {"per_device_train_batch_size": 4096}, max_model_len=8192)
+    assert "more than the" in why(big) and "its share leaves" in why(big)
+    line = [x for x in vllm_start.derivation_lines(gpu_plan(tmp_path, QWEN25_3B), 1) if "KV cache" in x]
+    assert line == [
+        "vLLM KV cache measured by vLLM's profile: vllm.max_model_len 0: vLLM derives the sequence length from the model"
+    ]
+    nvidia_smi.write_text("")  # nvidia-smi answers nothing: the share is unknown
+    assert "the GPU's memory is unknown" in why(gpu_plan(tmp_path, QWEN25_3B, max_model_len=512))

@@ -84,7 +84,7 @@ class GenerationSettings:
     server_shares_gpu: bool = False
     """vLLM and this node's trainer ranks share its GPUs (the plan's shared_gpu: one-GPU nodes, slurm.layout shared)."""
     server_kv_fixed: bool = False
-    """The node's server was started with the KV cache size an earlier start measured (Env.KV_CACHE_FIXED)."""
+    """The node's server was started with a KV cache size, the work's or an earlier start's (Env.KV_CACHE_FIXED)."""
     lora: LoraPush | None = None
     """trainer.lora: how the push moves the adapter (trainer.push.adapter); model is then the adapter's name."""
     routing_replay: bool = False
@@ -251,7 +251,7 @@ class NodeRollout:
         between its start and the end of its profile run, other processes' included; a restart of a 2.8 B body on one
         H100 whose trainer loaded its Adam state in that window got -9.7 GiB and vLLM did not start (2026-12-06,
         gpu/results/2026-12-06-lora-shapes/). The first start creates the optimizer state at the first step, after. A
-        server given the size its first start measured (launcher.node.kv_reuse) sizes nothing: the load goes on at once."""
+        server given a size (the work's, or the one its first start measured: launcher.node.kv_reuse) sizes nothing: the load goes on at once."""
         if self.settings.server_shares_gpu and not self.settings.server_kv_fixed:
             self.wait_for_server()
 
