@@ -54,18 +54,13 @@ from launcher.core.inputs import PromptLength, prompt_length
 from launcher.core.lora import ADAPTER, ENGINE, MERGED
 from launcher.core.plan import Plan
 from launcher.core.shape import NO_CONFIG, ModelShape
+from launcher.core.vllm_start import VLLM_HEADROOM_GB
 
 GB = 1e9
 PROMPT_TOKENS = 256
 """Prompt length the activation estimate assumes where the dataset's own cannot be measured here (not JSONL, not on
 this machine); else the longest prompt's (launcher.core.inputs.prompt_length)."""
 OVERHEAD_GB = 2.0
-VLLM_HEADROOM_GB = 4.0
-"""The one fit threshold for vLLM's weights (vllm_weights_fit): its bf16 weights per GPU must leave this much of the
-memory it gets (gpu_memory_utilization x the GPU) for the rest: its profile run's activations, CUDA graphs and a KV
-cache (vLLM refuses to start with none). A fixed amount, not a share: Qwen3-30B-A3B at TP 1 on an 80 GB GPU (61 of
-68 GB) runs. The refusal (memory_problems), the dry-run's line, the split/layout fits and simulate's TP suggestion
-all use it."""
 
 KNOWN_GPUS_GB = {"b200": 180, "h200": 141, "gh200": 96, "h100": 80, "h800": 80, "a100": 80, "l40s": 48, "a6000": 48, "a10": 24}
 """Memory of a GPU by the name a cluster puts in its partition or constraint (an '-40gb'-style suffix wins)."""
@@ -409,10 +404,8 @@ def routed_expert_params(shape: ModelShape) -> int:
 
 
 def vllm_weights_gb(shape: ModelShape, tp: int, dp: int = 1, expert_parallel: bool = False) -> float:
-    """vLLM's bf16 weights on each of its GPUs: every engine holds the model / TP; with vllm.enable_expert_parallel
-    vLLM splits the routed experts over all TP x DP GPUs of the server instead (the dense part still / TP)."""
-    experts = routed_expert_params(shape) if expert_parallel else 0
-    return 2 * ((shape.params - experts) / tp + experts / (tp * dp)) / GB
+    """vLLM's bf16 weights on each of its GPUs (ModelShape.vllm_weight_bytes)."""
+    return shape.vllm_weight_bytes(tp, dp, expert_parallel) / GB
 
 
 def vllm_weights_fit(shape: ModelShape, tp: int, vllm_gb: float, dp: int = 1, expert_parallel: bool = False) -> bool:

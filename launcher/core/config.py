@@ -382,7 +382,7 @@ class TrainerConfig:
     ipc_buffer_mb: int = 2048
     """ipc push only (vLLM and the trainer on one GPU): the staging buffer on the GPU, kept for the run and mapped by the server once; a model up to this size moves in one request, a bigger one in windows of it. Counted in the memory estimate."""
     parity_tolerance: float = 0.0
-    """Largest allowed |logprob(vLLM) - logprob(trainer)| after a push, per probe token, on top of the rounding of its logits in the push's dtype (eps x (|its logit| + the largest |logit|): 2^-7 in bf16, what a sharp, trained model needs); 0 = by dtype (float32 1e-3, bf16 0.25; 0.5 in bf16 for attention vLLM computes in another order: MLA as in DeepSeek, sinks as in gpt-oss)."""
+    """Largest allowed |logprob(vLLM) - logprob(trainer)| after a push, per probe token, on top of the rounding of its logits in the push's dtype (eps x (|its logit| + the softmax-weighted mean |logit|): 2^-7 in bf16, what a sharp, trained model needs); 0 = by dtype (float32 1e-3, bf16 0.25; 0.5 in bf16 for attention vLLM computes in another order: MLA as in DeepSeek, sinks as in gpt-oss)."""
     parity_action: Literal["fail", "warn"] = "fail"
     """What a failed parity check does: stop the job, or log a warning and go on."""
     rendezvous_port: int = 29500
@@ -644,6 +644,7 @@ MENUS = {
         notes={"auto": "cancel without slurm.requeue, else SLURM's own requeue", "requeue_now": "requeue without the lost nodes"}
     ),
     "vllm.dtype": Menu(one_of=True),
+    "vllm.kv_cache": Menu(notes={"work": "every sequence in flight, no profiling", "measure": "vLLM's profile"}),
     "trainer.fsdp": Menu(notes={"hsdp": "shard in a node, replicate across nodes"}),
     "trainer.model_loading": Menu(notes={"sharded": "each rank reads its shard"}),
     "trainer.report_to": Menu(example="[wandb, tensorboard]"),

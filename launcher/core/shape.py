@@ -4,10 +4,22 @@ the memory estimate sizes. Torch-free and I/O-light (one small JSON file), so ev
 from __future__ import annotations
 
 import json
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from pathlib import Path
 
 from launcher.core.layer_kinds import MOE_AWARE, READERS, LayerKind, mla_attention
+
+MIXED_ATTENTION_FAMILIES = ("gemma2", "gemma3", "gemma3_text", "cohere2")
+"""Families that interleave sliding-window and full attention whether or not their config.json lists layer_types."""
+
+
+def mixed_attention(c: dict) -> bool:
+    """Whether a config.json's layers mix attention types: layer_types naming more than one, a sliding-window pattern,
+    or a family that always interleaves them (MIXED_ATTENTION_FAMILIES)."""
+    types = c.get("layer_types")
+    listed = isinstance(types, list) and len({str(t) for t in types}) > 1
+    pattern = any(c.get(k) for k in ("sliding_window_pattern", "interleaved_sliding_window"))
+    return listed or pattern or c.get("model_type") in MIXED_ATTENTION_FAMILIES
 
 
 @dataclass(frozen=True)
@@ -45,6 +57,10 @@ class ModelShape:
     root_extra: int = 0
     """Parameters outside the decoder layers beyond the embeddings, lm_head and final norm (learned positions,
     LayerNorm biases, Gemma-3n's per-layer embeddings)."""
+    mixed_attention: bool = False
+    """Layers of more than one attention type (sliding-window and full, as Gemma 2/3 and gpt-oss interleave them):
+    vLLM groups their KV caches and pads the groups, so a sequence can cost more than its layers count
+    (launcher.core.vllm_start.work_kv_bytes leaves such a model to vLLM's profile)."""
     attention_weights: int = 0
     """The attention block's parameters (with the layer's two norms) where it is not GQA's q/k/v/o: multi-head latent
     attention (DeepSeek, MiniCPM3, GLM-4.7-Flash; with DSA's indexer), layer_kinds.mla_attention; 0 = GQA's."""
@@ -74,6 +90,13 @@ class ModelShape:
     @classmethod
     def from_config(cls, c: dict) -> ModelShape | str:
         """The shape of a config.json's contents (the text model's), or why there is none (one line)."""
+        shape = cls._from_config(c)
+        if isinstance(shape, ModelShape) and mixed_attention(c):
+            return replace(shape, mixed_attention=True)
+        return shape
+
+    @classmethod
+    def _from_config(cls, c: dict) -> ModelShape | str:
         family = str(c.get("model_type", ""))
         try:
             if family in READERS:
@@ -154,6 +177,12 @@ class ModelShape:
     def largest_tensor(self) -> int:
         fused_experts = self.experts * 2 * self.expert_intermediate * self.hidden  # gate_up_proj [E, 2I, H]
         return max(self.vocab * self.hidden, self.hidden * self.intermediate, fused_experts, self.largest_extra)
+
+    def vllm_weight_bytes(self, tp: int, dp: int = 1, expert_parallel: bool = False, dtype_bytes: int = 2) -> float:
+        """vLLM's weights on each of its GPUs: every engine holds the model / TP; with vllm.enable_expert_parallel vLLM
+        splits the routed experts over all TP x DP GPUs of the server instead (the dense part still / TP)."""
+        experts = self.routed_expert_params if expert_parallel else 0
+        return dtype_bytes * ((self.params - experts) / tp + experts / (tp * dp))
 
     @property
     def routed_expert_params(self) -> int:

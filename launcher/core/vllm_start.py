@@ -118,6 +118,16 @@ def cpu_eager(p: Plan) -> str | None:
     return "CPU build: vLLM's torch.compile would cost a third to half of the start for little generation speed"
 
 
+def training_sequences(p: Plan, steps: int) -> tuple[int, str]:
+    """The training batches' sequences one node's server holds at once (those generated ahead included), and the sum."""
+    t = p.config.trainer
+    train = p.ranks_per_node * t.per_device_train_batch_size * steps * (t.max_staleness + 1)
+    return train, (
+        f"ranks per node x per_device_train_batch_size x steps per generation x (max_staleness + 1) = "
+        f"{p.ranks_per_node} x {t.per_device_train_batch_size} x {steps} x {t.max_staleness + 1} = {train}"
+    )
+
+
 def in_flight(p: Plan, steps: int) -> tuple[int | None, str]:
     """The most sequences one node's server has at once, and the sum behind it; None where the launcher cannot know
     (a rollout_func of the user's, or an eval over a whole file). steps: optimizer steps per generation
@@ -125,12 +135,7 @@ def in_flight(p: Plan, steps: int) -> tuple[int | None, str]:
     t = p.config.trainer
     if t.rollout_func:
         return None, "trainer.rollout_func sends requests of its own"
-    batch = p.ranks_per_node * t.per_device_train_batch_size * steps
-    train = batch * (t.max_staleness + 1)
-    why = (
-        f"ranks per node x per_device_train_batch_size x steps per generation x (max_staleness + 1) = "
-        f"{p.ranks_per_node} x {t.per_device_train_batch_size} x {steps} x {t.max_staleness + 1} = {train}"
-    )
+    train, why = training_sequences(p, steps)
     if not t.eval.enabled:
         return train, why
     if not t.eval.max_prompts:
@@ -177,8 +182,16 @@ def capture_size(p: Plan, steps: int) -> tuple[int | None, str]:
     return size, f"2 x {n} sequences in flight per server, on vLLM's grid ({why})"
 
 
-KV_BLOCK_TOKENS = 16
-"""vLLM's KV cache block on CUDA (tokens): a sequence holds whole blocks."""
+VLLM_HEADROOM_GB = 4.0
+"""The one fit threshold for vLLM's weights (launcher.memory.vllm_weights_fit): its bf16 weights per GPU must leave
+this much of the memory it gets (gpu_memory_utilization x the GPU) for the rest: its profile run's activations, CUDA
+graphs and a KV cache (vLLM refuses to start with none). A fixed amount, not a share: Qwen3-30B-A3B at TP 1 on an 80
+GB GPU (61 of 68 GB) runs. The refusal (memory_problems), the dry-run's line, the split/layout fits, simulate's TP
+suggestion and a KV cache sized to the work (kv_share_left) all use it."""
+
+KV_BLOCK_TOKENS = 128
+"""A sequence holds whole KV cache blocks: vLLM's are 16 tokens on CUDA, 128 where FA4 serves head_dim 256 (Blackwell);
+counting in the larger costs at most 127 tokens a sequence."""
 
 KV_SPARE_SEQUENCES = 2
 """Beside the run's own sequences: the parity probe's (48 tokens) and one more (an evaluation's, a health check's)."""
@@ -191,6 +204,30 @@ def serving_bytes(p: Plan) -> int:
     """Bytes of one KV element as the server stores it: 4 where it serves float32, else 2 (auto: the model's own dtype,
     which the trainer's is held to; float32 counted where either says so)."""
     return 4 if "float32" in (p.config.vllm.dtype, p.config.trainer.dtype) else 2
+
+
+def kv_sequences(p: Plan, steps: int) -> tuple[int | None, str]:
+    """The sequences a node's server may hold KV cache for at once: in_flight's training batches, plus an evaluation's
+    requests where trainer.eval runs (an evaluation's push pauses a batch generated ahead and resumes it beside the
+    evaluation: both at once), or None and why."""
+    n, why = in_flight(p, steps)
+    e = p.config.trainer.eval
+    if n is None or not e.enabled:
+        return n, why
+    train, why = training_sequences(p, steps)
+    evals = e.max_prompts * e.samples_per_prompt
+    return train + evals, f"{why} training + max_prompts x samples_per_prompt = {e.max_prompts} x {e.samples_per_prompt} eval"
+
+
+def kv_share_left(p: Plan, gpu_bytes: int) -> int | None:
+    """Bytes of one vLLM worker's share of its GPU (gpu_memory_utilization x gpu_bytes) left for a KV cache after its
+    weights (in the serving dtype) and VLLM_HEADROOM_GB (activations, CUDA graphs); None without the model's shape."""
+    shape = ModelShape.read(p.config.vllm.model)
+    if shape is None:
+        return None
+    v = p.config.vllm
+    weights = shape.vllm_weight_bytes(p.tensor_parallel_size, p.data_parallel_size, v.enable_expert_parallel, serving_bytes(p))
+    return int(v.gpu_memory_utilization * gpu_bytes - weights - VLLM_HEADROOM_GB * 1e9)
 
 
 def work_kv_bytes(p: Plan, steps: int) -> tuple[int | None, str]:
@@ -208,14 +245,17 @@ def work_kv_bytes(p: Plan, steps: int) -> tuple[int | None, str]:
         return None, "vllm.extra_args decide the KV cache"
     if not v.max_model_len:
         return None, "vllm.max_model_len 0: vLLM derives the sequence length from the model"
-    n, why = in_flight(p, steps)
+    n, why = kv_sequences(p, steps)
     if n is None:
         return None, why
     shape = ModelShape.read(v.model)
     if shape is None:
         return None, "the model's config.json gives no shape"
-    if shape.kinds or shape.attention_weights:
-        return None, "layers other than GQA attention (MLA, hybrid or state-space): vLLM's profile sizes them"
+    if shape.kinds or shape.attention_weights or shape.mixed_attention:
+        return None, (
+            "layers other than one kind of Llama-style attention (MLA, sliding-window beside full, hybrid, state-space, "
+            "fused-qkv bodies): vLLM's profile sizes them"
+        )
     kv_heads = max(1, shape.kv_heads // p.tensor_parallel_size)  # vLLM replicates KV heads over TP beyond their count
     per_token = 2 * shape.layers * kv_heads * shape.head_dim * serving_bytes(p)
     tokens = -(-v.max_model_len // KV_BLOCK_TOKENS) * KV_BLOCK_TOKENS

@@ -12,8 +12,8 @@ A first start needs no measurement where the launcher can count the work (launch
 every sequence in flight at vllm.max_model_len). Given it, vLLM skips its memory profiling and the CUDA graph capture
 that profiling repeats (17 s of a 7 B LoRA server's 118 s first start on an H100; a restart given the measured size:
 `init engine` 5 s against 59 s), and the trainer gets the GPU vLLM's share would have left to an oversized cache (a
-3 B body at 0.35 of an H100: 21.4 GiB measured, where 32 sequences of 512 tokens need 0.6). `share_left` keeps it to
-what the share holds after the weights; more, and vLLM measures as before.
+3 B body at 0.35 of an H100: 21.4 GiB measured, where 32 sequences of 512 tokens need 0.6). It is kept to what the server's share holds after
+its weights (launcher.core.vllm_start.kv_share_left); more, and vLLM measures as before.
 
 Only where the server shares its GPUs with trainer ranks (plan node `shared_gpu`) and the node runs CUDA (the GPU's
 memory is read with nvidia-smi, which a node without it lacks: no reuse); the record is keyed by the server's whole
@@ -33,9 +33,7 @@ from launcher import vllm_log
 from launcher.core import platform
 from launcher.core.jobdir import JobDir
 from launcher.core.plan import Plan, generation_steps
-from launcher.core.shape import ModelShape
-from launcher.core.vllm_start import work_kv_bytes
-from launcher.memory import GB, VLLM_HEADROOM_GB, vllm_weights_gb
+from launcher.core.vllm_start import kv_share_left, work_kv_bytes
 from launcher.node.commands import NodeCommand
 
 FLAG = "--kv-cache-memory-bytes"
@@ -119,24 +117,13 @@ class KvStart:
     why: str
 
 
-def share_left(plan: Plan, server: NodeCommand) -> int | None:
-    """Bytes of the server's share of its GPU (gpu_memory_utilization x its memory) left for a KV cache after its
-    weights and VLLM_HEADROOM_GB (activations, CUDA graphs), per worker; None where nvidia-smi cannot say."""
-    mib = gpu_memory_mib(devices(server))
-    shape = ModelShape.read(plan.config.vllm.model)
-    if mib is None or shape is None:
-        return None
-    v = plan.config.vllm
-    weights = vllm_weights_gb(shape, plan.tensor_parallel_size, plan.data_parallel_size, v.enable_expert_parallel)
-    return int(v.gpu_memory_utilization * mib * 2**20 - (weights + VLLM_HEADROOM_GB) * GB)
-
-
 def work_sized(plan: Plan, node: int, server: NodeCommand) -> tuple[int | None, str]:
     """vllm.kv_cache work: the bytes launcher.core.vllm_start.work_kv_bytes counts, where they fit the server's share."""
     size, why = work_kv_bytes(plan, generation_steps(plan.config, plan.world_size))
     if size is None:
         return None, why
-    left = share_left(plan, server)
+    mib = gpu_memory_mib(devices(server))
+    left = None if mib is None else kv_share_left(plan, mib * 2**20)
     if left is None:
         return None, "the GPU's memory is unknown (no nvidia-smi answer): vLLM measures"
     if size > left:

@@ -160,6 +160,7 @@ CHOICE_ERRORS = [
     ("vllm", {"dtype": "fp8"}, "vllm.dtype 'fp8' must be one of auto, bfloat16, float32"),
     ("vllm", {"weight_transfer_backend": "rdma"}, "vllm.weight_transfer_backend 'rdma' must be auto, nccl, gloo or ipc"),
     ("vllm", {"engine_start": "forkserver"}, "vllm.engine_start 'forkserver' must be auto, fork or spawn"),
+    ("vllm", {"kv_cache": "auto"}, "vllm.kv_cache 'auto' must be work (every sequence in flight, no profiling) or measure (vLLM's profile)"),
     ("trainer", {"dtype": "int8"}, "trainer.dtype 'int8' must be bfloat16 or float32"),
     ("trainer", {"fsdp": "ddp"}, "trainer.fsdp 'ddp' must be hsdp (shard in a node, replicate across nodes) or fsdp"),
     ("trainer", {"model_loading": "lazy"}, "trainer.model_loading 'lazy' must be sharded (each rank reads its shard) or full"),

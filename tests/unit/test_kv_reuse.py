@@ -168,7 +168,7 @@ def test_a_first_start_takes_a_kv_cache_sized_to_the_work_and_skips_vllms_profil
     p = gpu_plan(tmp_path, QWEN25_3B, trainer, max_model_len=500, dtype="bfloat16")
     start = kv_reuse.server_start(p, 0, vllm_command(p, 0))
     per_token = 2 * 36 * 2 * 128 * 2
-    expected = (32 * 2 + vllm_start.KV_SPARE_SEQUENCES) * 512 * per_token  # 500 tokens in whole blocks of 16: 512
+    expected = (32 * 2 + vllm_start.KV_SPARE_SEQUENCES) * 512 * per_token  # 500 tokens in whole blocks of 128: 512
     assert start.bytes == expected and start.server.argv[-2:] == [kv_reuse.FLAG, str(expected)], start
     assert start.why.startswith("sized to the work: (64 sequences in flight + 2 spare) x 512 tokens x 36864 bytes")
     assert "x (max_staleness + 1) = 1 x 32 x 1 x 2 = 64" in start.why, start.why
@@ -194,7 +194,15 @@ def test_the_work_sizing_falls_back_to_vllms_profile_where_it_cannot_count_or_wo
     mla = {**QWEN25_3B, "model_type": "deepseek_v3", "architectures": ["DeepseekV3ForCausalLM"], "kv_lora_rank": 512}
     mla |= {"q_lora_rank": 1536, "qk_rope_head_dim": 64, "qk_nope_head_dim": 128, "v_head_dim": 128}
     mla |= {"scoring_func": "sigmoid", "topk_method": "noaux_tc", "tie_word_embeddings": False}
-    assert "layers other than GQA attention" in why(gpu_plan(tmp_path, mla, max_model_len=512))
+    assert "layers other than one kind of Llama-style attention" in why(gpu_plan(tmp_path, mla, max_model_len=512))
+    # sliding-window layers beside full ones: vLLM pads its KV cache groups, a sequence costs more than counted
+    gemma3 = {**QWEN25_3B, "model_type": "gemma3_text", "architectures": ["Gemma3ForCausalLM"], "head_dim": 256}
+    assert "sliding-window beside full" in why(gpu_plan(tmp_path, gemma3, max_model_len=512))
+    listed = {**QWEN25_3B, "layer_types": ["sliding_attention", "full_attention"] * 18}
+    assert "sliding-window beside full" in why(gpu_plan(tmp_path, listed, max_model_len=512))
+    one_kind = {**QWEN25_3B, "layer_types": ["full_attention"] * 36, "sliding_window": 4096}  # as Qwen2's config.json
+    one = gpu_plan(tmp_path, one_kind, max_model_len=512)
+    assert kv_reuse.server_start(one, 0, vllm_command(one, 0)).bytes, "sliding_window alone is not a mix"
     # 4096 sequences of 8192 tokens (4.9 TB) cannot fit an H100's 0.35: vLLM measures, as it would have
     big = gpu_plan(tmp_path, QWEN25_3B, {"per_device_train_batch_size": 4096}, max_model_len=8192)
     assert "more than the" in why(big) and "its share leaves" in why(big)
@@ -204,3 +212,23 @@ def test_the_work_sizing_falls_back_to_vllms_profile_where_it_cannot_count_or_wo
     ]
     nvidia_smi.write_text("")  # nvidia-smi answers nothing: the share is unknown
     assert "the GPU's memory is unknown" in why(gpu_plan(tmp_path, QWEN25_3B, max_model_len=512))
+
+
+def test_an_evaluation_beside_the_batches_generated_ahead_is_counted_on_top(tmp_path, nvidia_smi, monkeypatch):
+    """trainer.eval with run-ahead: an evaluation's push pauses the batch generated ahead and resumes it beside the
+    evaluation, so the KV cache holds both; CUDA graphs stay sized to the larger of the two (in_flight)."""
+    from launcher.core import vllm_start
+
+    monkeypatch.chdir(Path(__file__).resolve().parents[2])  # the shipped eval file, relative to the repository
+    trainer = {
+        "per_device_train_batch_size": 16,
+        "max_completion_length": 128,
+        "max_staleness": 2,
+        "eval": {"dataset": "data/letters.jsonl", "every_steps": 5, "max_prompts": 20, "samples_per_prompt": 4},
+    }
+    p = gpu_plan(tmp_path, QWEN25_3B, trainer, max_model_len=256)
+    n, why = vllm_start.kv_sequences(p, 1)
+    assert n == 16 * 3 + 20 * 4 and "= 1 x 16 x 1 x 3 = 48 training + max_prompts x samples_per_prompt = 20 x 4 eval" in why
+    assert vllm_start.in_flight(p, 1)[0] == 80, "the graphs: the larger of the two"
+    start = kv_reuse.server_start(p, 0, vllm_command(p, 0))
+    assert start.bytes == (128 + vllm_start.KV_SPARE_SEQUENCES) * 256 * 2 * 36 * 2 * 128 * 2

@@ -153,12 +153,12 @@ def load(tiny: Path, noise_seed: int | None = None) -> torch.nn.Module:
     return model
 
 
-def train_step(model: torch.nn.Module, seed: int) -> None:
+def train_step(model: torch.nn.Module, seed: int, size: float = 0.05) -> None:
     """What an optimizer step does to the trainer's weights, as far as the server can tell: they change."""
     g = torch.Generator().manual_seed(seed)
     with torch.no_grad():
         for p in model.parameters():
-            p.add_(0.05 * torch.randn(p.shape, generator=g))
+            p.add_(size * torch.randn(p.shape, generator=g))
 
 
 def rollout_for(tiny: Path, par: Parallel, server: FakeVllm, max_staleness: int, parity_every: int = 1) -> NodeRollout:
@@ -366,20 +366,26 @@ def test_parity_allows_bf16_rounding_that_grows_with_the_logits_yet_catches_a_pu
     """A sharpened model (the final norm x80: logits up to 80, logprobs down to -150, as a trained model whose reward
     has saturated) served in bf16 against the trainer's float32: rounding alone moves logprobs by more than the 0.25
     bf16 tolerance, which stopped Qwen2.5-3B's shape on an H100 with every push landed. The check allows each token
-    eps(bf16) x its logits' size on top, and still fails a server that holds other weights, naming the token."""
+    eps(bf16) x its logits' size on top, and still fails a server that holds other weights, naming the token; and at
+    logits of an everyday size (x8: up to 15) a server one small step behind (0.56 apart) still fails."""
     import copy
 
     from trainer.rollout.parity import ParityChecker
     from trainer.rollout.server import VllmServer
 
-    trainer_model = load(tiny)
-    with torch.no_grad():
-        trainer_model.model.norm.weight.mul_(80.0)  # type: ignore[operator]
+    probe = "The quick brown fox jumps over the lazy dog; a parity probe of some length."
+    tokenizer = AutoTokenizer.from_pretrained(tiny)
+
+    def sharpened(factor: float) -> torch.nn.Module:
+        model = load(tiny)
+        with torch.no_grad():
+            model.model.norm.weight.mul_(factor)  # type: ignore[operator,union-attr]
+        return model
+
+    trainer_model = sharpened(80.0)
     srv = FakeVllm(copy.deepcopy(trainer_model).to(torch.bfloat16))
     try:
         client = VllmServer(srv.url, "tiny", 0, TIMEOUT_S)
-        probe = "The quick brown fox jumps over the lazy dog; a parity probe of some length."
-        tokenizer = AutoTokenizer.from_pretrained(tiny)
         checker = ParityChecker(trainer_model, client, par, tokenizer, 0.0, "fail", probe, torch.bfloat16)
         assert checker.tolerance == 0.25 and checker.rounding == 2**-7
         mine = checker.trainer_side()
@@ -393,7 +399,18 @@ def test_parity_allows_bf16_rounding_that_grows_with_the_logits_yet_catches_a_pu
         with srv.lock:
             srv.model = stale.to(torch.bfloat16)
         checker.start_after_push(2)
-        with pytest.raises(ParityError, match=r"parity check failed at step 2: .* at probe token \d+ .*rounding 0.0078125"):
+        with pytest.raises(ParityError, match=r"parity check failed at step 2: .* at the probe's token \d+ .*rounding 0.0078125"):
+            checker.settle(mine)
+
+        everyday = sharpened(8.0)
+        with srv.lock:
+            srv.model = copy.deepcopy(everyday).to(torch.bfloat16)  # what the server held before the push
+        train_step(everyday, seed=3, size=0.0005)  # the trainer's step that the push did not bring
+        checker = ParityChecker(everyday, client, par, tokenizer, 0.0, "fail", probe, torch.bfloat16)
+        mine = checker.trainer_side()
+        assert 10 < max(mine.scale) < 20, max(mine.scale)
+        checker.start_after_push(3)
+        with pytest.raises(ParityError, match=r"parity check failed at step 3: .* disagrees with the trainer by 0\.5"):
             checker.settle(mine)
     finally:
         srv.close()

@@ -25,6 +25,7 @@ compares both after the batch is back, before anything trains on it. On one GPU 
 
 from __future__ import annotations
 
+import math
 from concurrent.futures import Future, ThreadPoolExecutor
 from dataclasses import dataclass
 
@@ -72,15 +73,19 @@ class ProbeLogprobs:
     """The trainer's side of a probe: each token's logprob and the size of what rounding acts on to give it.
 
     A logprob is logit(token) - logsumexp(logits). Both sides compute the logits in the compute dtype, which holds a
-    value of size |x| to within eps/2 * |x| (torch.finfo(dtype).eps: 2^-7 in bf16); the logsumexp is as close as its
-    largest logit. So the two sides may differ by eps * (|logit(token)| + max |logit|) from rounding alone, on top of
-    the tolerance for the layers' own differences. It matters once training sharpens the model: on an H100, Qwen2.5-3B's
-    shape in bf16 whose reward had saturated (entropy 0, its probe's logprobs 28 lower than at step 0) read 0.01-0.26
-    from step to step with every push landed, and an absolute 0.25 stopped it twice (gpu/results/2026-12-07-7b-start-parity/)."""
+    value of size |x| to within eps/2 * |x| (torch.finfo(dtype).eps: 2^-7 in bf16), and the layers before them differ
+    relative to their values too; the logsumexp's error is the softmax-weighted mean of its logits' errors. So the two
+    sides differ by about eps * (|logit(token)| + E_softmax |logit|), which the flat tolerance (measured on models whose
+    logits are small) does not cover once training sharpens the model: on an H100, Qwen2.5-3B's shape in bf16 whose
+    reward had saturated (entropy 0, its probe's logprobs 28 lower than at step 0) read 0.01-0.26 from step to step
+    with every push landed, and an absolute 0.25 stopped it twice (gpu/results/2026-12-07-7b-start-parity/). There,
+    the server one step behind read 0.27-0.48: a single missed push of a model that no longer moves cannot be told
+    from rounding by any threshold, and costs nothing; a push that keeps failing is caught as the drift grows, and
+    weights loaded wrong differ by far more (1.99 for DeepSeek-V3's router read wrong)."""
 
     logprobs: list[float]
     scale: list[float]
-    """Per token: |logit(token)| + max |logit| at its position, what the compute dtype rounds."""
+    """Per token: |logit(token)| + the softmax-weighted mean |logit| at its position: what the compute dtype rounds."""
 
     def allowed(self, tolerance: float, eps: float) -> list[float]:
         """Per token: the largest difference a landed push may show."""
@@ -93,7 +98,7 @@ def trainer_prompt_logprobs(model: torch.nn.Module, ids: list[int], device) -> P
     logits = model(input_ids=x).logits[0, :-1].float()
     lp = torch.log_softmax(logits, -1)
     rows, tokens = torch.arange(len(ids) - 1, device=device), x[0, 1:]
-    scale = logits[rows, tokens].abs() + logits.abs().amax(-1)
+    scale = logits[rows, tokens].abs() + (torch.softmax(logits, -1) * logits.abs()).sum(-1)
     return ProbeLogprobs(lp[rows, tokens].tolist(), scale.tolist())
 
 
@@ -227,18 +232,18 @@ class ParityChecker:
                 "trainer": mine.logprobs,
             }
         )
-        worst = max(
-            ((e, i) for e, d in enumerate(diffs) for i in range(len(d))), key=lambda ei: diffs[ei[0]][ei[1]] - allowed[ei[1]]
-        )
-        engine, token = worst
-        if kind == "after_push" and diffs[engine][token] > allowed[token]:
+        # the token furthest past its allowance; a NaN (weights gone bad) is past any
+        excess = [[math.inf if math.isnan(x) else x - allowed[i] for i, x in enumerate(d)] for d in diffs]
+        engine, token = max(((e, i) for e, d in enumerate(excess) for i in range(len(d))), key=lambda ei: excess[ei[0]][ei[1]])
+        if kind == "after_push" and excess[engine][token] > 0:
             where = f" (engine {engine} of {self.engines})" if self.engines > 1 else ""
             msg = (
                 f"node {self.par.node}: parity check failed at step {step}: the server at {self.client.base_url}{where} "
-                f"disagrees with the trainer by {diffs[engine][token]:.3g} in logprob at probe token {token} (trainer "
-                f"{mine.logprobs[token]:.3g}, server {theirs[engine][token]:.3g}; allowed {allowed[token]:.3g}: tolerance "
-                f"{self.tolerance:g} + rounding {self.rounding:g} x logits' size {mine.scale[token]:.3g}); the weight push "
-                f"did not land. Set trainer.parity_action: warn to go on anyway."
+                f"disagrees with the trainer by {diffs[engine][token]:.3g} in logprob at the probe's token {token + 1} "
+                f"(trainer {mine.logprobs[token]:.3g}, server {theirs[engine][token]:.3g}; allowed {allowed[token]:.3g}: "
+                f"tolerance {self.tolerance:g} + rounding {self.rounding:g} x logits' size {mine.scale[token]:.3g}); the "
+                f"server does not hold the trainer's weights: the push did not land or loaded them wrong. Set "
+                f"trainer.parity_action: warn to go on anyway."
             )
             if self.action == "fail":
                 raise ParityError(msg)
