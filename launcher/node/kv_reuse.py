@@ -12,8 +12,8 @@ A first start needs no measurement where the launcher can count the work (launch
 every sequence in flight at vllm.max_model_len). Given it, vLLM skips its memory profiling and the CUDA graph capture
 that profiling repeats (17 s of a 7 B LoRA server's 118 s first start on an H100; a restart given the measured size:
 `init engine` 5 s against 59 s), and the trainer gets the GPU vLLM's share would have left to an oversized cache (a
-3 B body at 0.35 of an H100: 21.4 GiB measured, where 32 sequences of 512 tokens need 0.6). It is kept to what the server's share holds after
-its weights (launcher.core.vllm_start.kv_share_left); more, and vLLM measures as before.
+3 B body at 0.35 of an H100: 21.4 GiB measured, where 32 sequences of 512 tokens need 0.6). It is kept to what the
+server's share holds after its weights (launcher.core.vllm_start.kv_share_left); more, and vLLM measures as before.
 
 Only where the server shares its GPUs with trainer ranks (plan node `shared_gpu`) and the node runs CUDA (the GPU's
 memory is read with nvidia-smi, which a node without it lacks: no reuse); the record is keyed by the server's whole
