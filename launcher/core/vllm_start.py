@@ -230,6 +230,12 @@ def kv_share_left(p: Plan, gpu_bytes: int) -> int | None:
     return int(v.gpu_memory_utilization * gpu_bytes - weights - VLLM_HEADROOM_GB * 1e9)
 
 
+def kv_size_given(p: Plan, node: int) -> bool:
+    """Whether node `node`'s server start may be given a KV cache size (the work's, or an earlier start's measure:
+    launcher.node.kv_reuse): it shares a CUDA GPU with the trainer (not an emulated node: it passes its own)."""
+    return p.nodes[node].shared_gpu and p.device != "cpu" and p.platform == "cuda" and not p.emulated
+
+
 def work_kv_bytes(p: Plan, steps: int) -> tuple[int | None, str]:
     """The KV cache each vLLM worker of a node's server needs for every sequence the run has in flight at
     vllm.max_model_len (vllm.kv_cache work: passed as --kv-cache-memory-bytes by launcher.node.kv_reuse, so vLLM skips
@@ -360,15 +366,15 @@ def derivation_lines(p: Plan, steps: int) -> list[str]:
     eager = cpu_eager(p)
     compiled = [f"vLLM runs the model eagerly ({CPU_EAGER}): {eager}"] if eager else []
     kv_bytes, kv_why = work_kv_bytes(p, steps)
-    shared = any(n.shared_gpu for n in p.nodes)
+    given = any(kv_size_given(p, n) for n in range(len(p.nodes)))
     kv = (
         [
             f"vLLM KV cache {kv_bytes / 2**30:.2f} GiB per worker, no memory profiling (vllm.kv_cache work; the node "
             f"passes it where it fits the server's share of the GPU, else vLLM measures): {kv_why}"
         ]
-        if kv_bytes is not None and shared
+        if kv_bytes is not None and given
         else [f"vLLM KV cache measured by vLLM's profile: {kv_why}"]
-        if shared
+        if given
         else []
     )
     return [graphs, start, inspect, *compiled, *lora, *kv] + (

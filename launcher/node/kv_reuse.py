@@ -30,10 +30,9 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from launcher import vllm_log
-from launcher.core import platform
 from launcher.core.jobdir import JobDir
 from launcher.core.plan import Plan, generation_steps
-from launcher.core.vllm_start import kv_share_left, work_kv_bytes
+from launcher.core.vllm_start import kv_share_left, kv_size_given, work_kv_bytes
 from launcher.node.commands import NodeCommand
 
 FLAG = "--kv-cache-memory-bytes"
@@ -42,8 +41,8 @@ SAFETY_BYTES = 16 * 2**20
 
 
 def applies(plan: Plan, node: int) -> bool:
-    """Whether this node's server start can take a recorded size: it shares a CUDA GPU with the trainer."""
-    return plan.nodes[node].shared_gpu and plan.device != "cpu" and platform.of_plan(plan).name == "cuda" and not plan.emulated
+    """Whether this node's server start can take a size: it shares a CUDA GPU with the trainer."""
+    return kv_size_given(plan, node)
 
 
 def server_key(argv: list[str]) -> str:

@@ -232,3 +232,22 @@ def test_an_evaluation_beside_the_batches_generated_ahead_is_counted_on_top(tmp_
     assert vllm_start.in_flight(p, 1)[0] == 80, "the graphs: the larger of the two"
     start = kv_reuse.server_start(p, 0, vllm_command(p, 0))
     assert start.bytes == (128 + vllm_start.KV_SPARE_SEQUENCES) * 256 * 2 * 36 * 2 * 128 * 2
+
+
+def test_dry_run_and_the_node_agree_where_no_size_is_given(tmp_path, nvidia_smi):
+    """ROCm (vLLM's ROCm build not run with a given size here): the node passes none, and dry-run says nothing of one."""
+    from launcher.core import vllm_start
+
+    (tmp_path / "model").mkdir()
+    (tmp_path / "model" / "config.json").write_text(json.dumps(QWEN25_3B))
+    cfg = C.from_dict(
+        {
+            "vllm": {"model": str(tmp_path / "model"), "max_model_len": 512},
+            "slurm": {"gpus_per_node": 1},
+            "job": {"job_dir": str(tmp_path / "r"), "platform": "rocm"},
+        }
+    )
+    p = plan(cfg, str(tmp_path / "r"))
+    assert vllm_start.work_kv_bytes(p, 1)[0], "the work itself is countable"
+    assert kv_reuse.server_start(p, 0, vllm_command(p, 0)).bytes is None
+    assert not [line for line in vllm_start.derivation_lines(p, 1) if "KV cache" in line]
