@@ -4,8 +4,9 @@ The node leader asks its server for the prompt logprobs of a fixed probe sequenc
 so the tokens are the same every time, no sampling involved); every rank of the node runs the FSDP
 model on the same tokens (the forward is a collective over the mesh); the leader compares. After a
 push every token's difference must be within the tolerance (by dtype unless set) plus the rounding of that
-token's logits in the compute dtype (`ProbeLogprobs.allowed`), else it fails or warns as configured. Before a push (`stale`) it measures how far the server's weights lag behind. With vLLM data parallelism the
-probe goes to every engine of the server (each holds its own copy of the weights) and the figure is the worst.
+token's logits in the compute dtype (`ProbeLogprobs.allowed`), else it fails or warns as configured. Before a
+push (`stale`) it measures how far the server's weights lag behind. With vLLM data parallelism the probe goes to
+every engine of the server (each holds its own copy of the weights) and the figure is the worst.
 
 What it costs, and why it is cheap (`trainer.parity_every`): the trainer's side runs once per push, before it (the
 weights the push sends are the weights the trainer holds until the next optimizer step, so the one forward serves
