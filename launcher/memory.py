@@ -49,8 +49,10 @@ from __future__ import annotations
 import math
 import re
 from dataclasses import dataclass
+from pathlib import Path
 
 from launcher.core.inputs import PromptLength, prompt_length
+from launcher.core.jobdir import free_space
 from launcher.core.lora import ADAPTER, ENGINE, MERGED
 from launcher.core.plan import Plan
 from launcher.core.shape import NO_CONFIG, ModelShape
@@ -576,10 +578,11 @@ def disk_size(n: float) -> str:
     return f"{n / GB:.1f} GB" if n >= GB / 10 else f"{n / 1e6:.1f} MB"
 
 
-def disk_line(shape: ModelShape, lay: Layout, opt: Options, keep: int, save_model: bool) -> str:
+def disk_line(shape: ModelShape, lay: Layout, opt: Options, keep: int, save_model: bool, job_dir: str | None = None) -> str:
     """What a run leaves on disk: each checkpoint (fp32 parameters + AdamW moments: 12 bytes a trained parameter), the
     peak of checkpoints/ (keep + 1: the oldest is pruned only once the newest is complete), the final model in the
-    trainer's dtype (a LoRA run: the fp32 adapter), and the peak of the two together (the last checkpoints stay)."""
+    trainer's dtype (a LoRA run: the fp32 adapter), the peak of the two together (the last checkpoints stay), and the
+    job folder's free space beside it (room)."""
     trained = adapter_layer_params(shape, opt.lora_r, opt.lora_targets) * shape.layers if opt.lora_r else shape.params
     each = 12 * trained
     what = (
@@ -595,12 +598,26 @@ def disk_line(shape: ModelShape, lay: Layout, opt: Options, keep: int, save_mode
     line = f"on disk: a checkpoint ~{disk_size(each)} ({what})"
     if not keep:
         line += ", keep all (trainer.keep_checkpoints 0): one more each save"
-        return line + (f"; {where.format(disk_size(final))}" if final else "")
+        return line + (f"; {where.format(disk_size(final))}" if final else "") + room(job_dir, each + final)
     peak = (keep + 1) * each
     line += f", keep {keep}: up to {keep + 1} at once (the oldest goes once a new one is complete) ~{disk_size(peak)}"
     if final:
         line += f"; {where.format(disk_size(final))}; peak ~{disk_size(peak + final)}"
-    return line
+    return line + room(job_dir, peak + final)
+
+
+def room(job_dir: str | None, need: float) -> str:
+    """The job folder's file system's free space now (its nearest existing folder), and how much short of `need` it
+    falls: the trainer skips a periodic checkpoint it has no room for (trainer.checkpoint.room_for)."""
+    if not job_dir:
+        return ""
+    path, free = free_space(Path(job_dir))
+    if free >= need:
+        return f"; {path} has {disk_size(free)} free"
+    return (
+        f"; {path} has only {disk_size(free)} free, {disk_size(need - free)} short: checkpoints without room are "
+        "skipped (free space, lower trainer.keep_checkpoints or move job.job_dir)"
+    )
 
 
 def checkpoint_copy_line(shape: ModelShape, lay: Layout, opt: Options) -> str:
@@ -622,7 +639,8 @@ def plan_report(p: Plan) -> list[str]:
         return [] if shape.startswith(NO_CONFIG) else [f"no estimate: {shape}"]
     t, lay, opt = p.config.trainer, layout(p, prompt_length(p.config)), options(p)
     copy = [checkpoint_copy_line(shape, lay, opt)] if t.async_checkpoint and t.save_steps else []
-    return [*report(shape, lay, opt), disk_line(shape, lay, opt, t.keep_checkpoints, t.save_model), *copy]
+    disk = disk_line(shape, lay, opt, t.keep_checkpoints, t.save_model, p.job_dir)
+    return [*report(shape, lay, opt), disk, *copy]
 
 
 def memory_problems(p: Plan) -> list[str] | None:

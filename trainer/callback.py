@@ -188,7 +188,10 @@ class SlurmGrpoCallback(TrainerCallback):
             time=time.time(),
         )
         in_step = reason != "periodic"
-        self.checkpoint_s = round(self.checkpoints.save(model, optimizer, lr_scheduler, meta, in_step=in_step), 3)
+        held = self.checkpoints.save(model, optimizer, lr_scheduler, meta, in_step=in_step)
+        if held is None:  # a periodic checkpoint without room, skipped: the final one, if due, tries again
+            return
+        self.checkpoint_s = round(held, 3)
         self.last_saved = state.global_step
 
     def close_checkpoints(self) -> None:

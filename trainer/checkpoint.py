@@ -10,7 +10,10 @@ write, and before the next checkpoint starts. A preemption's and
 the run's final checkpoint are written in the step (the job ends after them). A run that fails while a write runs
 still completes it if it ends within SALVAGE_WAIT_S (`Checkpointer.salvage`, run by every rank on its way out), so a
 failure loses no more steps than with checkpoints written in the step. Why: a synchronous save of a 3 B body's
-33 GB of fp32 parameters and AdamW state held its step 61.5 s on an H100 (gpu/results/2026-12-07-ds3-lora-restart)."""
+33 GB of fp32 parameters and AdamW state held its step 61.5 s on an H100 (gpu/results/2026-12-07-ds3-lora-restart).
+
+No checkpoint is begun where the file system has no room for every rank's shards (room_for): a periodic one is skipped
+with a warning naming the fix and training goes on; a preemption's or the final one stops the run (NoRoom)."""
 
 from __future__ import annotations
 
@@ -31,7 +34,7 @@ from torch.distributed.checkpoint.staging import AsyncStager
 from torch.distributed.checkpoint.state_dict import StateDictOptions, get_state_dict, set_state_dict
 
 from launcher.core.config import TrainerConfig
-from launcher.core.jobdir import checkpoint_meta, meta_file
+from launcher.core.jobdir import checkpoint_meta, free_space, meta_file
 from launcher.core.jobdir import complete_checkpoints as step_dirs
 from launcher.core.records import CheckpointMeta
 
@@ -47,6 +50,10 @@ HOLD_MAX_S = 300.0
 WRITE_DEADLINE_S = 3600.0
 """The longest wait for a background write (trainer.async_checkpoint): a checkpoint not written in an hour is a hung
 file system, not a slow one (33 GB took 33 s on an H100 node's local disk), and the run stops naming it."""
+
+ROOM_MARGIN = 1.02
+"""A checkpoint is begun only where the file system has its shards' bytes times this free (dcp's metadata, the RNG
+states and the LR schedule besides: kilobytes)."""
 
 SALVAGE_WAIT_S = 120.0
 """A failing run's wait for a background write still running (Checkpointer.salvage): long enough for the 33 GB above,
@@ -65,6 +72,52 @@ def save(root: Path, model, optimizer, scheduler, meta: CheckpointMeta, keep: in
     pending.complete()
     dist.barrier()
     return pending.final
+
+
+class NoRoom(RuntimeError):
+    """A checkpoint whose shards the file system under the checkpoints folder has no room for (room_for): nothing of it
+    was written. A periodic one is skipped (Checkpointer.save says so); a preemption's or the final one stops the run."""
+
+
+def state_bytes(state) -> int:
+    """The bytes of this rank's tensors in a state dict (nested dicts and lists; a DTensor counts its local shard)."""
+    from torch.distributed.tensor import DTensor
+
+    if isinstance(state, DTensor):
+        return state.to_local().nbytes
+    if isinstance(state, torch.Tensor):
+        return state.nbytes
+    if isinstance(state, dict):
+        return sum(state_bytes(v) for v in state.values())
+    if isinstance(state, list | tuple):
+        return sum(state_bytes(v) for v in state)
+    return 0
+
+
+def free_bytes(path: Path) -> int:
+    """Free bytes of the file system holding `path` (its nearest existing folder: checkpoints/ appears at the first)."""
+    return free_space(path)[1]
+
+
+def room_for(root: Path, state: dict, step: int) -> None:
+    """Collective: raises NoRoom, on every rank alike, where the file system under `root` has less free than every
+    rank's shards of this checkpoint together (ROOM_MARGIN): ranks on several nodes write into one shared folder, and
+    the least free space any rank sees decides. Why: a background write that ran out of room on an H100's 64 GB disk
+    (a 33 GB checkpoint beside the last one) ended in torch.save's "unexpected pos 704 vs 598" at the run's end."""
+    need = torch.tensor([state_bytes(state)], dtype=torch.float64)
+    dist.all_reduce(need)  # CPU tensors: gloo (the default group has it beside NCCL on CUDA)
+    free = torch.tensor([free_bytes(root)], dtype=torch.float64)
+    dist.all_reduce(free, op=dist.ReduceOp.MIN)
+    total, left = need.item(), free.item()
+    if total * ROOM_MARGIN > left:
+        newest = latest(root)
+        raise NoRoom(
+            f"checkpoint step {step} needs {total / 1e9:.1f} GB under {root} ({dist.get_world_size()} ranks' shards) "
+            f"and its file system has {left / 1e9:.1f} GB free; a resume starts from "
+            f"{newest[1].name if newest else 'the model folder (no complete checkpoint)'}. Free space there, keep fewer "
+            f"(trainer.keep_checkpoints), save less often (trainer.save_steps) or give the job folder a bigger file "
+            f"system (job.job_dir)"
+        )
 
 
 @dataclass
@@ -97,7 +150,8 @@ class PendingCheckpoint:
             except Exception as e:
                 raise RuntimeError(
                     f"rank {dist.get_rank()}: writing checkpoint {self.final.name} failed in the background ({e}); "
-                    f"{self.tmp} stays incomplete and a resume uses the newest complete checkpoint before it"
+                    f"{self.tmp} stays incomplete and a resume uses the newest complete checkpoint before it; "
+                    f"its file system has {free_bytes(self.tmp) / 1e9:.1f} GB free now"
                 ) from e
         if dist.get_rank() == 0:
             if os.environ.get(HOLD_ENV) == str(self.meta.step):
@@ -112,24 +166,28 @@ class PendingCheckpoint:
 def begin(
     root: Path, model, optimizer, scheduler, meta: CheckpointMeta, keep: int, group, stager: AsyncStager | None = None
 ) -> PendingCheckpoint:
-    """Collective: the folder, every rank's RNG states, rank 0's LR schedule and the shards' write: dcp.save in the
-    step when `group` is None, else dcp.async_save on `group` (a gloo group of its own: the writer thread's collectives
-    must not interleave with the training's on the default group), which returns once the shards are in host memory
-    (`stager`'s buffers when given, else memory dcp allocates for this checkpoint)."""
+    """Collective: NoRoom where the file system has no room for it (room_for), else the folder, every rank's RNG
+    states, rank 0's LR schedule and the shards' write: dcp.save in the step when `group` is None, else dcp.async_save
+    on `group` (a gloo group of its own: the writer thread's collectives must not interleave with the training's on the
+    default group), which returns once the shards are in host memory (`stager`'s buffers when given, else memory dcp
+    allocates for this checkpoint)."""
     step = meta.step
     final = root / f"step-{step:06d}"
     tmp = root / f"step-{step:06d}.tmp"
     if dist.get_rank() == 0:
         for stale in root.glob("step-*.tmp"):  # left by a write that was interrupted (it never counted)
             shutil.rmtree(stale, ignore_errors=True)
+    dist.barrier()  # its room freed before any rank measures
+    msd, osd = get_state_dict(model, optimizer, options=state_options(model))
+    state = {"model": without_frozen(model, msd), "optim": osd}
+    room_for(root, state, step)  # NoRoom: nothing written, the folder not even made
+    if dist.get_rank() == 0:
         tmp.mkdir(parents=True)
     dist.barrier()
     # each rank's own RNG states, written before the collective save (rank 0 passes it only once every rank is in it)
     torch.save(rng_state(), tmp / f"rng-rank{dist.get_rank()}.pt")
     if dist.get_rank() == 0:
         torch.save({"scheduler": scheduler.state_dict() if scheduler is not None else None}, tmp / "trainer_state.pt")
-    msd, osd = get_state_dict(model, optimizer, options=state_options(model))
-    state = {"model": without_frozen(model, msd), "optim": osd}
     write = None
     if group is None:
         dcp.save(state, checkpoint_id=str(tmp))
@@ -165,10 +223,21 @@ class Checkpointer:
         self.stager: AsyncStager | None = None
         """CUDA: the pinned host buffers every background write stages into (pinned_stager), made at the first."""
 
-    def save(self, model, optimizer, scheduler, meta: CheckpointMeta, in_step: bool) -> float:
+    def save(self, model, optimizer, scheduler, meta: CheckpointMeta, in_step: bool) -> float | None:
         """Collective. Returns the seconds the step was held: the whole write when in_step (or not asynchronous),
-        else the wait for an earlier write still running plus the copy into host memory."""
+        else the wait for an earlier write still running plus the copy into host memory. A periodic checkpoint the
+        file system has no room for is skipped, saying so (NoRoom): None; a preemption's or the final one raises it."""
         t0 = time.time()
+        try:
+            return self._save(model, optimizer, scheduler, meta, in_step, t0)
+        except NoRoom as e:
+            if in_step:  # a preemption's or the final checkpoint: the run's last act, its failure the run's
+                raise
+            if dist.get_rank() == 0:  # a periodic one: training goes on, the next one tries again
+                print(f"WARNING: {e}. Skipped; training goes on", flush=True)
+            return None
+
+    def _save(self, model, optimizer, scheduler, meta: CheckpointMeta, in_step: bool, t0: float) -> float:
         self.finish()
         if in_step or not self.asynchronous:
             save(self.root, model, optimizer, scheduler, meta, keep=self.keep)

@@ -308,6 +308,15 @@ def complete_checkpoints(root: Path) -> list[tuple[int, Path]]:
     return sorted(out)
 
 
+def free_space(path: Path) -> tuple[Path, int]:
+    """The nearest existing folder of `path` (a job folder or its checkpoints/ before they exist) and the free bytes of
+    its file system: what the dry-run shows and what a checkpoint must fit in (trainer.checkpoint.room_for)."""
+    path = path.absolute()
+    while not path.exists() and path != path.parent:
+        path = path.parent
+    return path, shutil.disk_usage(path).free
+
+
 def meta_file(folder: Path) -> Path:
     """checkpoints/step-N/meta.json."""
     return Path(folder) / META_FILE

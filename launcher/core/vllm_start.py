@@ -80,7 +80,33 @@ both sets with the flag off (38 sizes again, gpu/results/2026-12-07-resume-agent
 (Env.LORA_ACTIVE_GRAPHS_ONLY, trainer.push.vllm_plugin.lora_graphs_active_only)."""
 
 
-DEFERRING_FLAGS = (LORA_ONE_GRAPH_SET, GDN_PREFILL_TRITON)
+NO_JIT_WARMUP = "--kernel-config.enable_jit_warmup=false"
+"""vLLM 0.32's Model Runner V2 runs, before its graph capture, prefill, decode and mixed batches with every sampling
+feature on to JIT-compile Triton kernels (`warmup_kernels`, v1/worker/gpu/warmup.py). On a 7 B adapter's first start
+(H100, 2026-12-07, gpu/results/2026-12-07-kv-work-jit-warmup/) that took 19-20 s, for kernels the trainer's requests
+mostly never run: vLLM's own JIT monitor still caught the top-k log-softmax and LoRA shrink kernels compiling at the
+first generation. Without it vLLM was healthy after 75.6 s, against 116.2 s with it and TRL 1.16 + peft's build of
+119.5 s (engine init 47.4 against 77.8 s; imports and torch.compile about 15 s of the difference, the machine warmer).
+The first step came 1.1 s later (vLLM healthy -> step 1 7.99 against 6.91 s); the step was unchanged. A restart finds
+the kernels in the job folder's Triton cache either way. `vllm.extra_args: [--kernel-config.enable_jit_warmup=true]`
+(or any kernel config of the user's) takes vLLM's warm-up back."""
+
+
+def names_kernel_config(arg: str) -> bool:
+    """An extra arg that sets vLLM's kernel config (JSON --kernel-config or dotted): vLLM keeps one of the two, so the
+    launcher adds NO_JIT_WARMUP only where the user sets none."""
+    return "kernel-config" in arg or "kernel_config" in arg
+
+
+def jit_warmup_off(p: Plan) -> bool:
+    """Whether the server skips vLLM's JIT kernel warm-up (NO_JIT_WARMUP): a CUDA GPU server whose vllm.extra_args
+    set no kernel config. CPU servers run eagerly; ROCm's kernels (aiter) have not been measured without it."""
+    if p.device == "cpu" or p.platform != "cuda":
+        return False
+    return not any(names_kernel_config(a) for a in p.config.vllm.extra_args)
+
+
+DEFERRING_FLAGS = (LORA_ONE_GRAPH_SET, GDN_PREFILL_TRITON, NO_JIT_WARMUP)
 """Flags the launcher adds only where vllm.extra_args hold none of their kind: the user's own compilation or additional
 config wins (not owned: launcher.core.config VLLM_OWNED does not refuse them)."""
 
@@ -301,7 +327,9 @@ def vllm_args(p: Plan, steps: int) -> list[str]:
     size, _ = capture_size(p, steps)
     graphs = [] if size is None else ["--max-cudagraph-capture-size", str(size)]
     eager = [CPU_EAGER] if cpu_eager(p) else []
-    return graphs + eager + ([LORA_ONE_GRAPH_SET] if lora_graphs(p) else []) + ([GDN_PREFILL_TRITON] if gdn_prefill(p) else [])
+    lora = [LORA_ONE_GRAPH_SET] if lora_graphs(p) else []
+    warmup = [NO_JIT_WARMUP] if jit_warmup_off(p) else []
+    return graphs + eager + lora + warmup + ([GDN_PREFILL_TRITON] if gdn_prefill(p) else [])
 
 
 def lora_graphs(p: Plan) -> bool:
@@ -377,6 +405,11 @@ def derivation_lines(p: Plan, steps: int) -> list[str]:
         if given
         else []
     )
-    return [graphs, start, inspect, *compiled, *lora, *kv] + (
+    warmup = (
+        [f"vLLM skips its JIT kernel warm-up ({NO_JIT_WARMUP}): 19-20 s of a first start, kernels compiled at first use"]
+        if jit_warmup_off(p)
+        else []
+    )
+    return [graphs, start, inspect, *compiled, *lora, *kv, *warmup] + (
         [f"vLLM Gated DeltaNet prefill on Triton ({GDN_PREFILL_TRITON}): {gdn}"] if gdn else []
     )

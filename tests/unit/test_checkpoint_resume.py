@@ -329,3 +329,65 @@ def test_a_background_write_that_cannot_end_leaves_the_failing_run_in_time_and_s
     out = capfd.readouterr().out
     assert "the run failed while checkpoint step-000003 was written in the background" in out, out
     assert "gloo: connection closed by peer" in out and "still being written after 0 s" in out, out
+
+
+def without_room(rank: int, world: int, _port: int, root: str) -> dict:
+    """The file system's free space set around what the checkpoint needs (checkpoint.free_bytes, the boundary with the
+    OS, replaced in this rank's process): every rank's shards count, and the least free space any rank sees decides."""
+    import torch.distributed as dist
+    from torch.distributed.checkpoint.state_dict import get_state_dict
+
+    from launcher.core.records import CheckpointMeta
+    from trainer import checkpoint
+
+    ck = Path(root)
+    model, opt, sched = setup(world, init_seed=0)
+    step(model, opt, sched)
+    msd, osd = get_state_dict(model, opt)
+    mine = checkpoint.state_bytes({"model": msd, "optim": osd})
+    need = torch.tensor([float(mine)])
+    dist.all_reduce(need)
+    total = need.item()
+    out: dict = {"mine": mine, "total": total}
+    writer = checkpoint.Checkpointer(ck, asynchronous=True, keep=2)
+    # rank 1 sees less than all the shards need (rank 0 plenty): a periodic checkpoint is skipped on both
+    checkpoint.free_bytes = lambda _p: int(total) if rank == 1 else int(100 * total)  # type: ignore[assignment]
+    out["held"] = writer.save(model, opt, sched, CheckpointMeta(step=1, world_size=world), in_step=False)
+    writer.finish()
+    out["skipped"] = sorted(p.name for p in ck.glob("step-*")) if ck.exists() else []
+    try:  # a preemption's or the final checkpoint: the run's last act stops the run, nothing written
+        writer.save(model, opt, sched, CheckpointMeta(step=1, world_size=world, reason="final"), in_step=True)
+        out["final"] = "written"
+    except checkpoint.NoRoom as e:
+        out["final"] = str(e)
+    out["after_final"] = sorted(p.name for p in ck.glob("step-*")) if ck.exists() else []
+    # a write cut short earlier left a .tmp folder: the room it held counts (removed before any rank measures)
+    stale = ck / "step-000001.tmp"
+    if rank == 0:
+        stale.mkdir(parents=True)
+    dist.barrier()
+    checkpoint.free_bytes = lambda _p: int(total) if stale.exists() else int(1.03 * total)  # type: ignore[assignment]
+    writer.save(model, opt, sched, CheckpointMeta(step=2, world_size=world), in_step=False)
+    writer.close()
+    dist.barrier()  # rank 0 completes it (meta.json, the rename)
+    out["written"] = [d.name for _, d in checkpoint.step_dirs(ck)]
+    out["stale_left"] = stale.exists()
+    return out
+
+
+def test_a_checkpoint_the_file_system_has_no_room_for_is_skipped_or_stops_the_run_naming_the_fix(tmp_path, capfd):
+    """A 33 GB background write beside the last checkpoint filled an H100's 64 GB disk and ended in torch.save's
+    "unexpected pos 704 vs 598" at the run's end (gpu/results/2026-12-07-kv-work-jit-warmup): now no checkpoint is begun
+    without room for every rank's shards; a periodic one is skipped (training goes on), a final one stops the run."""
+    ck = tmp_path / "checkpoints"
+    res = run_ranks(2, functools.partial(without_room, root=str(ck)))
+    assert res[0]["total"] == res[0]["mine"] + res[1]["mine"] and res[0]["mine"] > 0, res
+    for rank, r in res.items():
+        assert r["held"] is None and r["skipped"] == [] and r["after_final"] == [], (rank, r)  # not even a .tmp
+        assert "checkpoint step 1 needs" in r["final"] and "(2 ranks' shards)" in r["final"], (rank, r["final"])
+        assert "trainer.keep_checkpoints" in r["final"] and "job.job_dir" in r["final"], r["final"]
+        assert "a resume starts from the model folder (no complete checkpoint)" in r["final"], r["final"]
+        assert r["written"] == ["step-000002"], (rank, r)  # with room (the margin's 2 % and more) it is written
+        assert not r["stale_left"], (rank, r)
+    out = capfd.readouterr().out
+    assert out.count("WARNING: checkpoint step 1 needs") == 1 and "Skipped; training goes on" in out, out

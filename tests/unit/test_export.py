@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import functools
 import json
+import re
 from pathlib import Path
 
 import pytest
@@ -325,6 +326,24 @@ def test_the_dry_run_states_a_checkpoints_size_on_disk():
     lora = disk_line(shape, lay, Options(lora_r=8, lora_targets=("q_proj",)), keep=1, save_model=True)
     assert "up to 2 at once" in lora and "final adapter" in lora and "peak" in lora, lora
     assert "one more each save" in disk_line(shape, lay, Options(), keep=0, save_model=False)
+
+
+def test_the_dry_run_names_the_job_folders_free_space_and_how_far_short_it_falls(tmp_path):
+    """The job folder does not exist at dry-run: its nearest existing folder's file system is the one measured."""
+    from launcher.core.jobdir import free_space
+    from launcher.memory import Layout, Options, common_shape, disk_line, room
+
+    job = tmp_path / "runs" / "not-yet"
+    where, free = free_space(job)
+    assert where == tmp_path and free > 0
+    enough = room(str(job), need=free / 2)  # (the figures themselves move as other tests write files)
+    assert enough.startswith(f"; {tmp_path} has ") and enough.endswith(" GB free") and "short" not in enough, enough
+    short = room(str(job), need=free + 7e9)
+    got = re.search(r"has only ([\d.]+) GB free, ([\d.]+) GB short", short)
+    assert got and abs(float(got[1]) - free / 1e9) < 1 and abs(float(got[2]) - 7.0) < 1, short
+    assert "trainer.keep_checkpoints" in short and str(tmp_path) in short
+    line = disk_line(common_shape("Qwen2.5-7B"), Layout(1, 8, 1, 8, False, 80.0, 0.9, 2, 8, 256), Options(), 2, True, str(job))
+    assert f"; {tmp_path} has" in line and room(None, 1.0) == ""
 
 
 @pytest.mark.parametrize(

@@ -402,6 +402,33 @@ def test_an_adapter_push_captures_one_set_of_graphs_with_lora_and_nothing_else_d
     assert vllm_start.LORA_ONE_GRAPH_SET not in argv and Env.LORA_ACTIVE_GRAPHS_ONLY not in env
 
 
+def test_a_cuda_server_skips_vllms_jit_kernel_warm_up_unless_the_user_sets_a_kernel_config(tmp_path):
+    """vLLM's JIT warm-up took 19-20 s of a 7 B adapter's first start (H100, gpu/results/2026-12-07-kv-work-jit-warmup/)
+    for kernels the run compiles at first use anyway: a CUDA server skips it; the user's own kernel config (JSON or
+    dotted: vLLM keeps one of the two), a CPU and a ROCm server keep vLLM's default."""
+    argv, _, why = server(tmp_path)
+    assert argv.count(vllm_start.NO_JIT_WARMUP) == 1 and any("JIT kernel warm-up" in w for w in why), why
+    argv, _, _ = server(tmp_path, trainer={"lora": {"r": 16}})
+    assert vllm_start.NO_JIT_WARMUP in argv and vllm_start.LORA_ONE_GRAPH_SET in argv
+    for own in (["--kernel-config.enable_jit_warmup=true"], ["--kernel-config", '{"moe_backend": "triton"}']):
+        argv, _, why = server(tmp_path, vllm={"extra_args": own})
+        assert vllm_start.NO_JIT_WARMUP not in argv and argv[-len(own) :] == own
+        assert not any("JIT kernel warm-up" in w for w in why), why
+    argv, _, why = server(tmp_path, job={"platform": "rocm"})
+    assert vllm_start.NO_JIT_WARMUP not in argv and not any("JIT kernel warm-up" in w for w in why)
+    cpu = {"job": {"device": "cpu"}, "slurm": {"gpus_per_node": 3}, "trainer": {"dtype": "float32"}}
+    argv, _, _ = server(tmp_path, **cpu)
+    assert vllm_start.NO_JIT_WARMUP not in argv
+    # the flag is vLLM's: its parser takes the dotted spelling into the kernel config the worker reads
+    pytest.importorskip("vllm")
+    from vllm.engine.arg_utils import EngineArgs
+    from vllm.utils.argparse_utils import FlexibleArgumentParser
+
+    parser = EngineArgs.add_cli_args(FlexibleArgumentParser())
+    args = parser.parse_args(["--model", "m", vllm_start.NO_JIT_WARMUP])
+    assert EngineArgs.from_cli_args(args).kernel_config.enable_jit_warmup is False
+
+
 def test_the_plugin_has_model_runner_v2_capture_graphs_through_the_adapter_only(monkeypatch):
     """vLLM 0.32's Model Runner V2 captures graphs for batches without an adapter even with cudagraph_specialize_lora
     off; the plugin (Env.LORA_ACTIVE_GRAPHS_ONLY) keeps the set through the adapter, which every request of an
