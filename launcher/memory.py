@@ -615,8 +615,9 @@ def room(job_dir: str | None, need: float) -> str:
     if free >= need:
         return f"; {path} has {disk_size(free)} free"
     return (
-        f"; {path} has only {disk_size(free)} free, {disk_size(need - free)} short: checkpoints without room are "
-        "skipped (free space, lower trainer.keep_checkpoints or move job.job_dir)"
+        f"; {path} has only {disk_size(free)} free, {disk_size(need - free)} short: periodic and final checkpoints "
+        "without room are skipped, a preemption's stops the job (free space, lower trainer.keep_checkpoints or move "
+        "job.job_dir)"
     )
 
 

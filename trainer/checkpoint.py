@@ -13,7 +13,8 @@ failure loses no more steps than with checkpoints written in the step. Why: a sy
 33 GB of fp32 parameters and AdamW state held its step 61.5 s on an H100 (gpu/results/2026-12-07-ds3-lora-restart).
 
 No checkpoint is begun where the file system has no room for every rank's shards (room_for): a periodic one is skipped
-with a warning naming the fix and training goes on; a preemption's or the final one stops the run (NoRoom)."""
+with a warning naming the fix and training goes on; so is the final one, before the final model (smaller: the weights
+in the trainer's dtype) is written; a preemption's stops the job, naming it (NoRoom)."""
 
 from __future__ import annotations
 
@@ -76,21 +77,25 @@ def save(root: Path, model, optimizer, scheduler, meta: CheckpointMeta, keep: in
 
 class NoRoom(RuntimeError):
     """A checkpoint whose shards the file system under the checkpoints folder has no room for (room_for): nothing of it
-    was written. A periodic one is skipped (Checkpointer.save says so); a preemption's or the final one stops the run."""
+    was written. A periodic or final one is skipped (Checkpointer.save says so); a preemption's stops the job."""
 
 
-def state_bytes(state) -> int:
-    """The bytes of this rank's tensors in a state dict (nested dicts and lists; a DTensor counts its local shard)."""
+def state_bytes(state, first_replica: bool) -> int:
+    """The bytes this rank writes of a state dict (nested dicts and lists), as dcp dedups replicated data: a DTensor's
+    local shard where this rank is its first replica on every replicated mesh dimension (HSDP's replicas write one
+    copy), a plain tensor (an optimizer's step, the same on every rank) where first_replica (rank 0)."""
     from torch.distributed.tensor import DTensor
 
     if isinstance(state, DTensor):
-        return state.to_local().nbytes
+        coordinate = tuple(state.device_mesh.get_coordinate() or ())
+        replicas = [c for c, placement in zip(coordinate, state.placements, strict=False) if placement.is_replicate()]
+        return state.to_local().nbytes if not any(replicas) else 0
     if isinstance(state, torch.Tensor):
-        return state.nbytes
+        return state.nbytes if first_replica else 0
     if isinstance(state, dict):
-        return sum(state_bytes(v) for v in state.values())
+        return sum(state_bytes(v, first_replica) for v in state.values())
     if isinstance(state, list | tuple):
-        return sum(state_bytes(v) for v in state)
+        return sum(state_bytes(v, first_replica) for v in state)
     return 0
 
 
@@ -104,7 +109,7 @@ def room_for(root: Path, state: dict, step: int) -> None:
     rank's shards of this checkpoint together (ROOM_MARGIN): ranks on several nodes write into one shared folder, and
     the least free space any rank sees decides. Why: a background write that ran out of room on an H100's 64 GB disk
     (a 33 GB checkpoint beside the last one) ended in torch.save's "unexpected pos 704 vs 598" at the run's end."""
-    need = torch.tensor([state_bytes(state)], dtype=torch.float64)
+    need = torch.tensor([state_bytes(state, dist.get_rank() == 0)], dtype=torch.float64)
     dist.all_reduce(need)  # CPU tensors: gloo (the default group has it beside NCCL on CUDA)
     free = torch.tensor([free_bytes(root)], dtype=torch.float64)
     dist.all_reduce(free, op=dist.ReduceOp.MIN)
@@ -225,16 +230,17 @@ class Checkpointer:
 
     def save(self, model, optimizer, scheduler, meta: CheckpointMeta, in_step: bool) -> float | None:
         """Collective. Returns the seconds the step was held: the whole write when in_step (or not asynchronous),
-        else the wait for an earlier write still running plus the copy into host memory. A periodic checkpoint the
-        file system has no room for is skipped, saying so (NoRoom): None; a preemption's or the final one raises it."""
+        else the wait for an earlier write still running plus the copy into host memory. A periodic or final checkpoint
+        the file system has no room for is skipped, saying so (NoRoom): None; a preemption's raises it."""
         t0 = time.time()
         try:
             return self._save(model, optimizer, scheduler, meta, in_step, t0)
         except NoRoom as e:
-            if in_step:  # a preemption's or the final checkpoint: the run's last act, its failure the run's
+            if meta.reason == "preempt":  # the requeue needs it (launcher.node.bootstrap): the job stops, naming why
                 raise
-            if dist.get_rank() == 0:  # a periodic one: training goes on, the next one tries again
-                print(f"WARNING: {e}. Skipped; training goes on", flush=True)
+            if dist.get_rank() == 0:  # periodic: the next one tries again; final: the model is written after it
+                then = "the final model is still written" if meta.reason == "final" else "training goes on"
+                print(f"WARNING: {e}. Skipped; {then}", flush=True)
             return None
 
     def _save(self, model, optimizer, scheduler, meta: CheckpointMeta, in_step: bool, t0: float) -> float:

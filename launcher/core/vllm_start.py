@@ -89,7 +89,14 @@ first generation. Without it vLLM was healthy after 75.6 s, against 116.2 s with
 119.5 s (engine init 47.4 against 77.8 s; imports and torch.compile about 15 s of the difference, the machine warmer).
 The first step came 1.1 s later (vLLM healthy -> step 1 7.99 against 6.91 s); the step was unchanged. A restart finds
 the kernels in the job folder's Triton cache either way. `vllm.extra_args: [--kernel-config.enable_jit_warmup=true]`
-(or any kernel config of the user's) takes vLLM's warm-up back."""
+(or any kernel config of the user's) takes vLLM's warm-up back.
+Only for dense GQA bodies (jit_warmup_off): the warm-up is the one run before the graph capture with real attention,
+and an attention backend that grows vLLM's shared workspace on first use (decode context parallelism, TurboQuant KV
+caches; v1/worker/workspace.py) would otherwise grow it during the capture and free what the MoE layers' captured
+graphs point at (gpu_worker.py's own comment: "A workspace resize after capture frees what the graphs point at")."""
+
+KEEP_WARMUP_ARGS = ("decode-context-parallel", "decode_context_parallel", "-dcp", "kv-cache-dtype", "kv_cache_dtype")
+"""vllm.extra_args after which the warm-up stays on: attention backends that size vLLM's workspace at first use."""
 
 
 def names_kernel_config(arg: str) -> bool:
@@ -99,11 +106,17 @@ def names_kernel_config(arg: str) -> bool:
 
 
 def jit_warmup_off(p: Plan) -> bool:
-    """Whether the server skips vLLM's JIT kernel warm-up (NO_JIT_WARMUP): a CUDA GPU server whose vllm.extra_args
-    set no kernel config. CPU servers run eagerly; ROCm's kernels (aiter) have not been measured without it."""
+    """Whether the server skips vLLM's JIT kernel warm-up (NO_JIT_WARMUP): a CUDA GPU server of a dense model of one
+    kind of GQA attention (no experts, MLA, mixed, hybrid or state-space layers: the bodies measured) whose
+    vllm.extra_args set no kernel config and no KEEP_WARMUP_ARGS. CPU servers run eagerly; ROCm's kernels (aiter) have
+    not been measured without it."""
+    extra = p.config.vllm.extra_args
     if p.device == "cpu" or p.platform != "cuda":
         return False
-    return not any(names_kernel_config(a) for a in p.config.vllm.extra_args)
+    if any(names_kernel_config(a) or any(k in a for k in KEEP_WARMUP_ARGS) for a in extra):
+        return False
+    shape = ModelShape.read(p.config.vllm.model)
+    return shape is not None and not (shape.experts or shape.kinds or shape.attention_weights or shape.mixed_attention)
 
 
 DEFERRING_FLAGS = (LORA_ONE_GRAPH_SET, GDN_PREFILL_TRITON, NO_JIT_WARMUP)

@@ -344,7 +344,7 @@ def without_room(rank: int, world: int, _port: int, root: str) -> dict:
     model, opt, sched = setup(world, init_seed=0)
     step(model, opt, sched)
     msd, osd = get_state_dict(model, opt)
-    mine = checkpoint.state_bytes({"model": msd, "optim": osd})
+    mine = checkpoint.state_bytes({"model": msd, "optim": osd}, rank == 0)
     need = torch.tensor([float(mine)])
     dist.all_reduce(need)
     total = need.item()
@@ -355,14 +355,18 @@ def without_room(rank: int, world: int, _port: int, root: str) -> dict:
     out["held"] = writer.save(model, opt, sched, CheckpointMeta(step=1, world_size=world), in_step=False)
     writer.finish()
     out["skipped"] = sorted(p.name for p in ck.glob("step-*")) if ck.exists() else []
-    try:  # a preemption's or the final checkpoint: the run's last act stops the run, nothing written
-        writer.save(model, opt, sched, CheckpointMeta(step=1, world_size=world, reason="final"), in_step=True)
-        out["final"] = "written"
+    # the final checkpoint: skipped too (the final model, smaller, is written after it)
+    final = CheckpointMeta(step=1, world_size=world, reason="final")
+    out["final_held"] = writer.save(model, opt, sched, final, in_step=True)
+    try:  # a preemption's: the requeue needs it, so the job stops naming why, nothing written
+        writer.save(model, opt, sched, CheckpointMeta(step=1, world_size=world, reason="preempt"), in_step=True)
+        out["preempt"] = "written"
     except checkpoint.NoRoom as e:
-        out["final"] = str(e)
+        out["preempt"] = str(e)
     out["after_final"] = sorted(p.name for p in ck.glob("step-*")) if ck.exists() else []
     # a write cut short earlier left a .tmp folder: the room it held counts (removed before any rank measures)
     stale = ck / "step-000001.tmp"
+    dist.barrier()  # every rank has listed the folder above
     if rank == 0:
         stale.mkdir(parents=True)
     dist.barrier()
@@ -375,19 +379,65 @@ def without_room(rank: int, world: int, _port: int, root: str) -> dict:
     return out
 
 
-def test_a_checkpoint_the_file_system_has_no_room_for_is_skipped_or_stops_the_run_naming_the_fix(tmp_path, capfd):
+def test_a_checkpoint_the_file_system_has_no_room_for_is_skipped_or_stops_the_job_naming_the_fix(tmp_path, capfd):
     """A 33 GB background write beside the last checkpoint filled an H100's 64 GB disk and ended in torch.save's
     "unexpected pos 704 vs 598" at the run's end (gpu/results/2026-12-07-kv-work-jit-warmup): now no checkpoint is begun
-    without room for every rank's shards; a periodic one is skipped (training goes on), a final one stops the run."""
+    without room for every rank's shards; a periodic or final one is skipped, a preemption's stops the job."""
     ck = tmp_path / "checkpoints"
     res = run_ranks(2, functools.partial(without_room, root=str(ck)))
     assert res[0]["total"] == res[0]["mine"] + res[1]["mine"] and res[0]["mine"] > 0, res
     for rank, r in res.items():
-        assert r["held"] is None and r["skipped"] == [] and r["after_final"] == [], (rank, r)  # not even a .tmp
-        assert "checkpoint step 1 needs" in r["final"] and "(2 ranks' shards)" in r["final"], (rank, r["final"])
-        assert "trainer.keep_checkpoints" in r["final"] and "job.job_dir" in r["final"], r["final"]
-        assert "a resume starts from the model folder (no complete checkpoint)" in r["final"], r["final"]
+        assert r["held"] is None and r["final_held"] is None, (rank, r)
+        assert r["skipped"] == [] and r["after_final"] == [], (rank, r)  # not even a .tmp folder
+        msg = r["preempt"]
+        assert "checkpoint step 1 needs" in msg and "(2 ranks' shards)" in msg, (rank, msg)
+        assert "trainer.keep_checkpoints" in msg and "job.job_dir" in msg, msg
+        assert "a resume starts from the model folder (no complete checkpoint)" in msg, msg
         assert r["written"] == ["step-000002"], (rank, r)  # with room (the margin's 2 % and more) it is written
         assert not r["stale_left"], (rank, r)
     out = capfd.readouterr().out
-    assert out.count("WARNING: checkpoint step 1 needs") == 1 and "Skipped; training goes on" in out, out
+    assert out.count("WARNING: checkpoint step 1 needs") == 2 and "Skipped; training goes on" in out, out
+    assert "Skipped; the final model is still written" in out, out
+
+
+def hsdp_bytes(rank: int, world: int, _port: int) -> dict:
+    """HSDP on 2 x 2 ranks: every shard is held by two replicas, and dcp writes it once."""
+    import torch.distributed as dist
+    from torch.distributed.checkpoint.state_dict import get_state_dict
+    from torch.distributed.device_mesh import init_device_mesh
+    from torch.distributed.fsdp import fully_shard
+    from torch.distributed.tensor import DTensor
+
+    from trainer import checkpoint
+
+    torch.manual_seed(0)
+    model = torch.nn.Sequential(torch.nn.Linear(16, 16), torch.nn.Linear(16, 4))
+    mesh = init_device_mesh("cpu", (2, world // 2), mesh_dim_names=("replicate", "shard"))
+    for layer in model:
+        fully_shard(layer, mesh=mesh)
+    fully_shard(model, mesh=mesh)
+    opt = torch.optim.AdamW(model.parameters(), lr=0.01)
+    model(torch.randn(4, 16)).sum().backward()
+    opt.step()
+    msd, osd = get_state_dict(model, opt)
+    state = {"model": msd, "optim": osd}
+    counted = torch.tensor([float(checkpoint.state_bytes(state, rank == 0))])
+    dist.all_reduce(counted)
+    tensors: list[torch.Tensor] = []
+
+    def walk(x) -> None:
+        if isinstance(x, torch.Tensor):
+            tensors.append(x)
+        elif isinstance(x, dict | list | tuple):
+            for v in x.values() if isinstance(x, dict) else x:
+                walk(v)
+
+    walk(state)
+    one_copy = sum(t.numel() * t.element_size() for t in tensors)  # a DTensor's numel is its global one
+    return {"counted": counted.item(), "one_copy": one_copy, "dtensors": sum(isinstance(t, DTensor) for t in tensors)}
+
+
+def test_the_room_a_checkpoint_needs_counts_hsdps_replicated_shards_once(tmp_path):
+    res = run_ranks(4, hsdp_bytes)
+    for rank, r in res.items():
+        assert r["dtensors"] > 0 and r["counted"] == r["one_copy"], (rank, r)

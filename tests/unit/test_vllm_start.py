@@ -402,22 +402,45 @@ def test_an_adapter_push_captures_one_set_of_graphs_with_lora_and_nothing_else_d
     assert vllm_start.LORA_ONE_GRAPH_SET not in argv and Env.LORA_ACTIVE_GRAPHS_ONLY not in env
 
 
-def test_a_cuda_server_skips_vllms_jit_kernel_warm_up_unless_the_user_sets_a_kernel_config(tmp_path):
+DENSE = {
+    "architectures": ["Qwen2ForCausalLM"], "model_type": "qwen2", "hidden_size": 64, "num_hidden_layers": 2,
+    "num_attention_heads": 4, "num_key_value_heads": 2, "intermediate_size": 128, "vocab_size": 300,
+}  # fmt: skip
+
+
+def model_folder(tmp_path: Path, name: str, config: dict) -> str:
+    folder = tmp_path / name
+    folder.mkdir()
+    (folder / "config.json").write_text(json.dumps(config))
+    return str(folder)
+
+
+def test_a_cuda_server_of_a_dense_model_skips_vllms_jit_kernel_warm_up_unless_the_user_configures_it(tmp_path):
     """vLLM's JIT warm-up took 19-20 s of a 7 B adapter's first start (H100, gpu/results/2026-12-07-kv-work-jit-warmup/)
-    for kernels the run compiles at first use anyway: a CUDA server skips it; the user's own kernel config (JSON or
-    dotted: vLLM keeps one of the two), a CPU and a ROCm server keep vLLM's default."""
-    argv, _, why = server(tmp_path)
+    for kernels the run compiles at first use anyway: a CUDA server of a dense GQA body skips it. The user's own kernel
+    config (JSON or dotted: vLLM keeps one of the two), attention that sizes vLLM's workspace at first use (decode context
+    parallelism, a KV cache dtype), an MoE model (its captured graphs hold views of that workspace), a model whose shape
+    cannot be read, a CPU and a ROCm server keep vLLM's default."""
+    dense = {"model": model_folder(tmp_path, "dense", DENSE)}
+    argv, _, why = server(tmp_path, vllm=dense)
     assert argv.count(vllm_start.NO_JIT_WARMUP) == 1 and any("JIT kernel warm-up" in w for w in why), why
-    argv, _, _ = server(tmp_path, trainer={"lora": {"r": 16}})
+    argv, _, _ = server(tmp_path, vllm=dense, trainer={"lora": {"r": 16}})
     assert vllm_start.NO_JIT_WARMUP in argv and vllm_start.LORA_ONE_GRAPH_SET in argv
-    for own in (["--kernel-config.enable_jit_warmup=true"], ["--kernel-config", '{"moe_backend": "triton"}']):
-        argv, _, why = server(tmp_path, vllm={"extra_args": own})
-        assert vllm_start.NO_JIT_WARMUP not in argv and argv[-len(own) :] == own
+    own_config = (["--kernel-config.enable_jit_warmup=true"], ["--kernel-config", '{"moe_backend": "triton"}'])
+    for own in (*own_config, ["-dcp", "2"], ["--kv-cache-dtype", "fp8"]):
+        argv, _, why = server(tmp_path, vllm={**dense, "extra_args": own})
+        assert vllm_start.NO_JIT_WARMUP not in argv and argv[-len(own) :] == own, own
         assert not any("JIT kernel warm-up" in w for w in why), why
-    argv, _, why = server(tmp_path, job={"platform": "rocm"})
+    moe = {**DENSE, "architectures": ["Qwen3MoeForCausalLM"], "model_type": "qwen3_moe", "num_experts": 8}
+    moe |= {"num_experts_per_tok": 2, "moe_intermediate_size": 32, "head_dim": 16}
+    argv, _, _ = server(tmp_path, vllm={"model": model_folder(tmp_path, "moe", moe)})
+    assert vllm_start.NO_JIT_WARMUP not in argv
+    argv, _, _ = server(tmp_path)  # job()'s config.json holds no shape
+    assert vllm_start.NO_JIT_WARMUP not in argv
+    argv, _, why = server(tmp_path, vllm=dense, job={"platform": "rocm"})
     assert vllm_start.NO_JIT_WARMUP not in argv and not any("JIT kernel warm-up" in w for w in why)
     cpu = {"job": {"device": "cpu"}, "slurm": {"gpus_per_node": 3}, "trainer": {"dtype": "float32"}}
-    argv, _, _ = server(tmp_path, **cpu)
+    argv, _, _ = server(tmp_path, **cpu, vllm={**dense, "dtype": "float32"})
     assert vllm_start.NO_JIT_WARMUP not in argv
     # the flag is vLLM's: its parser takes the dotted spelling into the kernel config the worker reads
     pytest.importorskip("vllm")
